@@ -1,0 +1,28 @@
+//! superprof-profile: the profile model and every writer.
+//!
+//! A [`Profile`] interns strings, frames and stacks once (a stack is a node in a prefix tree:
+//! parent stack plus leaf frame), so a run with millions of samples keeps one copy of each
+//! distinct frame and call path. Writers read only this model; they never see a sampler.
+//!
+//! ```
+//! use superprof_profile::{Frame, Profile};
+//! let mut p = Profile::default();
+//! let t = p.add_thread(1, 1, "demo");
+//! let main = p.intern_frame_named("main", "demo", None, 0, 0x1000, false);
+//! let hot = p.intern_frame_named("hot", "demo", None, 0, 0x1100, false);
+//! let s = p.intern_stack(None, main);
+//! let s = p.intern_stack(Some(s), hot);
+//! p.add_sample(0, t, 0, 1, Some(s));
+//! let mut out = Vec::new();
+//! superprof_profile::folded::write(&p, &mut out).unwrap();
+//! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
+//! ```
+
+pub mod folded;
+mod model;
+pub mod output;
+pub mod svg;
+pub mod top;
+
+pub use model::{Frame, FrameId, Meta, Profile, Sample, StackId, StackNode, StrId, Thread};
+pub use output::{write_atomic, OutputFormat};

@@ -1,0 +1,197 @@
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StrId(pub u32);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameId(pub u32);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+/// One source-level frame at one address. An address with inlined calls gives several frames
+/// with the same `address`; all but the outermost have `inlined` set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Function name, demangled; `module+0xOFFSET` when the address has no symbol.
+    pub function: StrId,
+    /// File name of the module (executable, library, `[kernel.kallsyms]`).
+    pub module: StrId,
+    pub file: Option<StrId>,
+    /// Source line, 0 when unknown.
+    pub line: u32,
+    /// Address inside the module (ELF virtual address; kernel frames: runtime address).
+    pub address: u64,
+    pub inlined: bool,
+}
+
+/// A call path: `frame` called from `parent` (None at the root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StackNode {
+    pub parent: Option<StackId>,
+    pub frame: FrameId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thread {
+    pub pid: u32,
+    pub tid: u32,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub time_ns: u64,
+    /// Index into [`Profile::threads`].
+    pub thread: u32,
+    pub cpu: u32,
+    pub weight: u64,
+    /// Leaf of the call path; None when nothing could be unwound.
+    pub stack: Option<StackId>,
+}
+
+/// Facts about the recording.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Meta {
+    pub command: Vec<String>,
+    pub event: String,
+    pub frequency: u32,
+    /// Wall-clock start (Unix epoch, ns).
+    pub start_time_unix_ns: u64,
+    pub duration_ns: u64,
+    pub host: String,
+    pub version: String,
+    pub lost_samples: u64,
+    pub truncated_stacks: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Profile {
+    pub meta: Meta,
+    strings: Vec<String>,
+    string_ids: HashMap<String, StrId>,
+    frames: Vec<Frame>,
+    frame_ids: HashMap<Frame, FrameId>,
+    stacks: Vec<StackNode>,
+    stack_ids: HashMap<StackNode, StackId>,
+    pub threads: Vec<Thread>,
+    pub samples: Vec<Sample>,
+}
+
+impl Profile {
+    pub fn intern_str(&mut self, s: &str) -> StrId {
+        if let Some(&id) = self.string_ids.get(s) {
+            return id;
+        }
+        let id = StrId(self.strings.len() as u32);
+        self.strings.push(s.to_owned());
+        self.string_ids.insert(s.to_owned(), id);
+        id
+    }
+
+    pub fn str(&self, id: StrId) -> &str {
+        &self.strings[id.0 as usize]
+    }
+
+    pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
+        *self.frame_ids.entry(frame).or_insert_with(|| {
+            self.frames.push(frame);
+            FrameId(self.frames.len() as u32 - 1)
+        })
+    }
+
+    /// Interns a frame given by its strings.
+    pub fn intern_frame_named(
+        &mut self,
+        function: &str,
+        module: &str,
+        file: Option<&str>,
+        line: u32,
+        address: u64,
+        inlined: bool,
+    ) -> FrameId {
+        let frame = Frame {
+            function: self.intern_str(function),
+            module: self.intern_str(module),
+            file: file.map(|f| self.intern_str(f)),
+            line,
+            address,
+            inlined,
+        };
+        self.intern_frame(frame)
+    }
+
+    pub fn frame(&self, id: FrameId) -> &Frame {
+        &self.frames[id.0 as usize]
+    }
+
+    pub fn frames(&self) -> &[Frame] {
+        &self.frames
+    }
+
+    pub fn intern_stack(&mut self, parent: Option<StackId>, frame: FrameId) -> StackId {
+        let node = StackNode { parent, frame };
+        *self.stack_ids.entry(node).or_insert_with(|| {
+            self.stacks.push(node);
+            StackId(self.stacks.len() as u32 - 1)
+        })
+    }
+
+    pub fn stack(&self, id: StackId) -> &StackNode {
+        &self.stacks[id.0 as usize]
+    }
+
+    pub fn stacks(&self) -> &[StackNode] {
+        &self.stacks
+    }
+
+    /// Frames of a stack, leaf first.
+    pub fn stack_frames(&self, leaf: Option<StackId>) -> impl Iterator<Item = FrameId> + '_ {
+        let mut cur = leaf;
+        std::iter::from_fn(move || {
+            let node = self.stack(cur?);
+            cur = node.parent;
+            Some(node.frame)
+        })
+    }
+
+    pub fn add_thread(&mut self, pid: u32, tid: u32, name: &str) -> u32 {
+        self.threads.push(Thread {
+            pid,
+            tid,
+            name: name.to_owned(),
+        });
+        self.threads.len() as u32 - 1
+    }
+
+    pub fn add_sample(
+        &mut self,
+        time_ns: u64,
+        thread: u32,
+        cpu: u32,
+        weight: u64,
+        stack: Option<StackId>,
+    ) {
+        self.samples.push(Sample {
+            time_ns,
+            thread,
+            cpu,
+            weight,
+            stack,
+        });
+    }
+
+    /// Sum of sample weights per stack leaf (index: stack id; the last slot counts samples
+    /// with no stack).
+    pub fn weight_per_stack(&self) -> Vec<u64> {
+        let mut w = vec![0u64; self.stacks.len() + 1];
+        for s in &self.samples {
+            let i = s.stack.map_or(self.stacks.len(), |id| id.0 as usize);
+            w[i] += s.weight;
+        }
+        w
+    }
+
+    pub fn total_weight(&self) -> u64 {
+        self.samples.iter().map(|s| s.weight).sum()
+    }
+}

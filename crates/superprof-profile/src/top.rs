@@ -1,0 +1,101 @@
+//! The top table: functions by self and total share (like `perf report --no-children`, with
+//! both columns).
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+use crate::{Profile, StrId};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopRow {
+    pub function: String,
+    pub module: String,
+    /// Weight of samples whose leaf frame is this function.
+    pub self_weight: u64,
+    /// Weight of samples with this function anywhere in the stack (counted once per sample).
+    pub total_weight: u64,
+}
+
+/// Every function that appears in the profile, by self weight, then total weight.
+pub fn rows(profile: &Profile) -> Vec<TopRow> {
+    let per_stack = profile.weight_per_stack();
+    let mut acc: HashMap<(StrId, StrId), (u64, u64)> = HashMap::new();
+    let mut seen: Vec<(StrId, StrId)> = Vec::new();
+    for (i, &w) in per_stack.iter().enumerate().take(profile.stacks().len()) {
+        if w == 0 {
+            continue;
+        }
+        seen.clear();
+        let leaf = Some(crate::StackId(i as u32));
+        for (depth, fid) in profile.stack_frames(leaf).enumerate() {
+            let f = profile.frame(fid);
+            let key = (f.function, f.module);
+            let e = acc.entry(key).or_default();
+            if depth == 0 {
+                e.0 += w;
+            }
+            if !seen.contains(&key) {
+                seen.push(key);
+                e.1 += w;
+            }
+        }
+    }
+    let mut out: Vec<TopRow> = acc
+        .into_iter()
+        .map(|((f, m), (s, t))| TopRow {
+            function: profile.str(f).to_owned(),
+            module: profile.str(m).to_owned(),
+            self_weight: s,
+            total_weight: t,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.self_weight
+            .cmp(&a.self_weight)
+            .then(b.total_weight.cmp(&a.total_weight))
+            .then(a.function.cmp(&b.function))
+    });
+    out
+}
+
+/// Writes the table, at most `limit` rows.
+pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<()> {
+    let total = profile.total_weight();
+    let threads: std::collections::HashSet<u32> =
+        profile.samples.iter().map(|s| s.thread).collect();
+    writeln!(
+        w,
+        "{} samples of {} at {} Hz, {} threads, {} lost",
+        total,
+        if profile.meta.event.is_empty() {
+            "?"
+        } else {
+            &profile.meta.event
+        },
+        profile.meta.frequency,
+        threads.len(),
+        profile.meta.lost_samples
+    )?;
+    if total == 0 {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "{:>8} {:>8} {:>9}  {:<40} Module",
+        "Self%", "Total%", "Samples", "Function"
+    )?;
+    let pct = |x: u64| 100.0 * x as f64 / total as f64;
+    for row in rows(profile).into_iter().take(limit) {
+        let module = row.module.rsplit('/').next().unwrap_or(&row.module);
+        writeln!(
+            w,
+            "{:>7.2}% {:>7.2}% {:>9}  {:<40} {}",
+            pct(row.self_weight),
+            pct(row.total_weight),
+            row.self_weight,
+            row.function,
+            module
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,30 @@
+//! superprof-sample: the perf_event sampler.
+//!
+//! It opens a sampling event (hardware `cycles` where the PMU has it, else the `cpu-clock`
+//! software event) for every thread of a process, reads the kernel's ring buffers and parses
+//! their records: samples with user registers and a copy of the user stack, plus the
+//! mmap / comm / fork / exit records that let the caller track modules and threads.
+//! It does no unwinding or symbolization: callers turn [`SampleRecord`]s into stacks.
+//!
+//! ```no_run
+//! use superprof_sample::{PerfSampler, SamplerConfig, TargetMode, parse_record, split_records};
+//! let mut sampler = PerfSampler::open(1234, TargetMode::Attached, &SamplerConfig::default())?;
+//! sampler.enable()?;
+//! let mut buf = Vec::new();
+//! sampler.wait(100);
+//! sampler.drain(&mut buf);
+//! for (ty, misc, body) in split_records(&buf) {
+//!     let _record = parse_record(ty, misc, body, sampler.layout());
+//! }
+//! # Ok::<(), superprof_sample::SampleError>(())
+//! ```
+
+mod record;
+mod sampler;
+mod sys;
+
+pub use record::{parse_record, split_records, Layout, Record, SampleRecord};
+pub use sampler::{
+    list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
+};
+pub use sys::monotonic_ns;

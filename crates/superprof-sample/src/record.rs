@@ -1,0 +1,292 @@
+//! Parsing of the perf ring-buffer records the sampler asks for. The layout of a sample follows
+//! from the `sample_type` bits set in `sampler.rs`; the two must change together.
+
+use superprof_unwind::UserRegs;
+
+pub const PERF_RECORD_MMAP: u32 = 1;
+pub const PERF_RECORD_LOST: u32 = 2;
+pub const PERF_RECORD_COMM: u32 = 3;
+pub const PERF_RECORD_EXIT: u32 = 4;
+pub const PERF_RECORD_FORK: u32 = 7;
+pub const PERF_RECORD_SAMPLE: u32 = 9;
+pub const PERF_RECORD_MMAP2: u32 = 10;
+pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+
+const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
+const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+
+/// Callchain context markers (`enum perf_callchain_context`).
+const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
+
+/// One sample: where the thread was and the bytes of its user stack.
+#[derive(Debug)]
+pub struct SampleRecord<'a> {
+    pub time: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub period: u64,
+    /// Kernel frames, innermost first (empty when the sample was taken in user mode or kernel
+    /// callchains are excluded).
+    pub kernel_ips: Vec<u64>,
+    /// `None` when the sample has no user context (a kernel thread).
+    pub regs: Option<UserRegs>,
+    /// Copy of the user stack starting at `regs.sp`.
+    pub stack: &'a [u8],
+    /// The copy filled the whole buffer: the stack may go on beyond it.
+    pub stack_full: bool,
+}
+
+#[derive(Debug)]
+pub enum Record<'a> {
+    Sample(SampleRecord<'a>),
+    Mmap {
+        pid: u32,
+        tid: u32,
+        time: u64,
+        start: u64,
+        len: u64,
+        pgoff: u64,
+        executable: bool,
+        path: String,
+    },
+    Comm {
+        pid: u32,
+        tid: u32,
+        time: u64,
+        name: String,
+        exec: bool,
+    },
+    Fork {
+        pid: u32,
+        ppid: u32,
+        tid: u32,
+        ptid: u32,
+        time: u64,
+    },
+    Exit {
+        pid: u32,
+        tid: u32,
+        time: u64,
+    },
+    Lost {
+        count: u64,
+        time: u64,
+    },
+    Other {
+        time: u64,
+    },
+}
+
+impl Record<'_> {
+    pub fn time(&self) -> u64 {
+        match self {
+            Record::Sample(s) => s.time,
+            Record::Mmap { time, .. }
+            | Record::Comm { time, .. }
+            | Record::Fork { time, .. }
+            | Record::Exit { time, .. }
+            | Record::Lost { time, .. }
+            | Record::Other { time } => *time,
+        }
+    }
+}
+
+/// What the parser must know about how the events were opened.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    /// Number of user registers in each sample (bits set in `sample_regs_user`).
+    pub user_regs: usize,
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn u64(&mut self) -> Option<u64> {
+        let b = self.buf.get(self.pos..self.pos + 8)?;
+        self.pos += 8;
+        Some(u64::from_ne_bytes(b.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let b = self.buf.get(self.pos..self.pos + 4)?;
+        self.pos += 4;
+        Some(u32::from_ne_bytes(b.try_into().ok()?))
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let b = self.buf.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(b)
+    }
+    fn skip(&mut self, n: usize) -> Option<()> {
+        self.bytes(n).map(|_| ())
+    }
+    /// A NUL-terminated string padded to 8 bytes.
+    fn cstr(&mut self) -> Option<String> {
+        let rest = self.buf.get(self.pos..)?;
+        let nul = rest.iter().position(|&b| b == 0)?;
+        let s = String::from_utf8_lossy(&rest[..nul]).into_owned();
+        self.pos += (nul + 1).div_ceil(8) * 8;
+        Some(s)
+    }
+    /// The `sample_id_all` trailer for TID | TIME | CPU: returns the time.
+    fn sample_id_time(&mut self) -> Option<u64> {
+        self.skip(8)?;
+        self.u64()
+    }
+}
+
+/// Splits a drained buffer into records, yielding `(type, misc, body)` triples.
+pub fn split_records(buf: &[u8]) -> impl Iterator<Item = (u32, u16, &[u8])> {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let header = buf.get(pos..pos + 8)?;
+        let ty = u32::from_ne_bytes(header[0..4].try_into().ok()?);
+        let misc = u16::from_ne_bytes(header[4..6].try_into().ok()?);
+        let size = u16::from_ne_bytes(header[6..8].try_into().ok()?) as usize;
+        if size < 8 {
+            return None;
+        }
+        let body = buf.get(pos + 8..pos + size)?;
+        pos += size;
+        Some((ty, misc, body))
+    })
+}
+
+/// Parses one record body; `None` means a malformed record, which the caller counts and skips.
+pub fn parse_record<'a>(ty: u32, misc: u16, body: &'a [u8], layout: Layout) -> Option<Record<'a>> {
+    let mut c = Cursor { buf: body, pos: 0 };
+    Some(match ty {
+        PERF_RECORD_SAMPLE => Record::Sample(parse_sample(&mut c, layout)?),
+        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            let start = c.u64()?;
+            let len = c.u64()?;
+            let pgoff = c.u64()?;
+            let executable = if ty == PERF_RECORD_MMAP2 {
+                // maj/min/ino/ino_generation, or a build id when MMAP_BUILD_ID is set: 24 bytes.
+                let _ = misc & PERF_RECORD_MISC_MMAP_BUILD_ID;
+                c.skip(24)?;
+                let prot = c.u32()?;
+                let _flags = c.u32()?;
+                prot & libc::PROT_EXEC as u32 != 0
+            } else {
+                misc & (1 << 13) == 0 // PERF_RECORD_MISC_MMAP_DATA
+            };
+            let path = c.cstr()?;
+            let time = c.sample_id_time()?;
+            Record::Mmap {
+                pid,
+                tid,
+                time,
+                start,
+                len,
+                pgoff,
+                executable,
+                path,
+            }
+        }
+        PERF_RECORD_COMM => {
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            let name = c.cstr()?;
+            let time = c.sample_id_time()?;
+            Record::Comm {
+                pid,
+                tid,
+                time,
+                name,
+                exec: misc & PERF_RECORD_MISC_COMM_EXEC != 0,
+            }
+        }
+        PERF_RECORD_FORK | PERF_RECORD_EXIT => {
+            let pid = c.u32()?;
+            let ppid = c.u32()?;
+            let tid = c.u32()?;
+            let ptid = c.u32()?;
+            let time = c.u64()?;
+            if ty == PERF_RECORD_FORK {
+                Record::Fork {
+                    pid,
+                    ppid,
+                    tid,
+                    ptid,
+                    time,
+                }
+            } else {
+                Record::Exit { pid, tid, time }
+            }
+        }
+        PERF_RECORD_LOST => {
+            let _id = c.u64()?;
+            let count = c.u64()?;
+            let time = c.sample_id_time()?;
+            Record::Lost { count, time }
+        }
+        PERF_RECORD_LOST_SAMPLES => {
+            let count = c.u64()?;
+            let time = c.sample_id_time()?;
+            Record::Lost { count, time }
+        }
+        _ => {
+            // Every other record type still carries the sample_id trailer at its end.
+            let time = body
+                .len()
+                .checked_sub(16)
+                .and_then(|p| body.get(p + 8..p + 16))
+                .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
+                .unwrap_or(0);
+            Record::Other { time }
+        }
+    })
+}
+
+fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'a>> {
+    // Order fixed by the ABI: TID, TIME, CPU, PERIOD, CALLCHAIN, REGS_USER, STACK_USER.
+    let pid = c.u32()?;
+    let tid = c.u32()?;
+    let time = c.u64()?;
+    let cpu = c.u32()?;
+    c.skip(4)?;
+    let period = c.u64()?;
+    let nr = c.u64()? as usize;
+    let mut kernel_ips = Vec::new();
+    for _ in 0..nr {
+        let ip = c.u64()?;
+        if ip < PERF_CONTEXT_MAX {
+            kernel_ips.push(ip);
+        }
+    }
+    let abi = c.u64()?;
+    let regs = if abi != 0 {
+        let mut r = [0u64; 8];
+        for slot in r.iter_mut().take(layout.user_regs) {
+            *slot = c.u64()?;
+        }
+        Some(UserRegs::from_perf_regs(&r[..layout.user_regs]))
+    } else {
+        None
+    };
+    let size = c.u64()? as usize;
+    let (stack, stack_full) = if size > 0 {
+        let data = c.bytes(size)?;
+        let dyn_size = (c.u64()? as usize).min(size);
+        (&data[..dyn_size], dyn_size == size)
+    } else {
+        (&[][..], false)
+    };
+    Some(SampleRecord {
+        time,
+        pid,
+        tid,
+        cpu,
+        period,
+        kernel_ips,
+        regs,
+        stack,
+        stack_full,
+    })
+}

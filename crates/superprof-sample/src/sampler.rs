@@ -1,0 +1,418 @@
+//! Opening the sampling events for a process and reading their ring buffers.
+//!
+//! One event per (thread, CPU) with `inherit`, so threads created later are sampled too; all the
+//! events of one CPU write into one ring buffer (`SET_OUTPUT`). The kernel refuses to mmap an
+//! inherited per-task event with cpu = -1, which is why events are per CPU.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use superprof_unwind::UserRegs;
+
+use crate::record::Layout;
+use crate::sys::{self, PerfEventAttr, RingMap};
+
+/// How the target is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetMode {
+    /// A child that superprof forked and that has not called exec yet: counting starts at exec.
+    Launched,
+    /// A running process: every existing thread is followed, and the threads they start.
+    Attached,
+}
+
+#[derive(Debug, Clone)]
+pub struct SamplerConfig {
+    pub frequency: u32,
+    pub stack_size: u32,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            frequency: 999,
+            stack_size: 32 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SampleError {
+    #[error("no process with pid {0}")]
+    NoSuchProcess(u32),
+    #[error("permission denied sampling pid {pid}: {why}")]
+    PermissionDenied { pid: u32, why: String },
+    #[error("frequency must be at least 1 Hz")]
+    ZeroFrequency,
+    #[error("frequency {asked} Hz is above the kernel's maximum of {max} Hz (/proc/sys/kernel/perf_event_max_sample_rate)")]
+    FrequencyTooHigh { asked: u32, max: u32 },
+    #[error("stack size {0} is out of range: give a multiple of 8 between 8 and 65528 bytes")]
+    BadStackSize(u32),
+    #[error("perf_event_open is not available on this kernel ({0})")]
+    Unsupported(io::Error),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> SampleError {
+    let context = context.into();
+    move |source| SampleError::Io { context, source }
+}
+
+/// The open events of one recording. Dropping it closes every event: the target runs on as if
+/// it had never been sampled.
+pub struct PerfSampler {
+    attr: PerfEventAttr,
+    cpus: Vec<u32>,
+    /// One ring buffer per CPU, with the fd that owns it.
+    rings: Vec<(OwnedFd, RingMap)>,
+    /// Every other event, redirected into the ring of its CPU.
+    others: Vec<OwnedFd>,
+    threads: BTreeSet<u32>,
+    data_pages: usize,
+    event_name: &'static str,
+    kernel_stacks: bool,
+}
+
+impl PerfSampler {
+    /// Opens the events for `pid`. Launched targets are enabled by the kernel at exec; attached
+    /// ones by [`PerfSampler::enable`].
+    pub fn open(pid: u32, mode: TargetMode, config: &SamplerConfig) -> Result<Self, SampleError> {
+        if config.frequency == 0 {
+            return Err(SampleError::ZeroFrequency);
+        }
+        if let Some(max) = max_sample_rate() {
+            if config.frequency > max {
+                return Err(SampleError::FrequencyTooHigh {
+                    asked: config.frequency,
+                    max,
+                });
+            }
+        }
+        if config.stack_size == 0 || config.stack_size % 8 != 0 || config.stack_size > 65528 {
+            return Err(SampleError::BadStackSize(config.stack_size));
+        }
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(SampleError::NoSuchProcess(pid));
+        }
+        let cpus = online_cpus().map_err(io_err("reading the list of online CPUs"))?;
+        let mut sampler = PerfSampler {
+            attr: PerfEventAttr::default(),
+            cpus,
+            rings: Vec::new(),
+            others: Vec::new(),
+            threads: BTreeSet::new(),
+            data_pages: ring_pages(config.stack_size),
+            event_name: "cycles",
+            kernel_stacks: true,
+        };
+        sampler.choose_attr(pid, mode, config)?;
+        match mode {
+            TargetMode::Launched => sampler.open_thread(pid)?,
+            TargetMode::Attached => sampler.follow_threads(pid)?,
+        }
+        Ok(sampler)
+    }
+
+    /// Finds the best event this machine and these rights allow: hardware cycles, else the
+    /// cpu-clock software event; kernel callchains, else user space only.
+    fn choose_attr(
+        &mut self,
+        pid: u32,
+        mode: TargetMode,
+        config: &SamplerConfig,
+    ) -> Result<(), SampleError> {
+        let probe_tid = match mode {
+            TargetMode::Launched => pid,
+            TargetMode::Attached => *list_threads(pid)
+                .map_err(|_| SampleError::NoSuchProcess(pid))?
+                .first()
+                .ok_or(SampleError::NoSuchProcess(pid))?,
+        };
+        let candidates = [
+            (
+                "cycles",
+                sys::PERF_TYPE_HARDWARE,
+                sys::PERF_COUNT_HW_CPU_CYCLES,
+                true,
+            ),
+            (
+                "cpu-clock",
+                sys::PERF_TYPE_SOFTWARE,
+                sys::PERF_COUNT_SW_CPU_CLOCK,
+                true,
+            ),
+            (
+                "cycles",
+                sys::PERF_TYPE_HARDWARE,
+                sys::PERF_COUNT_HW_CPU_CYCLES,
+                false,
+            ),
+            (
+                "cpu-clock",
+                sys::PERF_TYPE_SOFTWARE,
+                sys::PERF_COUNT_SW_CPU_CLOCK,
+                false,
+            ),
+        ];
+        let mut last_err = None;
+        for (name, ty, cfg, kernel) in candidates {
+            let attr = make_attr(ty, cfg, kernel, mode, config);
+            match sys::perf_event_open(&attr, probe_tid as i32, self.cpus[0] as i32) {
+                Ok(_probe) => {
+                    self.attr = attr;
+                    self.event_name = name;
+                    self.kernel_stacks = kernel;
+                    return Ok(());
+                }
+                Err(e) => {
+                    match e.raw_os_error() {
+                        Some(libc::ESRCH) => return Err(SampleError::NoSuchProcess(pid)),
+                        Some(libc::ENOSYS) => return Err(SampleError::Unsupported(e)),
+                        _ => {}
+                    }
+                    last_err = Some(e);
+                }
+            }
+        }
+        let e = last_err.expect("at least one candidate was tried");
+        match e.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => Err(SampleError::PermissionDenied {
+                pid,
+                why: permission_hint(),
+            }),
+            _ => Err(SampleError::Io {
+                context: "perf_event_open".into(),
+                source: e,
+            }),
+        }
+    }
+
+    /// Opens events for every thread of `pid`, repeating until no new thread shows up (threads
+    /// created while we open are caught by the next round or by inheritance).
+    fn follow_threads(&mut self, pid: u32) -> Result<(), SampleError> {
+        loop {
+            let tids = list_threads(pid).map_err(|_| SampleError::NoSuchProcess(pid))?;
+            let new: Vec<u32> = tids
+                .into_iter()
+                .filter(|t| !self.threads.contains(t))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for tid in new {
+                match self.open_thread(tid) {
+                    Ok(()) => {}
+                    // The thread ended between listing and opening.
+                    Err(SampleError::NoSuchProcess(_)) => {
+                        self.threads.insert(tid);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if self.rings.is_empty() {
+            return Err(SampleError::NoSuchProcess(pid));
+        }
+        Ok(())
+    }
+
+    fn open_thread(&mut self, tid: u32) -> Result<(), SampleError> {
+        for (i, &cpu) in self.cpus.clone().iter().enumerate() {
+            let fd =
+                sys::perf_event_open(&self.attr, tid as i32, cpu as i32).map_err(|e| {
+                    match e.raw_os_error() {
+                        Some(libc::ESRCH) => SampleError::NoSuchProcess(tid),
+                        Some(libc::EACCES) | Some(libc::EPERM) => SampleError::PermissionDenied {
+                            pid: tid,
+                            why: permission_hint(),
+                        },
+                        _ => SampleError::Io {
+                            context: format!("perf_event_open for thread {tid} on CPU {cpu}"),
+                            source: e,
+                        },
+                    }
+                })?;
+            if let Some((leader, _)) = self.rings.get(i) {
+                sys::set_output(&fd, leader).map_err(io_err("redirecting a perf event"))?;
+                self.others.push(fd);
+            } else {
+                let ring = self.map_ring(&fd)?;
+                self.rings.push((fd, ring));
+            }
+        }
+        self.threads.insert(tid);
+        Ok(())
+    }
+
+    fn map_ring(&mut self, fd: &OwnedFd) -> Result<RingMap, SampleError> {
+        loop {
+            match RingMap::new(fd, self.data_pages) {
+                Ok(r) => return Ok(r),
+                // Unprivileged users are limited by perf_event_mlock_kb: try smaller buffers.
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) && self.data_pages > 16 => {
+                    self.data_pages /= 2;
+                }
+                Err(e) => return Err(io_err("mapping the perf ring buffer")(e)),
+            }
+        }
+    }
+
+    /// Starts sampling (attached targets; launched ones start at exec by themselves).
+    pub fn enable(&self) -> Result<(), SampleError> {
+        for fd in self.rings.iter().map(|(fd, _)| fd).chain(&self.others) {
+            sys::enable(fd).map_err(io_err("enabling a perf event"))?;
+        }
+        Ok(())
+    }
+
+    /// Stops sampling; records already in the buffers can still be drained.
+    pub fn disable(&self) {
+        for fd in self.rings.iter().map(|(fd, _)| fd).chain(&self.others) {
+            let _ = sys::disable(fd);
+        }
+    }
+
+    /// Waits up to `timeout_ms` for data. Returns true when every monitored task has exited.
+    pub fn wait(&self, timeout_ms: i32) -> bool {
+        let fds: Vec<RawFd> = self.rings.iter().map(|(fd, _)| fd.as_raw_fd()).collect();
+        sys::poll_fds(&fds, timeout_ms).unwrap_or(false)
+    }
+
+    /// Appends the raw records of every ring buffer to `buf`, one buffer after the other.
+    pub fn drain(&mut self, buf: &mut Vec<u8>) -> usize {
+        self.rings.iter_mut().map(|(_, ring)| ring.drain(buf)).sum()
+    }
+
+    pub fn layout(&self) -> Layout {
+        Layout {
+            user_regs: self.attr.sample_regs_user.count_ones() as usize,
+        }
+    }
+
+    /// The event being sampled: `cycles` or `cpu-clock`.
+    pub fn event_name(&self) -> &'static str {
+        self.event_name
+    }
+
+    /// Whether kernel frames are recorded (false when only user space may be sampled).
+    pub fn kernel_stacks(&self) -> bool {
+        self.kernel_stacks
+    }
+
+    /// Threads that had events opened directly (attach mode lists them all).
+    pub fn threads(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.iter().copied()
+    }
+}
+
+fn make_attr(
+    ty: u32,
+    config: u64,
+    kernel: bool,
+    mode: TargetMode,
+    cfg: &SamplerConfig,
+) -> PerfEventAttr {
+    let mut flags = sys::FLAG_DISABLED
+        | sys::FLAG_INHERIT
+        | sys::FLAG_FREQ
+        | sys::FLAG_MMAP
+        | sys::FLAG_MMAP2
+        | sys::FLAG_COMM
+        | sys::FLAG_COMM_EXEC
+        | sys::FLAG_TASK
+        | sys::FLAG_SAMPLE_ID_ALL
+        | sys::FLAG_WATERMARK
+        | sys::FLAG_USE_CLOCKID
+        | sys::FLAG_EXCLUDE_CALLCHAIN_USER;
+    if mode == TargetMode::Launched {
+        flags |= sys::FLAG_ENABLE_ON_EXEC;
+    }
+    if !kernel {
+        flags |=
+            sys::FLAG_EXCLUDE_KERNEL | sys::FLAG_EXCLUDE_HV | sys::FLAG_EXCLUDE_CALLCHAIN_KERNEL;
+    }
+    let pages = ring_pages(cfg.stack_size);
+    PerfEventAttr {
+        type_: ty,
+        config,
+        sample_period_or_freq: cfg.frequency as u64,
+        sample_type: sys::PERF_SAMPLE_TID
+            | sys::PERF_SAMPLE_TIME
+            | sys::PERF_SAMPLE_CPU
+            | sys::PERF_SAMPLE_PERIOD
+            | sys::PERF_SAMPLE_CALLCHAIN
+            | sys::PERF_SAMPLE_REGS_USER
+            | sys::PERF_SAMPLE_STACK_USER,
+        flags,
+        wakeup_events_or_watermark: (pages * sys::page_size() / 4) as u32,
+        sample_regs_user: UserRegs::PERF_REGS_MASK,
+        sample_stack_user: cfg.stack_size,
+        clockid: libc::CLOCK_MONOTONIC,
+        sample_max_stack: 127,
+        ..Default::default()
+    }
+}
+
+/// Data pages per ring: room for about 128 samples with their stacks, a power of two.
+fn ring_pages(stack_size: u32) -> usize {
+    let bytes = (stack_size as usize + 1024) * 128;
+    (bytes / sys::page_size())
+        .next_power_of_two()
+        .clamp(16, 2048)
+}
+
+fn permission_hint() -> String {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok());
+    let level = paranoid.map_or("unknown".to_string(), |p| p.to_string());
+    format!(
+        "kernel.perf_event_paranoid is {level} and this user may not trace that process; \
+         run superprof as the process's owner or as root, grant it CAP_PERFMON and \
+         CAP_SYS_PTRACE, or lower /proc/sys/kernel/perf_event_paranoid"
+    )
+}
+
+pub fn max_sample_rate() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Online CPU numbers from sysfs ("0-3,5,7-8").
+pub fn online_cpus() -> io::Result<Vec<u32>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online")?;
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "unreadable CPU list");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    if cpus.is_empty() {
+        cpus.push(0);
+    }
+    Ok(cpus)
+}
+
+/// Thread ids of a process, from /proc.
+pub fn list_threads(pid: u32) -> io::Result<Vec<u32>> {
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}

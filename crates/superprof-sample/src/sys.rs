@@ -1,0 +1,264 @@
+//! The only place in this crate that talks to the kernel: `perf_event_open`, its ioctls and the
+//! ring-buffer mmap. Everything here is a thin, documented wrapper; policy lives in `sampler.rs`.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub const PERF_TYPE_HARDWARE: u32 = 0;
+pub const PERF_TYPE_SOFTWARE: u32 = 1;
+pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
+pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+
+pub const PERF_SAMPLE_TID: u64 = 1 << 1;
+pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
+pub const PERF_SAMPLE_CALLCHAIN: u64 = 1 << 5;
+pub const PERF_SAMPLE_CPU: u64 = 1 << 7;
+pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
+pub const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
+pub const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+
+// Bits of the attr flag word.
+pub const FLAG_DISABLED: u64 = 1 << 0;
+pub const FLAG_INHERIT: u64 = 1 << 1;
+pub const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+pub const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+pub const FLAG_MMAP: u64 = 1 << 8;
+pub const FLAG_COMM: u64 = 1 << 9;
+pub const FLAG_FREQ: u64 = 1 << 10;
+pub const FLAG_ENABLE_ON_EXEC: u64 = 1 << 12;
+pub const FLAG_TASK: u64 = 1 << 13;
+pub const FLAG_WATERMARK: u64 = 1 << 14;
+pub const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
+pub const FLAG_EXCLUDE_CALLCHAIN_KERNEL: u64 = 1 << 21;
+pub const FLAG_EXCLUDE_CALLCHAIN_USER: u64 = 1 << 22;
+pub const FLAG_MMAP2: u64 = 1 << 23;
+pub const FLAG_COMM_EXEC: u64 = 1 << 24;
+pub const FLAG_USE_CLOCKID: u64 = 1 << 25;
+
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+/// `struct perf_event_attr` up to `sig_data` (PERF_ATTR_SIZE_VER7, 128 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PerfEventAttr {
+    pub type_: u32,
+    pub size: u32,
+    pub config: u64,
+    pub sample_period_or_freq: u64,
+    pub sample_type: u64,
+    pub read_format: u64,
+    pub flags: u64,
+    pub wakeup_events_or_watermark: u32,
+    pub bp_type: u32,
+    pub config1: u64,
+    pub config2: u64,
+    pub branch_sample_type: u64,
+    pub sample_regs_user: u64,
+    pub sample_stack_user: u32,
+    pub clockid: i32,
+    pub sample_regs_intr: u64,
+    pub aux_watermark: u32,
+    pub sample_max_stack: u16,
+    pub reserved_2: u16,
+    pub aux_sample_size: u32,
+    pub reserved_3: u32,
+    pub sig_data: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 128);
+
+/// Opens one perf event. `pid` is a thread or process id, `cpu` a CPU number or -1.
+pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+    let mut attr = *attr;
+    attr.size = std::mem::size_of::<PerfEventAttr>() as u32;
+    // SAFETY: `attr` is a valid, fully initialised perf_event_attr of the size we pass; the
+    // kernel only reads it (and may write `size` back on E2BIG, which is our own copy).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &mut attr as *mut PerfEventAttr,
+            pid as libc::pid_t,
+            cpu as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn ioctl(fd: &OwnedFd, request: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: perf event ioctls with integer arguments; `fd` is a live perf event descriptor.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, arg) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+pub fn enable(fd: &OwnedFd) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+}
+
+pub fn disable(fd: &OwnedFd) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_DISABLE, 0)
+}
+
+/// Sends the records of `fd` to the ring buffer of `target` (same CPU).
+pub fn set_output(fd: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+    ioctl(
+        fd,
+        PERF_EVENT_IOC_SET_OUTPUT,
+        target.as_raw_fd() as libc::c_ulong,
+    )
+}
+
+/// A mapped perf ring buffer: one metadata page followed by `2^n` data pages.
+pub struct RingMap {
+    base: *mut u8,
+    len: usize,
+    data_offset: usize,
+    data_size: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only accessed through `&mut self` methods.
+unsafe impl Send for RingMap {}
+
+const DATA_HEAD_OFFSET: usize = 1024;
+const DATA_TAIL_OFFSET: usize = 1032;
+const DATA_OFFSET_OFFSET: usize = 1040;
+const DATA_SIZE_OFFSET: usize = 1048;
+
+impl RingMap {
+    pub fn new(fd: &OwnedFd, data_pages: usize) -> io::Result<RingMap> {
+        let page = page_size();
+        let len = page * (data_pages + 1);
+        // SAFETY: a fresh shared mapping of a perf fd; the kernel defines its layout and we
+        // unmap it in Drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = base as *mut u8;
+        // SAFETY: the first page is the perf_event_mmap_page; these u64 fields are in bounds.
+        let (data_offset, data_size) = unsafe {
+            (
+                std::ptr::read_volatile(base.add(DATA_OFFSET_OFFSET) as *const u64) as usize,
+                std::ptr::read_volatile(base.add(DATA_SIZE_OFFSET) as *const u64) as usize,
+            )
+        };
+        let (data_offset, data_size) = if data_size == 0 {
+            (page, len - page) // kernels before 4.1 leave these zero
+        } else {
+            (data_offset, data_size)
+        };
+        Ok(RingMap {
+            base,
+            len,
+            data_offset,
+            data_size,
+        })
+    }
+
+    fn head_tail(&self) -> (&AtomicU64, &AtomicU64) {
+        // SAFETY: data_head and data_tail are naturally aligned u64 fields of the metadata page,
+        // shared with the kernel; atomics give the ordering the perf ABI asks for.
+        unsafe {
+            (
+                &*(self.base.add(DATA_HEAD_OFFSET) as *const AtomicU64),
+                &*(self.base.add(DATA_TAIL_OFFSET) as *const AtomicU64),
+            )
+        }
+    }
+
+    /// Copies every complete record written since the last call into `out` (each record's
+    /// bytes, header included, contiguous even where the ring wrapped) and releases the space.
+    pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
+        let (head_a, tail_a) = self.head_tail();
+        let head = head_a.load(Ordering::Acquire);
+        let tail = tail_a.load(Ordering::Relaxed);
+        if head == tail {
+            return 0;
+        }
+        let size = self.data_size as u64;
+        let avail = (head - tail) as usize;
+        // SAFETY: the data area is `data_size` bytes at `data_offset`, inside the mapping.
+        let data =
+            unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
+        let start = (tail % size) as usize;
+        let first = avail.min(self.data_size - start);
+        out.extend_from_slice(&data[start..start + first]);
+        out.extend_from_slice(&data[..avail - first]);
+        tail_a.store(head, Ordering::Release);
+        avail
+    }
+}
+
+impl Drop for RingMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the region mapped in `new`.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes. Returns whether any fd hung up.
+pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> io::Result<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `pfds` is a valid array of pollfd of the length we pass.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(pfds.iter().any(|p| p.revents & libc::POLLHUP != 0))
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock the sampler asks the kernel to stamp records with.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

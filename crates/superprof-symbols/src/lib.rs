@@ -1,0 +1,136 @@
+//! superprof-symbols: from a module and an address to function names, files and lines.
+//!
+//! ELF `.symtab` / `.dynsym` for names, DWARF through addr2line for inlined frames and
+//! file:line, separate debug files found by build id (`/usr/lib/debug/.build-id/xx/yyyy.debug`)
+//! or `.gnu_debuglink`, Rust and C++ demangling, and `/proc/kallsyms` for kernel addresses.
+//! Each file is opened and parsed once; callers symbolize each distinct address once.
+//!
+//! ```no_run
+//! use superprof_symbols::Symbolizer;
+//! let mut symbolizer = Symbolizer::default();
+//! for frame in symbolizer.symbolize("/usr/bin/true".as_ref(), "/usr/bin/true".as_ref(), 0x2040) {
+//!     println!("{:?} {:?}:{:?}", frame.function, frame.file, frame.line);
+//! }
+//! ```
+
+mod debugfile;
+mod kallsyms;
+mod sys;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use addr2line::Loader;
+
+pub use kallsyms::Kallsyms;
+
+/// One source-level frame. An address gives one or more: the inlined calls, then the function
+/// that contains them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SymFrame {
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// This frame was inlined into the next (outer) one.
+    pub inlined: bool,
+}
+
+struct ModuleSymbols {
+    code: Loader,
+    /// A separate debug file, when the code file has no DWARF of its own.
+    debug: Option<Loader>,
+}
+
+/// Symbolizes addresses of many modules, parsing each module once.
+#[derive(Default)]
+pub struct Symbolizer {
+    modules: HashMap<PathBuf, Option<ModuleSymbols>>,
+}
+
+impl Symbolizer {
+    /// Frames for the ELF virtual address `svma` of the module known as `path` (readable at
+    /// `open_path`), outermost first: the function, then each inlined call inside it.
+    /// Empty when nothing is known about the address.
+    pub fn symbolize(&mut self, path: &Path, open_path: &Path, svma: u64) -> Vec<SymFrame> {
+        let entry = self
+            .modules
+            .entry(path.to_owned())
+            .or_insert_with(|| load_module(open_path));
+        let Some(m) = entry else {
+            return Vec::new();
+        };
+        let mut frames = m
+            .debug
+            .as_ref()
+            .map(|d| dwarf_frames(d, svma))
+            .unwrap_or_default();
+        if frames.is_empty() {
+            frames = dwarf_frames(&m.code, svma);
+        }
+        let symbol = m
+            .code
+            .find_symbol(svma)
+            .or_else(|| m.debug.as_ref().and_then(|d| d.find_symbol(svma)));
+        match frames.last_mut() {
+            Some(outer) if outer.function.is_none() => {
+                outer.function = symbol.map(demangle);
+            }
+            None => {
+                if let Some(name) = symbol {
+                    frames.push(SymFrame {
+                        function: Some(demangle(name)),
+                        file: None,
+                        line: None,
+                        inlined: false,
+                    });
+                }
+            }
+            _ => {}
+        }
+        frames.reverse();
+        frames
+    }
+}
+
+fn load_module(open_path: &Path) -> Option<ModuleSymbols> {
+    let code = Loader::new(open_path).ok()?;
+    let debug = if debugfile::has_dwarf(open_path) {
+        None
+    } else {
+        debugfile::find(open_path).and_then(|p| Loader::new(p).ok())
+    };
+    Some(ModuleSymbols { code, debug })
+}
+
+/// DWARF frames, innermost first.
+fn dwarf_frames(loader: &Loader, svma: u64) -> Vec<SymFrame> {
+    let mut out = Vec::new();
+    let Ok(mut iter) = loader.find_frames(svma) else {
+        return out;
+    };
+    while let Ok(Some(frame)) = iter.next() {
+        let function = frame
+            .function
+            .as_ref()
+            .and_then(|f| f.demangle().ok().map(|s| s.into_owned()));
+        let (file, line) = frame
+            .location
+            .as_ref()
+            .map_or((None, None), |l| (l.file.map(str::to_owned), l.line));
+        out.push(SymFrame {
+            function,
+            file,
+            line,
+            inlined: true,
+        });
+    }
+    if let Some(last) = out.last_mut() {
+        last.inlined = false;
+    }
+    out
+}
+
+/// Demangles a Rust or C++ symbol name; other names come back unchanged.
+pub fn demangle(name: &str) -> String {
+    addr2line::demangle_auto(name.into(), None).into_owned()
+}

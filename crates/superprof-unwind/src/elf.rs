@@ -1,0 +1,186 @@
+//! ELF images: parsed once per run, shared by every process that maps them.
+
+use std::collections::HashMap;
+use std::ops::{Deref, Range};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use object::{Object, ObjectSection, ObjectSegment};
+
+/// A run-wide number for a module (a distinct file mapped by some process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModuleId(pub u32);
+
+/// Bytes of one section of a mapped file, cheap to clone.
+#[derive(Clone)]
+pub struct SectionBytes {
+    map: Arc<Mmap>,
+    range: Range<usize>,
+}
+
+impl Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map[self.range.clone()]
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Segment {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+}
+
+#[derive(Debug, Clone)]
+struct SectionInfo {
+    svma: Range<u64>,
+    file: Range<usize>,
+}
+
+/// What the unwinder needs of one ELF file.
+pub struct ElfImage {
+    pub path: PathBuf,
+    map: Arc<Mmap>,
+    segments: Vec<Segment>,
+    sections: HashMap<&'static [u8], SectionInfo>,
+}
+
+const UNWIND_SECTIONS: [&[u8]; 5] = [
+    b".text",
+    b".eh_frame",
+    b".eh_frame_hdr",
+    b".debug_frame",
+    b".got",
+];
+
+impl ElfImage {
+    pub fn open(path: &Path) -> Option<ElfImage> {
+        let map = Arc::new(crate::sys::map_file(path).ok()?);
+        let obj = object::File::parse(&**map).ok()?;
+        let segments = obj
+            .segments()
+            .map(|s| {
+                let (offset, filesz) = s.file_range();
+                Segment {
+                    vaddr: s.address(),
+                    offset,
+                    filesz,
+                }
+            })
+            .collect();
+        let mut sections = HashMap::new();
+        for name in UNWIND_SECTIONS {
+            let Ok(Some(sec)) = std::str::from_utf8(name).map(|n| obj.section_by_name(n)) else {
+                continue;
+            };
+            let Some((off, size)) = sec.file_range() else {
+                continue;
+            };
+            let file = off as usize..(off + size) as usize;
+            if file.end > map.len() {
+                continue;
+            }
+            sections.insert(
+                name,
+                SectionInfo {
+                    svma: sec.address()..sec.address() + sec.size(),
+                    file,
+                },
+            );
+        }
+        Some(ElfImage {
+            path: path.to_owned(),
+            map,
+            segments,
+            sections,
+        })
+    }
+
+    /// The load bias (runtime address minus ELF virtual address) of a mapping of this file that
+    /// starts at `start` and maps file offset `pgoff`.
+    pub fn bias_for_mapping(&self, start: u64, pgoff: u64) -> u64 {
+        let page = 4096u64;
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| s.offset & !(page - 1) == pgoff)
+            .or_else(|| {
+                self.segments
+                    .iter()
+                    .find(|s| s.offset <= pgoff && pgoff < s.offset + s.filesz.max(1))
+            });
+        match seg {
+            Some(s) => start.wrapping_sub(s.vaddr.wrapping_sub(s.offset).wrapping_add(pgoff)),
+            None => start.wrapping_sub(pgoff),
+        }
+    }
+
+    pub(crate) fn framehop_module(
+        &self,
+        name: String,
+        avma: Range<u64>,
+        bias: u64,
+    ) -> framehop::Module<SectionBytes> {
+        framehop::Module::new(name, avma, bias, SectionSource(self))
+    }
+}
+
+struct SectionSource<'a>(&'a ElfImage);
+
+impl framehop::ModuleSectionInfo<SectionBytes> for SectionSource<'_> {
+    fn base_svma(&self) -> u64 {
+        0
+    }
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        self.0.sections.get(name).map(|s| s.svma.clone())
+    }
+    fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
+        self.0.sections.get(name).map(|s| SectionBytes {
+            map: self.0.map.clone(),
+            range: s.file.clone(),
+        })
+    }
+}
+
+/// Every module seen in a run, each file opened and parsed once.
+#[derive(Default)]
+pub struct ElfCache {
+    by_path: HashMap<PathBuf, ModuleId>,
+    modules: Vec<(PathBuf, Option<Arc<ElfImage>>)>,
+}
+
+impl ElfCache {
+    /// The module for `path` (as the target names it), opening `open_path` on first sight.
+    pub fn module(&mut self, path: &Path, open_path: &Path) -> ModuleId {
+        if let Some(&id) = self.by_path.get(path) {
+            return id;
+        }
+        let image = if path.is_absolute() {
+            ElfImage::open(open_path).map(Arc::new)
+        } else {
+            None // [vdso], [anon:...] and friends
+        };
+        let id = ModuleId(self.modules.len() as u32);
+        self.modules.push((path.to_owned(), image));
+        self.by_path.insert(path.to_owned(), id);
+        id
+    }
+
+    pub fn path(&self, id: ModuleId) -> &Path {
+        &self.modules[id.0 as usize].0
+    }
+
+    pub fn image(&self, id: ModuleId) -> Option<&Arc<ElfImage>> {
+        self.modules[id.0 as usize].1.as_ref()
+    }
+
+    pub fn len(&self) -> usize {
+        self.modules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.modules.is_empty()
+    }
+}

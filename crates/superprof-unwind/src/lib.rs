@@ -1,0 +1,31 @@
+//! superprof-unwind: modules, load bias and stack unwinding.
+//!
+//! Given the user registers of a sample and a way to read stack memory, this crate produces
+//! the return addresses of the call stack with [framehop] (DWARF CFI from `.eh_frame`,
+//! `.eh_frame_hdr` or `.debug_frame`; frame pointers where no CFI covers an address). It keeps,
+//! per process, the executable mappings reported by the sampler and the ELF images behind them,
+//! each parsed once per run ([`ElfCache`]).
+//!
+//! It does no I/O on the target: callers hand in bytes (a copied stack, guest memory), which is
+//! what lets the perf sampler, the ptrace sampler and the QEMU sampler share it.
+//!
+//! ```no_run
+//! use superprof_unwind::{ElfCache, ProcessModules, UserRegs};
+//! let mut elves = ElfCache::default();
+//! let mut process = ProcessModules::default();
+//! process.add_mapping(&mut elves, 0x5555_5555_4000, 0x1000, 0x1000, "/usr/bin/true".as_ref());
+//! let regs = UserRegs { pc: 0x5555_5555_4100, sp: 0x7ffe_0000_0000, fp: 0, lr: 0 };
+//! let mut frames = Vec::new();
+//! let outcome = process.unwind(&regs, &[0u8; 64], &mut frames);
+//! # let _ = outcome;
+//! ```
+
+mod elf;
+mod process;
+mod regs;
+mod sys;
+
+pub use elf::{ElfCache, ElfImage, ModuleId};
+pub use framehop::FrameAddress;
+pub use process::{Mapping, ProcessModules, UnwindOutcome};
+pub use regs::UserRegs;

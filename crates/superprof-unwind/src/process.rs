@@ -1,0 +1,174 @@
+//! The executable mappings of one process and its framehop unwinder.
+
+use std::path::Path;
+
+use framehop::{FrameAddress, Unwinder};
+
+use crate::elf::{ElfCache, ModuleId, SectionBytes};
+use crate::regs::UserRegs;
+
+#[cfg(target_arch = "x86_64")]
+type ArchUnwinder = framehop::x86_64::UnwinderX86_64<SectionBytes>;
+#[cfg(target_arch = "x86_64")]
+type ArchCache = framehop::x86_64::CacheX86_64;
+#[cfg(target_arch = "aarch64")]
+type ArchUnwinder = framehop::aarch64::UnwinderAarch64<SectionBytes>;
+#[cfg(target_arch = "aarch64")]
+type ArchCache = framehop::aarch64::CacheAarch64;
+
+/// One executable mapping: runtime addresses `start..end` of `module`, whose ELF virtual
+/// address `svma` sits at runtime address `svma + bias`.
+#[derive(Debug, Clone, Copy)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub module: ModuleId,
+    pub bias: u64,
+}
+
+/// How an unwind ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnwindOutcome {
+    /// Reached the root of the stack (`_start`, `clone`'s thread entry, a zero frame pointer).
+    Complete,
+    /// Stopped early: the stack copy ended, or no rule could be found.
+    Truncated,
+}
+
+/// Mappings and unwinder of one address space.
+pub struct ProcessModules {
+    mappings: Vec<Mapping>,
+    unwinder: ArchUnwinder,
+    cache: ArchCache,
+}
+
+impl Default for ProcessModules {
+    fn default() -> Self {
+        ProcessModules {
+            mappings: Vec::new(),
+            unwinder: ArchUnwinder::new(),
+            cache: ArchCache::new(),
+        }
+    }
+}
+
+impl ProcessModules {
+    /// Records an executable mapping of `path` (as the target names it; `open_path` is where
+    /// superprof can read it, e.g. through /proc/PID/root).
+    pub fn add_mapping_at(
+        &mut self,
+        elves: &mut ElfCache,
+        start: u64,
+        len: u64,
+        pgoff: u64,
+        path: &Path,
+        open_path: &Path,
+    ) -> Mapping {
+        let end = start.saturating_add(len);
+        let module = elves.module(path, open_path);
+        let image = elves.image(module).cloned();
+        let bias = image.as_ref().map_or(start.wrapping_sub(pgoff), |img| {
+            img.bias_for_mapping(start, pgoff)
+        });
+        // A new mapping replaces whatever executable mapping it overlaps.
+        let (gone, kept): (Vec<Mapping>, Vec<Mapping>) = self
+            .mappings
+            .iter()
+            .partition(|m| m.start < end && start < m.end);
+        for m in gone {
+            self.unwinder.remove_module(m.start);
+        }
+        self.mappings = kept;
+        let mapping = Mapping {
+            start,
+            end,
+            module,
+            bias,
+        };
+        let at = self.mappings.partition_point(|m| m.start < start);
+        self.mappings.insert(at, mapping);
+        if let Some(img) = image {
+            let name = path.to_string_lossy().into_owned();
+            self.unwinder
+                .add_module(img.framehop_module(name, start..end, bias));
+        }
+        mapping
+    }
+
+    /// [`ProcessModules::add_mapping_at`] for a file readable at the path the target uses.
+    pub fn add_mapping(
+        &mut self,
+        elves: &mut ElfCache,
+        start: u64,
+        len: u64,
+        pgoff: u64,
+        path: &Path,
+    ) -> Mapping {
+        self.add_mapping_at(elves, start, len, pgoff, path, path)
+    }
+
+    /// The address space of a child forked from this process: the same mappings.
+    pub fn fork(&self, elves: &ElfCache) -> ProcessModules {
+        let mut child = ProcessModules {
+            mappings: self.mappings.clone(),
+            ..ProcessModules::default()
+        };
+        for m in &self.mappings {
+            if let Some(img) = elves.image(m.module) {
+                let name = elves.path(m.module).to_string_lossy().into_owned();
+                child
+                    .unwinder
+                    .add_module(img.framehop_module(name, m.start..m.end, m.bias));
+            }
+        }
+        child
+    }
+
+    /// Forgets every mapping (the process called exec).
+    pub fn clear(&mut self) {
+        *self = ProcessModules::default();
+    }
+
+    /// The mapping that contains runtime address `avma`.
+    pub fn lookup(&self, avma: u64) -> Option<&Mapping> {
+        let i = self.mappings.partition_point(|m| m.start <= avma);
+        let m = self.mappings.get(i.checked_sub(1)?)?;
+        (avma < m.end).then_some(m)
+    }
+
+    pub fn mappings(&self) -> &[Mapping] {
+        &self.mappings
+    }
+
+    /// Unwinds the user stack. `stack` is a copy of memory starting at `regs.sp`. Frames are
+    /// appended to `out`, innermost first.
+    pub fn unwind(
+        &mut self,
+        regs: &UserRegs,
+        stack: &[u8],
+        out: &mut Vec<FrameAddress>,
+    ) -> UnwindOutcome {
+        let sp = regs.sp;
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(sp).ok_or(())? as usize;
+            let bytes = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_ne_bytes(bytes.try_into().map_err(|_| ())?))
+        };
+        #[cfg(target_arch = "x86_64")]
+        let uregs = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
+        #[cfg(target_arch = "aarch64")]
+        let uregs = framehop::aarch64::UnwindRegsAarch64::new(regs.lr, regs.sp, regs.fp);
+        let mut iter = self
+            .unwinder
+            .iter_frames(regs.pc, uregs, &mut self.cache, &mut read_stack);
+        // A bound on depth protects against cycles in corrupt frame-pointer chains.
+        for _ in 0..1024 {
+            match iter.next() {
+                Ok(Some(frame)) => out.push(frame),
+                Ok(None) => return UnwindOutcome::Complete,
+                Err(_) => return UnwindOutcome::Truncated,
+            }
+        }
+        UnwindOutcome::Truncated
+    }
+}

@@ -1,0 +1,75 @@
+//! Command-line arguments, parsed by clap into plain structs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "superprof",
+    version,
+    about = "A sampling profiler for Linux: full call stacks, symbols, flamegraphs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sample a program (launched after `--`, or attached with -p) with full call stacks
+    Record(RecordArgs),
+    /// Profile a built-in demo workload: prints the top table and writes demo.svg
+    Demo(DemoArgs),
+    /// The demo's workload (run by `superprof demo`)
+    #[command(hide = true, name = "__demo-workload")]
+    DemoWorkload {
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Sampling frequency in Hz
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
+    pub frequency: u32,
+    /// Output file; the format follows the extension (.folded, .svg)
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    /// Stop recording after this many seconds
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Bytes of user stack copied with each sample
+    #[arg(long = "stack-size", value_name = "BYTES", default_value_t = 32768)]
+    pub stack_size: u32,
+    /// Do not print the top table
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Attach to this running process and all its threads
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pub pid: Option<u32>,
+    /// The command to launch and profile (after `--`)
+    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Where to write the flamegraph
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "OUT",
+        default_value = "demo.svg"
+    )]
+    pub output: PathBuf,
+    /// How long the workload runs, in seconds
+    #[arg(long, value_name = "SECS", default_value_t = 3.0)]
+    pub seconds: f64,
+}

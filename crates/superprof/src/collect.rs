@@ -1,0 +1,371 @@
+//! From sampler records to a profile: module and thread tracking, unwinding, interning of
+//! address stacks during the run, and symbolization of each distinct address at the end.
+//!
+//! Any sample source that yields registers plus stack bytes can feed a [`Collector`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use superprof_profile::{Profile, StackId};
+use superprof_sample::{Record, SampleRecord};
+use superprof_symbols::{Kallsyms, Symbolizer};
+use superprof_unwind::{ElfCache, FrameAddress, ModuleId, ProcessModules, UnwindOutcome};
+
+/// A frame before symbolization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum AddrFrame {
+    /// `svma` in `module`; `ret` when the address is a return address.
+    User {
+        module: ModuleId,
+        svma: u64,
+        ret: bool,
+    },
+    Kernel(u64),
+    Unknown(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingSample {
+    time: u64,
+    tid: u32,
+    cpu: u32,
+    stack: Option<u32>,
+}
+
+#[derive(Default)]
+pub struct Collector {
+    elves: ElfCache,
+    processes: HashMap<u32, ProcessModules>,
+    /// tid -> (pid, name)
+    threads: HashMap<u32, (u32, String)>,
+    frames: Vec<AddrFrame>,
+    frame_ids: HashMap<AddrFrame, u32>,
+    /// Address-stack trie: (parent, frame).
+    nodes: Vec<(Option<u32>, u32)>,
+    node_ids: HashMap<(Option<u32>, u32), u32>,
+    samples: Vec<PendingSample>,
+    /// Last time /proc/PID/maps was read for a pid (monotonic ns).
+    maps_read_at: HashMap<u32, u64>,
+    pub lost: u64,
+    pub truncated: u64,
+    scratch: Vec<FrameAddress>,
+    path_frames: Vec<u32>,
+}
+
+/// Where superprof can read a file the target names `path`: through /proc/PID/root, so that
+/// processes in other mount namespaces (containers) work.
+/// Files of a process that shares superprof's root are opened by their plain path, which stays
+/// valid after the process exits.
+fn open_path(pid: u32, path: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let root = Path::new("/proc").join(pid.to_string()).join("root");
+    let same_root = match (std::fs::metadata(&root), std::fs::metadata("/")) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => true,
+    };
+    let via_root = root.join(path.strip_prefix("/").unwrap_or(path));
+    if !same_root && via_root.exists() {
+        via_root
+    } else {
+        path.to_owned()
+    }
+}
+
+impl Collector {
+    pub fn sample_count(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn thread_count(&self) -> usize {
+        let mut tids: Vec<u32> = self.samples.iter().map(|s| s.tid).collect();
+        tids.sort_unstable();
+        tids.dedup();
+        tids.len()
+    }
+
+    /// Seeds a process's modules and thread names from /proc (attach mode, or a fallback when a
+    /// sample lands outside every known mapping).
+    pub fn read_proc(&mut self, pid: u32, now: u64) {
+        self.maps_read_at.insert(pid, now);
+        if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+            let process = self.processes.entry(pid).or_default();
+            for line in maps.lines() {
+                let mut f = line.split_whitespace();
+                let (Some(range), Some(perms), Some(off), _, _) =
+                    (f.next(), f.next(), f.next(), f.next(), f.next())
+                else {
+                    continue;
+                };
+                let path = f.collect::<Vec<_>>().join(" ");
+                if !perms.contains('x') || path.is_empty() {
+                    continue;
+                }
+                let Some((a, b)) = range.split_once('-') else {
+                    continue;
+                };
+                let (Ok(a), Ok(b), Ok(off)) = (
+                    u64::from_str_radix(a, 16),
+                    u64::from_str_radix(b, 16),
+                    u64::from_str_radix(off, 16),
+                ) else {
+                    continue;
+                };
+                if process
+                    .lookup(a)
+                    .is_some_and(|m| m.start == a && m.end == b)
+                {
+                    continue;
+                }
+                let p = Path::new(&path);
+                process.add_mapping_at(&mut self.elves, a, b - a, off, p, &open_path(pid, p));
+            }
+        }
+        if let Ok(tids) = superprof_sample::list_threads(pid) {
+            for tid in tids {
+                if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+                    self.threads.insert(tid, (pid, name.trim_end().to_owned()));
+                }
+            }
+        }
+    }
+
+    pub fn handle(&mut self, record: &Record) {
+        match record {
+            Record::Sample(s) => self.sample(s),
+            Record::Mmap {
+                pid,
+                start,
+                len,
+                pgoff,
+                executable: true,
+                path,
+                ..
+            } => {
+                let p = Path::new(path);
+                let open = open_path(*pid, p);
+                self.processes.entry(*pid).or_default().add_mapping_at(
+                    &mut self.elves,
+                    *start,
+                    *len,
+                    *pgoff,
+                    p,
+                    &open,
+                );
+            }
+            Record::Mmap { .. } => {}
+            Record::Comm {
+                pid,
+                tid,
+                name,
+                exec,
+                ..
+            } => {
+                if *exec && pid == tid {
+                    self.processes.entry(*pid).or_default().clear();
+                }
+                self.threads.insert(*tid, (*pid, name.clone()));
+            }
+            Record::Fork {
+                pid,
+                ppid,
+                tid,
+                ptid,
+                ..
+            } => {
+                if pid != ppid && !self.processes.contains_key(pid) {
+                    let child = self
+                        .processes
+                        .get(ppid)
+                        .map(|p| p.fork(&self.elves))
+                        .unwrap_or_default();
+                    self.processes.insert(*pid, child);
+                }
+                let name = self
+                    .threads
+                    .get(ptid)
+                    .map(|t| t.1.clone())
+                    .unwrap_or_default();
+                self.threads.insert(*tid, (*pid, name));
+            }
+            Record::Exit { .. } | Record::Other { .. } => {}
+            Record::Lost { count, .. } => self.lost += count,
+        }
+    }
+
+    fn intern_frame(&mut self, f: AddrFrame) -> u32 {
+        *self.frame_ids.entry(f).or_insert_with(|| {
+            self.frames.push(f);
+            self.frames.len() as u32 - 1
+        })
+    }
+
+    fn sample(&mut self, s: &SampleRecord) {
+        self.threads
+            .entry(s.tid)
+            .or_insert_with(|| (s.pid, String::new()));
+        self.path_frames.clear();
+        for &ip in &s.kernel_ips {
+            let id = self.intern_frame(AddrFrame::Kernel(ip));
+            self.path_frames.push(id);
+        }
+        if let Some(regs) = &s.regs {
+            let needs_maps = self
+                .processes
+                .get(&s.pid)
+                .is_none_or(|p| p.lookup(regs.pc).is_none());
+            if needs_maps
+                && s.time
+                    .saturating_sub(self.maps_read_at.get(&s.pid).copied().unwrap_or(0))
+                    > 1_000_000_000
+            {
+                self.read_proc(s.pid, s.time);
+            }
+            let process = self.processes.entry(s.pid).or_default();
+            self.scratch.clear();
+            if process.unwind(regs, s.stack, &mut self.scratch) == UnwindOutcome::Truncated {
+                self.truncated += 1;
+            }
+            for i in 0..self.scratch.len() {
+                let fa = self.scratch[i];
+                let avma = fa.address();
+                let f = match process.lookup(avma) {
+                    Some(m) => AddrFrame::User {
+                        module: m.module,
+                        svma: avma.wrapping_sub(m.bias),
+                        ret: fa.is_return_address(),
+                    },
+                    None => AddrFrame::Unknown(avma),
+                };
+                let id = *self.frame_ids.entry(f).or_insert_with(|| {
+                    self.frames.push(f);
+                    self.frames.len() as u32 - 1
+                });
+                self.path_frames.push(id);
+            }
+        }
+        // Intern from the root (the end of the leaf-first list).
+        let mut node = None;
+        for i in (0..self.path_frames.len()).rev() {
+            let key = (node, self.path_frames[i]);
+            let next = self.nodes.len() as u32;
+            let id = *self.node_ids.entry(key).or_insert(next);
+            if id == next {
+                self.nodes.push(key);
+            }
+            node = Some(id);
+        }
+        self.samples.push(PendingSample {
+            time: s.time,
+            tid: s.tid,
+            cpu: s.cpu,
+            stack: node,
+        });
+    }
+
+    /// Symbolizes every distinct address once and builds the profile.
+    pub fn finish(self, mut profile: Profile) -> Profile {
+        let mut symbolizer = Symbolizer::default();
+        let kallsyms = self
+            .frames
+            .iter()
+            .any(|f| matches!(f, AddrFrame::Kernel(_)))
+            .then(Kallsyms::load);
+        // Each address frame becomes a chain of profile frames, outermost first.
+        let mut chains: Vec<Vec<superprof_profile::FrameId>> =
+            Vec::with_capacity(self.frames.len());
+        for f in &self.frames {
+            let mut chain = Vec::new();
+            match *f {
+                AddrFrame::User { module, svma, ret } => {
+                    let path = self.elves.path(module);
+                    let module_name = path.to_string_lossy();
+                    let lookup = if ret { svma.wrapping_sub(1) } else { svma };
+                    let open = self
+                        .elves
+                        .image(module)
+                        .map_or_else(|| path.to_owned(), |i| i.path.clone());
+                    for sf in symbolizer.symbolize(path, &open, lookup) {
+                        let name = sf
+                            .function
+                            .unwrap_or_else(|| unknown_name(&module_name, svma));
+                        chain.push(profile.intern_frame_named(
+                            &name,
+                            &module_name,
+                            sf.file.as_deref(),
+                            sf.line.unwrap_or(0),
+                            svma,
+                            sf.inlined,
+                        ));
+                    }
+                    if chain.is_empty() {
+                        chain.push(profile.intern_frame_named(
+                            &unknown_name(&module_name, svma),
+                            &module_name,
+                            None,
+                            0,
+                            svma,
+                            false,
+                        ));
+                    }
+                }
+                AddrFrame::Kernel(addr) => {
+                    let name = kallsyms
+                        .as_ref()
+                        .and_then(|k| k.lookup(addr))
+                        .map_or_else(|| unknown_name("[kernel.kallsyms]", addr), str::to_owned);
+                    chain.push(profile.intern_frame_named(
+                        &name,
+                        "[kernel.kallsyms]",
+                        None,
+                        0,
+                        addr,
+                        false,
+                    ));
+                }
+                AddrFrame::Unknown(addr) => {
+                    chain.push(profile.intern_frame_named(
+                        &unknown_name("[unknown]", addr),
+                        "[unknown]",
+                        None,
+                        0,
+                        addr,
+                        false,
+                    ));
+                }
+            }
+            chains.push(chain);
+        }
+        // Trie nodes are created parent-first, so one forward pass maps them all.
+        let mut stack_of: Vec<Option<StackId>> = Vec::with_capacity(self.nodes.len());
+        for &(parent, frame) in &self.nodes {
+            let mut s = parent.and_then(|p| stack_of[p as usize]);
+            for &fid in &chains[frame as usize] {
+                s = Some(profile.intern_stack(s, fid));
+            }
+            stack_of.push(s);
+        }
+        let mut thread_index: HashMap<u32, u32> = HashMap::new();
+        for s in &self.samples {
+            let t = *thread_index.entry(s.tid).or_insert_with(|| {
+                let (pid, name) = self.threads.get(&s.tid).cloned().unwrap_or_default();
+                let name = if name.is_empty() {
+                    format!("thread-{}", s.tid)
+                } else {
+                    name
+                };
+                profile.add_thread(pid, s.tid, &name)
+            });
+            let stack = s.stack.and_then(|n| stack_of[n as usize]);
+            profile.add_sample(s.time, t, s.cpu, 1, stack);
+        }
+        profile.meta.lost_samples = self.lost;
+        profile.meta.truncated_stacks = self.truncated;
+        profile
+    }
+}
+
+/// `module+0xOFFSET` for code with no symbol.
+fn unknown_name(module: &str, addr: u64) -> String {
+    let base = module.rsplit('/').next().unwrap_or(module);
+    format!("{base}+0x{addr:x}")
+}

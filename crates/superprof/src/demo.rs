@@ -1,0 +1,107 @@
+//! `superprof demo`: profiles a workload with a known split and draws its flamegraph.
+//!
+//! The workload is this same binary (`superprof __demo-workload`), so the demo needs no input
+//! and exercises the whole path: launch, sampling, DWARF unwinding, Rust symbols, SVG.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::cli::DemoArgs;
+use crate::record::{self, RecordConfig, Target};
+
+pub fn run(args: &DemoArgs) -> Result<i32> {
+    let exe = std::env::current_exe().context("cannot find the superprof binary")?;
+    let cfg = RecordConfig {
+        sampler: Default::default(),
+        output: Some(args.output.clone()),
+        duration: None,
+        quiet: false,
+        target: Target::Command(vec![
+            exe.to_string_lossy().into_owned(),
+            "__demo-workload".into(),
+            "--seconds".into(),
+            args.seconds.to_string(),
+        ]),
+        top_rows: 15,
+    };
+    println!("superprof demo: profiling a workload that spends 50% / 30% / 20% of its CPU time in");
+    println!(
+        "crunch_numbers / hash_strings / walk_list for {} s ...\n",
+        args.seconds
+    );
+    let code = record::run(&cfg)?;
+    println!(
+        "\nOpen {} in a browser for the interactive flamegraph.",
+        args.output.display()
+    );
+    Ok(code)
+}
+
+/// Spends the given CPU time in three functions, 50 / 30 / 20.
+pub fn workload(seconds: f64) {
+    let slice = Duration::from_millis(10);
+    let rounds = (seconds / slice.as_secs_f64()).max(1.0) as u32;
+    for _ in 0..rounds {
+        crunch_numbers(slice.mul_f64(0.5));
+        hash_strings(slice.mul_f64(0.3));
+        walk_list(slice.mul_f64(0.2));
+    }
+}
+
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+// Each hot function checks the clock only every few thousand steps, so its own loop (not the
+// clock) is what the profile shows.
+const STEPS: u32 = 4096;
+
+#[inline(never)]
+fn crunch_numbers(budget: Duration) {
+    let end = thread_cpu_time() + budget;
+    let mut x = 1.0f64;
+    while thread_cpu_time() < end {
+        for _ in 0..STEPS {
+            x = (x * 1.000_001 + 0.5).sqrt();
+        }
+    }
+    black_box(x);
+}
+
+#[inline(never)]
+fn hash_strings(budget: Duration) {
+    let end = thread_cpu_time() + budget;
+    let text = black_box(b"superprof samples stacks");
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    while thread_cpu_time() < end {
+        for _ in 0..STEPS / 16 {
+            for b in text {
+                h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+    }
+    black_box(h);
+}
+
+#[inline(never)]
+fn walk_list(budget: Duration) {
+    let end = thread_cpu_time() + budget;
+    let next: Vec<usize> = (0..4096)
+        .map(|i| (i * 2_654_435_761usize + 1) % 4096)
+        .collect();
+    let mut i = 0;
+    while thread_cpu_time() < end {
+        for _ in 0..STEPS {
+            i = next[i];
+        }
+    }
+    black_box(i);
+}

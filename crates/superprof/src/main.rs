@@ -1,0 +1,62 @@
+//! superprof: a sampling profiler for Linux. This file maps arguments to the library crates and
+//! errors to one line and an exit code; the work happens in `record` and the crates.
+
+mod cli;
+mod collect;
+mod demo;
+mod record;
+mod sys;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // clap's errors span several lines; keep the first, which says what is wrong.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("superprof: {first} (see superprof --help)");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
+        cli::Command::Demo(args) => demo::run(&args),
+        cli::Command::DemoWorkload { seconds } => {
+            demo::workload(seconds);
+            Ok(0)
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("superprof: {}", one_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ").replace('\n', " ")
+}

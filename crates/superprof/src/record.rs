@@ -1,0 +1,241 @@
+//! `superprof record`: run the perf sampler over a launched or attached process, feed the
+//! collector, and write the outputs.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use superprof_profile::{OutputFormat, Profile};
+use superprof_sample::{parse_record, split_records, PerfSampler, SamplerConfig, TargetMode};
+
+use crate::cli::RecordArgs;
+use crate::collect::Collector;
+use crate::sys::{self, ExitStatus, PendingChild};
+
+#[derive(Debug, Clone)]
+pub enum Target {
+    Pid(u32),
+    Command(Vec<String>),
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    pub sampler: SamplerConfig,
+    pub output: Option<PathBuf>,
+    pub duration: Option<Duration>,
+    pub quiet: bool,
+    pub target: Target,
+    /// Rows of the top table.
+    pub top_rows: usize,
+}
+
+impl RecordConfig {
+    pub fn from_args(a: RecordArgs) -> RecordConfig {
+        RecordConfig {
+            sampler: SamplerConfig {
+                frequency: a.frequency,
+                stack_size: a.stack_size,
+            },
+            output: a.output,
+            duration: a.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
+            quiet: a.quiet,
+            target: match a.pid {
+                Some(pid) => Target::Pid(pid),
+                None => Target::Command(a.command),
+            },
+            top_rows: 30,
+        }
+    }
+}
+
+/// The recording's result, before outputs are written.
+pub struct Recorded {
+    pub profile: Profile,
+    /// Exit status of a launched command.
+    pub exit: Option<ExitStatus>,
+}
+
+/// Records, prints the table, writes the output; returns the exit code for superprof.
+pub fn run(cfg: &RecordConfig) -> Result<i32> {
+    let format = check_output(cfg)?;
+    let recorded = record(cfg)?;
+    let profile = &recorded.profile;
+    if profile.samples.is_empty() {
+        bail!("no samples were taken: the target ran too briefly or was idle, so the profile is empty");
+    }
+    if !cfg.quiet {
+        let stdout = std::io::stdout();
+        let mut lock = stdout.lock();
+        superprof_profile::top::write(profile, cfg.top_rows, &mut lock)?;
+        lock.flush()?;
+    }
+    if let (Some(path), Some(format)) = (&cfg.output, format) {
+        write_output(profile, path, format)?;
+        eprintln!("superprof: wrote {}", path.display());
+    }
+    Ok(recorded.exit.map_or(0, |e| e.shell_code()))
+}
+
+/// Validates the output path before anything runs, so a bad -o costs nothing.
+pub fn check_output(cfg: &RecordConfig) -> Result<Option<OutputFormat>> {
+    let Some(path) = &cfg.output else {
+        return Ok(None);
+    };
+    let format = OutputFormat::from_path(path).ok_or_else(|| {
+        anyhow!(
+            "cannot tell the format of output '{}': use one of the extensions {}",
+            path.display(),
+            OutputFormat::extensions()
+        )
+    })?;
+    superprof_profile::output::check_writable(path)
+        .with_context(|| format!("cannot write output '{}'", path.display()))?;
+    Ok(Some(format))
+}
+
+pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFormat) -> Result<()> {
+    let title = if profile.meta.command.is_empty() {
+        "superprof".to_owned()
+    } else {
+        format!("superprof: {}", profile.meta.command.join(" "))
+    };
+    superprof_profile::write_atomic(path, |w| match format {
+        OutputFormat::Folded => superprof_profile::folded::write(profile, w),
+        OutputFormat::Svg => superprof_profile::svg::write(profile, &title, w),
+    })
+    .with_context(|| format!("cannot write '{}'", path.display()))
+}
+
+/// Runs the sampler until the target ends, the duration passes or Ctrl-C.
+pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
+    sys::install_stop_handler();
+    let mut collector = Collector::default();
+    let (mut sampler, pid, child, command) = match &cfg.target {
+        Target::Command(cmd) => {
+            let program = cmd
+                .first()
+                .ok_or_else(|| anyhow!("no command given after --"))?;
+            let path = sys::resolve_command(program)
+                .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
+            let mut child = PendingChild::spawn(&path, cmd)
+                .with_context(|| format!("cannot start '{program}'"))?;
+            let sampler = match PerfSampler::open(child.pid, TargetMode::Launched, &cfg.sampler) {
+                Ok(s) => s,
+                Err(e) => {
+                    child.abort();
+                    return Err(e.into());
+                }
+            };
+            child
+                .release()
+                .with_context(|| format!("cannot run '{program}'"))?;
+            (sampler, child.pid, true, cmd.clone())
+        }
+        Target::Pid(pid) => {
+            let pid = *pid;
+            let sampler = PerfSampler::open(pid, TargetMode::Attached, &cfg.sampler)?;
+            collector.read_proc(pid, superprof_sample::monotonic_ns());
+            sampler.enable()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let command = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            (sampler, pid, false, command)
+        }
+    };
+    let start = Instant::now();
+    let start_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let progress = std::io::stderr().is_terminal() && !cfg.quiet;
+    let mut last_progress = Instant::now();
+    let layout = sampler.layout();
+    let mut buf = Vec::with_capacity(1 << 20);
+    let mut exit = None;
+    let mut stopped_early = false;
+
+    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector| {
+        buf.clear();
+        sampler.drain(&mut buf);
+        let mut records: Vec<_> = split_records(&buf)
+            .filter_map(|(ty, misc, body)| parse_record(ty, misc, body, layout))
+            .collect();
+        // Buffers of different CPUs interleave in time; mmap records must precede the
+        // samples that need them.
+        records.sort_by_key(|r| r.time());
+        for r in &records {
+            collector.handle(r);
+        }
+    };
+
+    loop {
+        sampler.wait(50);
+        drain(&mut sampler, &mut collector);
+        if child {
+            if let Some(status) = sys::try_wait(pid) {
+                exit = Some(status);
+                break;
+            }
+        } else if !sys::process_alive(pid) {
+            break;
+        }
+        if sys::stop_requested() || cfg.duration.is_some_and(|d| start.elapsed() >= d) {
+            stopped_early = true;
+            break;
+        }
+        if progress && last_progress.elapsed() >= Duration::from_millis(250) {
+            last_progress = Instant::now();
+            eprint!(
+                "\r\x1b[K[superprof] {:.1} s, {} samples, {} threads, {} lost",
+                start.elapsed().as_secs_f64(),
+                collector.sample_count(),
+                collector.thread_count(),
+                collector.lost
+            );
+        }
+    }
+    sampler.disable();
+    drain(&mut sampler, &mut collector);
+    let event = sampler.event_name();
+    let kernel = sampler.kernel_stacks();
+    drop(sampler); // closes every event: an attached process runs on untouched
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+    if child && exit.is_none() {
+        // Stopped by Ctrl-C or --duration: end the command as perf record does.
+        if stopped_early {
+            sys::kill(pid, libc::SIGTERM);
+        }
+        exit = Some(sys::wait_exit(pid)?);
+    }
+    let elapsed = start.elapsed();
+    let mut profile = Profile::default();
+    profile.meta.command = command;
+    profile.meta.event = event.to_owned();
+    profile.meta.frequency = cfg.sampler.frequency;
+    profile.meta.start_time_unix_ns = start_unix;
+    profile.meta.duration_ns = elapsed.as_nanos() as u64;
+    profile.meta.version = env!("CARGO_PKG_VERSION").to_owned();
+    profile.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let samples = collector.sample_count();
+    let threads = collector.thread_count();
+    let profile = collector.finish(profile);
+    eprintln!(
+        "superprof: {} samples ({} at {} Hz{}) from {} threads in {:.2} s; {} lost, {} truncated stacks",
+        samples,
+        event,
+        cfg.sampler.frequency,
+        if kernel { "" } else { ", user space only" },
+        threads,
+        elapsed.as_secs_f64(),
+        profile.meta.lost_samples,
+        profile.meta.truncated_stacks
+    );
+    Ok(Recorded { profile, exit })
+}

@@ -1,0 +1,206 @@
+//! The binary's kernel interfaces: launching a command stopped before exec, signals, waiting.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A forked child that waits before calling exec until [`PendingChild::release`].
+pub struct PendingChild {
+    pub pid: u32,
+    go: Option<OwnedFd>,
+    exec_status: OwnedFd,
+}
+
+fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Finds `cmd` on PATH the way execvp would.
+pub fn resolve_command(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+impl PendingChild {
+    /// Forks; the child blocks until released, then execs `program` with `args` (args[0]
+    /// included) and the current environment.
+    pub fn spawn(program: &Path, args: &[String]) -> io::Result<PendingChild> {
+        use std::os::unix::ffi::OsStrExt;
+        let prog = CString::new(program.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in command"))?;
+        let cargs: Vec<CString> = args
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in argument"))?;
+        let mut argv: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let (go_r, go_w) = pipe(libc::O_CLOEXEC)?;
+        let (st_r, st_w) = pipe(libc::O_CLOEXEC)?;
+        // SAFETY: superprof is single-threaded here. The child only calls async-signal-safe
+        // functions (read, execv, write, _exit) on memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: see above; `environ` is the process environment, unchanged since fork.
+            unsafe {
+                // Our copy of the write end would keep the read below from ever seeing EOF.
+                libc::close(go_w.as_raw_fd());
+                let mut b = 0u8;
+                while libc::read(go_r.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1) < 0 {}
+                extern "C" {
+                    static environ: *const *const libc::c_char;
+                }
+                libc::execve(prog.as_ptr(), argv.as_ptr(), environ);
+                let err = *libc::__errno_location();
+                let bytes = err.to_ne_bytes();
+                libc::write(st_w.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, 4);
+                libc::_exit(127);
+            }
+        }
+        drop(go_r);
+        drop(st_w);
+        Ok(PendingChild {
+            pid: pid as u32,
+            go: Some(go_w),
+            exec_status: st_r,
+        })
+    }
+
+    /// Lets the child exec. Returns the exec error, if exec failed.
+    pub fn release(&mut self) -> io::Result<()> {
+        drop(self.go.take());
+        let mut buf = [0u8; 4];
+        // SAFETY: reading into a 4-byte buffer we own; the write end closes on exec.
+        let n = unsafe {
+            libc::read(
+                self.exec_status.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                4,
+            )
+        };
+        if n == 4 {
+            let _ = wait_exit(self.pid);
+            return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+        }
+        Ok(())
+    }
+
+    /// Ends a child that will never be released.
+    pub fn abort(mut self) {
+        kill(self.pid, libc::SIGKILL);
+        drop(self.go.take());
+        let _ = wait_exit(self.pid);
+    }
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// The status the shell would report: the code, or 128 + signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+fn decode(status: libc::c_int) -> ExitStatus {
+    if libc::WIFSIGNALED(status) {
+        ExitStatus::Signal(libc::WTERMSIG(status))
+    } else {
+        ExitStatus::Code(libc::WEXITSTATUS(status))
+    }
+}
+
+/// Reaps the child if it has exited.
+pub fn try_wait(pid: u32) -> Option<ExitStatus> {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child with a valid out-pointer.
+    let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    (rc == pid as i32).then(|| decode(status))
+}
+
+pub fn wait_exit(pid: u32) -> io::Result<ExitStatus> {
+    let mut status = 0;
+    loop {
+        // SAFETY: as in try_wait, blocking.
+        let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        if rc == pid as i32 {
+            return Ok(decode(status));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+pub fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: sending a signal has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Makes SIGINT and SIGTERM set a flag instead of killing superprof, so the profile is written.
+pub fn install_stop_handler() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installing a handler that only stores to an atomic (async-signal-safe);
+        // SA_RESTART is left off so blocking calls return EINTR and the loop sees the flag.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
