@@ -14,12 +14,19 @@ pub struct TopRow {
     pub self_weight: u64,
     /// Weight of samples with this function anywhere in the stack (counted once per sample).
     pub total_weight: u64,
+    /// The source line of this function that the most samples pass through (`file:line`).
+    pub hottest_line: Option<String>,
+    /// The function appears only inlined into others.
+    pub inlined: bool,
 }
 
 /// Every function that appears in the profile, by self weight, then total weight.
 pub fn rows(profile: &Profile) -> Vec<TopRow> {
     let per_stack = profile.weight_per_stack();
     let mut acc: HashMap<(StrId, StrId), (u64, u64)> = HashMap::new();
+    // Per function: weight through each (file, line), and whether it was ever not inlined.
+    let mut lines: HashMap<(StrId, StrId), HashMap<(StrId, u32), u64>> = HashMap::new();
+    let mut outlined: std::collections::HashSet<(StrId, StrId)> = Default::default();
     let mut seen: Vec<(StrId, StrId)> = Vec::new();
     for (i, &w) in per_stack.iter().enumerate().take(profile.stacks().len()) {
         if w == 0 {
@@ -37,6 +44,16 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
             if !seen.contains(&key) {
                 seen.push(key);
                 e.1 += w;
+                if let Some(file) = f.file.filter(|_| f.line > 0) {
+                    *lines
+                        .entry(key)
+                        .or_default()
+                        .entry((file, f.line))
+                        .or_default() += w;
+                }
+            }
+            if !f.inlined {
+                outlined.insert(key);
             }
         }
     }
@@ -47,6 +64,18 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
             module: profile.str(m).to_owned(),
             self_weight: s,
             total_weight: t,
+            hottest_line: lines.get(&(f, m)).and_then(|l| {
+                let ((file, line), _) = l
+                    .iter()
+                    .max_by_key(|(k, w)| (**w, std::cmp::Reverse(**k)))?;
+                let file = profile.str(*file);
+                Some(format!(
+                    "{}:{}",
+                    file.rsplit('/').next().unwrap_or(file),
+                    line
+                ))
+            }),
+            inlined: !outlined.contains(&(f, m)),
         })
         .collect();
     out.sort_by(|a, b| {
@@ -87,14 +116,21 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     let pct = |x: u64| 100.0 * x as f64 / total as f64;
     for row in rows(profile).into_iter().take(limit) {
         let module = row.module.rsplit('/').next().unwrap_or(&row.module);
+        let location = match (&row.hottest_line, row.inlined) {
+            (Some(l), true) => format!("{l} [inlined]"),
+            (Some(l), false) => l.clone(),
+            (None, true) => "[inlined]".to_owned(),
+            (None, false) => String::new(),
+        };
         writeln!(
             w,
-            "{:>7.2}% {:>7.2}% {:>9}  {:<40} {}",
+            "{:>7.2}% {:>7.2}% {:>9}  {:<40} {:<20} {}",
             pct(row.self_weight),
             pct(row.total_weight),
             row.self_weight,
             row.function,
-            module
+            module,
+            location
         )?;
     }
     Ok(())

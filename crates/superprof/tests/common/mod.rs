@@ -1,0 +1,166 @@
+//! Helpers of the integration tests: compile C fixtures with gcc, run the real superprof
+//! binary, read folded stacks. Tests that measure CPU shares take a global lock so that they
+//! do not compete for this machine's two cores.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+
+static CPU: Mutex<()> = Mutex::new(());
+
+/// Serializes CPU-heavy tests.
+pub fn cpu_lock() -> MutexGuard<'static, ()> {
+    CPU.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn superprof() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_superprof"))
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir =
+            std::env::temp_dir().join(format!("superprof-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Readable by other users, for the unprivileged-user tests.
+        let _ = Command::new("chmod").arg("755").arg(&dir).status();
+        TempDir(dir)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles C sources from tests/fixtures into `dir/out` with gcc and the given flags.
+pub fn compile(dir: &TempDir, out: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
+    let exe = dir.path(out);
+    let mut cmd = Command::new("gcc");
+    cmd.args(flags)
+        .arg("-I")
+        .arg(fixtures_dir())
+        .arg("-o")
+        .arg(&exe);
+    for s in sources {
+        cmd.arg(fixtures_dir().join(s));
+    }
+    let out = cmd.output().expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("command runs");
+    assert!(
+        out.status.success(),
+        "{:?} failed ({:?}):\nstdout: {}\nstderr: {}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Folded stacks: frames root first, with their count.
+pub struct Folded(pub Vec<(Vec<String>, u64)>);
+
+impl Folded {
+    pub fn read(path: &Path) -> Folded {
+        let text = std::fs::read_to_string(path).expect("folded output exists");
+        Folded::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Folded {
+        Folded(
+            text.lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| {
+                    let (stack, n) = l.rsplit_once(' ').expect("count");
+                    (
+                        stack.split(';').map(str::to_owned).collect(),
+                        n.parse().expect("number"),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Share of samples whose stack passes through a frame named `f`.
+    pub fn share_through(&self, f: &str) -> f64 {
+        let n: u64 = self
+            .0
+            .iter()
+            .filter(|(s, _)| s.iter().skip(1).any(|x| x == f))
+            .map(|(_, n)| n)
+            .sum();
+        n as f64 / self.total() as f64
+    }
+
+    /// Share of samples whose leaf frame is `f`.
+    pub fn share_leaf(&self, f: &str) -> f64 {
+        let n: u64 = self
+            .0
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|x| x == f))
+            .map(|(_, n)| n)
+            .sum();
+        n as f64 / self.total() as f64
+    }
+
+    /// Share of samples per root frame (thread name).
+    pub fn share_per_root(&self) -> BTreeMap<String, f64> {
+        let mut m: BTreeMap<String, u64> = BTreeMap::new();
+        for (s, n) in &self.0 {
+            *m.entry(s[0].clone()).or_default() += n;
+        }
+        let t = self.total() as f64;
+        m.into_iter().map(|(k, v)| (k, v as f64 / t)).collect()
+    }
+}
+
+/// Parses "key=value" pairs printed by a fixture.
+pub fn fixture_values(stdout: &str) -> BTreeMap<String, f64> {
+    stdout
+        .split_whitespace()
+        .filter_map(|w| {
+            let (k, v) = w.split_once('=')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+pub fn assert_close(what: &str, measured: f64, truth: f64, points: f64) {
+    let diff = (measured - truth).abs() * 100.0;
+    assert!(
+        diff <= points,
+        "{what}: superprof says {:.2}%, ground truth {:.2}% (off by {diff:.2} points, allowed {points})",
+        measured * 100.0,
+        truth * 100.0
+    );
+}

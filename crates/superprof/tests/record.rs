@@ -1,0 +1,402 @@
+//! `superprof record` on real programs, against what the programs measure about themselves.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+/// Records the split fixture and checks each function's share against the fixture's own clock.
+fn check_split(flags: &[&str]) {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("split");
+    let exe = compile(&dir, "split", &["split.c"], flags);
+    let folded = dir.path("split.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg("2.5"),
+    );
+    let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let f = Folded::read(&folded);
+    assert!(f.total() >= 2000, "only {} samples", f.total());
+    for func in ["work_alpha", "work_beta", "work_gamma"] {
+        assert_close(func, f.share_through(func), truth[func], 3.0);
+    }
+}
+
+#[test]
+fn known_split_pie() {
+    check_split(&["-O2", "-g", "-pie", "-fPIE"]);
+}
+
+#[test]
+fn known_split_non_pie() {
+    check_split(&["-O2", "-g", "-no-pie", "-fno-pie"]);
+}
+
+#[test]
+fn recursion_unwinds_to_main_without_frame_pointers() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("recurse");
+    let exe = compile(
+        &dir,
+        "recurse",
+        &["recurse.c"],
+        &["-O2", "-g", "-fomit-frame-pointer"],
+    );
+    let folded = dir.path("r.folded");
+    run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg("1.5"),
+    );
+    let f = Folded::read(&folded);
+    let mut leaf_samples = 0;
+    let mut complete = 0;
+    for (stack, n) in &f.0 {
+        if !stack.iter().any(|x| x == "leaf_work") {
+            continue;
+        }
+        leaf_samples += n;
+        // The root frame is the thread name, which is "recurse" too.
+        let frames = &stack[1..];
+        let depth = frames.iter().filter(|x| *x == "recurse").count();
+        let main_pos = frames.iter().position(|x| x == "main");
+        let rec_pos = frames.iter().position(|x| x == "recurse");
+        if depth == 30 && main_pos.is_some() && main_pos < rec_pos {
+            complete += n;
+        }
+    }
+    assert!(
+        leaf_samples > 1000,
+        "only {leaf_samples} samples in leaf_work"
+    );
+    // Every sample in leaf_work must show all 30 recursive frames and main beneath them.
+    assert_eq!(
+        complete, leaf_samples,
+        "{complete} of {leaf_samples} stacks are complete"
+    );
+}
+
+#[test]
+fn dlopened_library_is_unwound_and_symbolized() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("dlopen");
+    let lib = compile(
+        &dir,
+        "libhot.so",
+        &["libhot.c"],
+        &["-O2", "-g", "-shared", "-fPIC"],
+    );
+    let exe = compile(
+        &dir,
+        "dlopen_main",
+        &["dlopen_main.c"],
+        &["-O2", "-g", "-ldl"],
+    );
+    let folded = dir.path("d.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg(&lib)
+            .arg("2"),
+    );
+    let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let f = Folded::read(&folded);
+    assert_close("lib_hot", f.share_through("lib_hot"), truth["lib_hot"], 3.0);
+    // Unwound through the library back into main.
+    let through_main: u64 =
+        f.0.iter()
+            .filter(|(s, _)| s.iter().any(|x| x == "lib_hot") && s.iter().any(|x| x == "main"))
+            .map(|(_, n)| n)
+            .sum();
+    let in_lib: u64 =
+        f.0.iter()
+            .filter(|(s, _)| s.iter().any(|x| x == "lib_hot"))
+            .map(|(_, n)| n)
+            .sum();
+    assert!(
+        through_main as f64 >= 0.99 * in_lib as f64,
+        "{through_main} of {in_lib} lib stacks reach main"
+    );
+}
+
+#[test]
+fn inlined_function_has_its_own_frame_with_file_and_line() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("inline");
+    let exe = compile(&dir, "inline", &["inline.c"], &["-O2", "-g"]);
+    let folded = dir.path("i.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg("1.5"),
+    );
+    let f = Folded::read(&folded);
+    // inlined_step sits under outer_loop in the stacks.
+    let under: u64 =
+        f.0.iter()
+            .filter(|(s, _)| {
+                s.windows(2)
+                    .any(|w| w[0] == "outer_loop" && w[1] == "inlined_step")
+            })
+            .map(|(_, n)| n)
+            .sum();
+    assert!(
+        under as f64 > 0.8 * f.total() as f64,
+        "inlined_step under outer_loop in {under} of {} samples",
+        f.total()
+    );
+    // The table names its file and line, and says it was inlined.
+    let src = std::fs::read_to_string(fixtures_dir().join("inline.c")).unwrap();
+    let line = src
+        .lines()
+        .position(|l| l.contains("INLINED_LINE"))
+        .unwrap()
+        + 1;
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.contains(" inlined_step "))
+        .unwrap_or_else(|| panic!("no inlined_step row in\n{table}"));
+    assert!(
+        row.contains(&format!("inline.c:{line} [inlined]")),
+        "row: {row}"
+    );
+}
+
+#[test]
+fn four_threads_match_their_cpu_time() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("threads");
+    let exe = compile(&dir, "threads", &["threads.c"], &["-O2", "-g", "-pthread"]);
+    let folded = dir.path("t.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg("0.3"),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut cpu = std::collections::BTreeMap::new();
+    for line in stdout.lines().filter(|l| l.starts_with("thread ")) {
+        let mut w = line.split_whitespace();
+        let name = w.nth(1).unwrap().to_owned();
+        let v: f64 = w
+            .next()
+            .unwrap()
+            .trim_start_matches("cpu=")
+            .parse()
+            .unwrap();
+        cpu.insert(name, v);
+    }
+    let process_cpu = fixture_values(&stdout)["cpu"];
+    let f = Folded::read(&folded);
+    let per_root = f.share_per_root();
+    for (i, (name, secs)) in cpu.iter().enumerate() {
+        let share = per_root.get(name).copied().unwrap_or(0.0);
+        assert_close(name, share, secs / process_cpu, 4.0);
+        let func = ["spin_a", "spin_b", "spin_c", "spin_d"][i];
+        // The thread's samples are in its own function.
+        let in_func: u64 =
+            f.0.iter()
+                .filter(|(s, _)| &s[0] == name && s.iter().any(|x| x == func))
+                .map(|(_, n)| n)
+                .sum();
+        let all: u64 =
+            f.0.iter()
+                .filter(|(s, _)| &s[0] == name)
+                .map(|(_, n)| n)
+                .sum();
+        assert!(
+            in_func as f64 >= 0.95 * all as f64,
+            "{name}: {in_func} of {all} samples in {func}"
+        );
+    }
+}
+
+#[test]
+fn attach_by_pid_then_process_keeps_running() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("attach");
+    let exe = compile(&dir, "attach", &["attach.c"], &["-O2", "-g", "-pthread"]);
+    let mut child = Command::new(&exe)
+        .args(["30", "1.0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let pid = child.id();
+    let folded = dir.path("a.folded");
+    let out = superprof()
+        .args([
+            "record",
+            "-q",
+            "--duration",
+            "2.5",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(&folded)
+        .output()
+        .unwrap();
+    let alive = child.try_wait().unwrap().is_none();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r.chars().next().unwrap())
+        .unwrap_or('?');
+    // Still running afterwards: burn a little more CPU and check that it advances.
+    let cpu_before = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let cpu_after = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "record failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        alive && state != 'T' && state != 't',
+        "target not running after detach (state {state})"
+    );
+    let utime = |s: &str| {
+        s.rsplit_once(") ")
+            .map(|(_, r)| {
+                r.split_whitespace()
+                    .nth(11)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0)
+    };
+    assert!(
+        utime(&cpu_after) > utime(&cpu_before),
+        "target made no progress after detach"
+    );
+    let f = Folded::read(&folded);
+    assert!(
+        f.share_through("attached_spin") > 0.3,
+        "attached_spin share {}",
+        f.share_through("attached_spin")
+    );
+    // A thread started after attaching is followed too.
+    assert!(
+        f.share_through("late_thread_spin") > 0.2,
+        "late_thread_spin share {}",
+        f.share_through("late_thread_spin")
+    );
+}
+
+#[test]
+fn rust_fixture_has_demangled_names() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("rust");
+    let exe = dir.path("rustfix");
+    let st = Command::new("rustc")
+        .args(["-O", "-g", "--edition", "2021", "-o"])
+        .arg(&exe)
+        .arg(fixtures_dir().join("rustfix.rs"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let folded = dir.path("r.folded");
+    run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg("1.5"),
+    );
+    let f = Folded::read(&folded);
+    assert!(
+        f.share_through("rustfix::engine::churn") > 0.8,
+        "churn share {}",
+        f.share_through("rustfix::engine::churn")
+    );
+    assert!(f.share_through("rustfix::main") > 0.8);
+    assert!(
+        !f.0.iter().any(|(s, _)| s
+            .iter()
+            .any(|x| x.starts_with("_ZN") || x.starts_with("_R"))),
+        "mangled names left"
+    );
+}
+
+#[test]
+fn command_output_and_exit_status_are_forwarded() {
+    let out = superprof()
+        .args(["record", "-q", "--", "sh", "-c", "echo to-stdout; echo to-stderr >&2; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("to-stdout"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("to-stderr"));
+}
+
+#[test]
+fn svg_output_is_a_flamegraph() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("svg");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    let svg = dir.path("x.svg");
+    run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&svg)
+            .arg("--")
+            .arg(&exe)
+            .arg("0.5"),
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"));
+    for f in ["work_alpha", "work_beta", "work_gamma", "main"] {
+        assert!(text.contains(f), "{f} missing from the SVG");
+    }
+}
+
+#[test]
+fn duration_bounds_a_launched_command() {
+    let start = std::time::Instant::now();
+    let out = superprof()
+        .args([
+            "record",
+            "-q",
+            "--duration",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "while :; do :; done",
+        ])
+        .output()
+        .unwrap();
+    assert!(start.elapsed().as_secs_f64() < 10.0);
+    // The command was ended with SIGTERM, as perf record does; its status is forwarded.
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
