@@ -24,7 +24,7 @@ pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
 fn stack_text<'c>(
     profile: &Profile,
     id: crate::StackId,
-    cache: &'c mut Vec<Option<String>>,
+    cache: &'c mut [Option<String>],
 ) -> &'c str {
     // Iterative fill from the first cached ancestor to avoid deep recursion.
     let mut chain = Vec::new();

@@ -54,6 +54,27 @@ pub struct Recorded {
     pub profile: Profile,
     /// Exit status of a launched command.
     pub exit: Option<ExitStatus>,
+    /// Whether kernel frames could be recorded.
+    pub kernel: bool,
+}
+
+impl Recorded {
+    /// The line printed on stderr at the end of a recording.
+    pub fn summary(&self) -> String {
+        let p = &self.profile;
+        let threads: std::collections::HashSet<u32> = p.samples.iter().map(|s| s.thread).collect();
+        format!(
+            "superprof: {} samples ({} at {} Hz{}) from {} threads in {:.2} s; {} lost, {} truncated stacks",
+            p.samples.len(),
+            p.meta.event,
+            p.meta.frequency,
+            if self.kernel { "" } else { ", user space only" },
+            threads.len(),
+            p.meta.duration_ns as f64 / 1e9,
+            p.meta.lost_samples,
+            p.meta.truncated_stacks
+        )
+    }
 }
 
 /// Records, prints the table, writes the output; returns the exit code for superprof.
@@ -64,6 +85,7 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
     if profile.samples.is_empty() {
         bail!("no samples were taken: the target ran too briefly or was idle, so the profile is empty");
     }
+    eprintln!("{}", recorded.summary());
     if !cfg.quiet {
         let stdout = std::io::stdout();
         let mut lock = stdout.lock();
@@ -223,19 +245,10 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     profile.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let samples = collector.sample_count();
-    let threads = collector.thread_count();
     let profile = collector.finish(profile);
-    eprintln!(
-        "superprof: {} samples ({} at {} Hz{}) from {} threads in {:.2} s; {} lost, {} truncated stacks",
-        samples,
-        event,
-        cfg.sampler.frequency,
-        if kernel { "" } else { ", user space only" },
-        threads,
-        elapsed.as_secs_f64(),
-        profile.meta.lost_samples,
-        profile.meta.truncated_stacks
-    );
-    Ok(Recorded { profile, exit })
+    Ok(Recorded {
+        profile,
+        exit,
+        kernel,
+    })
 }

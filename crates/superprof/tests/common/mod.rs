@@ -34,8 +34,8 @@ impl TempDir {
             std::env::temp_dir().join(format!("superprof-test-{}-{tag}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        // Readable by other users, for the unprivileged-user tests.
-        let _ = Command::new("chmod").arg("755").arg(&dir).status();
+        // Writable by other users, for the unprivileged-user tests.
+        let _ = Command::new("chmod").arg("777").arg(&dir).status();
         TempDir(dir)
     }
     pub fn path(&self, name: &str) -> PathBuf {
