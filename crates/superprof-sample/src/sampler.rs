@@ -94,7 +94,10 @@ impl PerfSampler {
                 });
             }
         }
-        if config.stack_size == 0 || !config.stack_size.is_multiple_of(8) || config.stack_size > 65528 {
+        if config.stack_size == 0
+            || !config.stack_size.is_multiple_of(8)
+            || config.stack_size > 65528
+        {
             return Err(SampleError::BadStackSize(config.stack_size));
         }
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {

@@ -8,20 +8,35 @@ use std::process::Output;
 
 fn assert_clean_error(out: &Output, expect: &[&str], output_file: Option<&Path>) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "exit status was success; stderr: {stderr}");
+    assert!(
+        !out.status.success(),
+        "exit status was success; stderr: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
     assert!(lines[0].starts_with("superprof: "), "line: {}", lines[0]);
     for e in expect {
-        assert!(lines[0].contains(e), "'{}' does not mention '{e}'", lines[0]);
+        assert!(
+            lines[0].contains(e),
+            "'{}' does not mention '{e}'",
+            lines[0]
+        );
     }
     if let Some(f) = output_file {
         assert!(!f.exists(), "{} was created", f.display());
         let dir = f.parent().unwrap();
         if let Ok(entries) = std::fs::read_dir(dir) {
-            let leftovers: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
-            assert!(leftovers.iter().all(|n| !n.to_string_lossy().contains(".tmp")), "temp files left: {leftovers:?}");
+            let leftovers: Vec<_> = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect();
+            assert!(
+                leftovers
+                    .iter()
+                    .all(|n| !n.to_string_lossy().contains(".tmp")),
+                "temp files left: {leftovers:?}"
+            );
         }
     }
 }
@@ -34,7 +49,10 @@ fn unknown_subcommand() {
 
 #[test]
 fn unknown_option() {
-    let out = superprof().args(["record", "--bogus", "--", "true"]).output().unwrap();
+    let out = superprof()
+        .args(["record", "--bogus", "--", "true"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["--bogus"], None);
 }
 
@@ -48,7 +66,11 @@ fn record_needs_a_target() {
 fn pid_that_does_not_exist() {
     let dir = TempDir::new("badpid");
     let o = dir.path("x.folded");
-    let out = superprof().args(["record", "-p", "999999999", "-o"]).arg(&o).output().unwrap();
+    let out = superprof()
+        .args(["record", "-p", "999999999", "-o"])
+        .arg(&o)
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["no process", "999999999"], Some(&o));
 }
 
@@ -58,12 +80,21 @@ fn permission_denied_says_why() {
     let dir = TempDir::new("perm");
     let o = dir.path("x.folded");
     let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_superprof")])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_superprof"),
+        ])
         .args(["record", "-p", "1", "--duration", "1", "-o"])
         .arg(&o)
         .output()
         .unwrap();
-    assert_clean_error(&out, &["permission denied", "perf_event_paranoid", "CAP_PERFMON"], Some(&o));
+    assert_clean_error(
+        &out,
+        &["permission denied", "perf_event_paranoid", "CAP_PERFMON"],
+        Some(&o),
+    );
 }
 
 #[test]
@@ -72,7 +103,12 @@ fn unprivileged_user_samples_its_own_program_in_user_space() {
     let dir = TempDir::new("user");
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
     let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_superprof")])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_superprof"),
+        ])
         .args(["record", "--"])
         .arg(&exe)
         .arg("0.5")
@@ -86,20 +122,33 @@ fn unprivileged_user_samples_its_own_program_in_user_space() {
 
 #[test]
 fn zero_frequency() {
-    let out = superprof().args(["record", "-F", "0", "--", "true"]).output().unwrap();
+    let out = superprof()
+        .args(["record", "-F", "0", "--", "true"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["frequency"], None);
 }
 
 #[test]
 fn frequency_above_kernel_maximum() {
-    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate").unwrap().trim().parse().unwrap();
-    let out = superprof().args(["record", "-F", &(max + 1).to_string(), "--", "true"]).output().unwrap();
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let out = superprof()
+        .args(["record", "-F", &(max + 1).to_string(), "--", "true"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["frequency", &max.to_string()], None);
 }
 
 #[test]
 fn unwritable_output() {
-    let out = superprof().args(["record", "-o", "/nonexistent-dir/x.svg", "--", "true"]).output().unwrap();
+    let out = superprof()
+        .args(["record", "-o", "/nonexistent-dir/x.svg", "--", "true"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["/nonexistent-dir/x.svg"], None);
 }
 
@@ -107,13 +156,21 @@ fn unwritable_output() {
 fn unknown_output_extension() {
     let dir = TempDir::new("ext");
     let o = dir.path("x.txt");
-    let out = superprof().args(["record", "-o"]).arg(&o).args(["--", "true"]).output().unwrap();
+    let out = superprof()
+        .args(["record", "-o"])
+        .arg(&o)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["x.txt", ".folded", ".svg"], Some(&o));
 }
 
 #[test]
 fn command_not_found() {
-    let out = superprof().args(["record", "--", "/no/such/program"]).output().unwrap();
+    let out = superprof()
+        .args(["record", "--", "/no/such/program"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["/no/such/program"], None);
 }
 
@@ -121,6 +178,11 @@ fn command_not_found() {
 fn target_exits_before_any_sample() {
     let dir = TempDir::new("empty");
     let o = dir.path("x.svg");
-    let out = superprof().args(["record", "-o"]).arg(&o).args(["--", "true"]).output().unwrap();
+    let out = superprof()
+        .args(["record", "-o"])
+        .arg(&o)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
     assert_clean_error(&out, &["empty"], Some(&o));
 }
