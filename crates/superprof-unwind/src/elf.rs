@@ -157,10 +157,10 @@ impl ElfCache {
         if let Some(&id) = self.by_path.get(path) {
             return id;
         }
-        let image = if path.is_absolute() {
+        let image = if open_path.is_absolute() {
             ElfImage::open(open_path).map(Arc::new)
         } else {
-            None // [vdso], [anon:...] and friends
+            None // [anon:...] and friends
         };
         let id = ModuleId(self.modules.len() as u32);
         self.modules.push((path.to_owned(), image));

@@ -50,13 +50,24 @@ pub struct Collector {
     pub truncated: u64,
     scratch: Vec<FrameAddress>,
     path_frames: Vec<u32>,
+    /// A copy of the vDSO in a temp file, made when a process maps `[vdso]`.
+    vdso: Option<Option<TempFile>>,
+}
+
+/// A file removed when dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Where superprof can read a file the target names `path`: through /proc/PID/root, so that
 /// processes in other mount namespaces (containers) work.
 /// Files of a process that shares superprof's root are opened by their plain path, which stays
 /// valid after the process exits.
-fn open_path(pid: u32, path: &Path) -> PathBuf {
+fn target_file_path(pid: u32, path: &Path) -> PathBuf {
     use std::os::unix::fs::MetadataExt;
     let root = Path::new("/proc").join(pid.to_string()).join("root");
     let same_root = match (std::fs::metadata(&root), std::fs::metadata("/")) {
@@ -88,7 +99,6 @@ impl Collector {
     pub fn read_proc(&mut self, pid: u32, now: u64) {
         self.maps_read_at.insert(pid, now);
         if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            let process = self.processes.entry(pid).or_default();
             for line in maps.lines() {
                 let mut f = line.split_whitespace();
                 let (Some(range), Some(perms), Some(off), _, _) =
@@ -110,14 +120,14 @@ impl Collector {
                 ) else {
                     continue;
                 };
-                if process
-                    .lookup(a)
-                    .is_some_and(|m| m.start == a && m.end == b)
-                {
+                let known = self.processes.get(&pid).and_then(|p| p.lookup(a));
+                if known.is_some_and(|m| m.start == a && m.end == b) {
                     continue;
                 }
                 let p = Path::new(&path);
-                process.add_mapping_at(&mut self.elves, a, b - a, off, p, &open_path(pid, p));
+                let open = self.open_path(pid, p);
+                let process = self.processes.entry(pid).or_default();
+                process.add_mapping_at(&mut self.elves, a, b - a, off, p, &open);
             }
         }
         if let Ok(tids) = superprof_sample::list_threads(pid) {
@@ -127,6 +137,23 @@ impl Collector {
                 }
             }
         }
+    }
+
+    /// Where to read the file a process maps as `path`.
+    fn open_path(&mut self, pid: u32, path: &Path) -> PathBuf {
+        if path == Path::new("[vdso]") {
+            let file = self.vdso.get_or_insert_with(|| {
+                let image = crate::sys::vdso_image()?;
+                let p =
+                    std::env::temp_dir().join(format!("superprof-vdso-{}.so", std::process::id()));
+                std::fs::write(&p, image).ok()?;
+                Some(TempFile(p))
+            });
+            return file
+                .as_ref()
+                .map_or_else(|| path.to_owned(), |f| f.0.clone());
+        }
+        target_file_path(pid, path)
     }
 
     pub fn handle(&mut self, record: &Record) {
@@ -142,7 +169,7 @@ impl Collector {
                 ..
             } => {
                 let p = Path::new(path);
-                let open = open_path(*pid, p);
+                let open = self.open_path(*pid, p);
                 self.processes.entry(*pid).or_default().add_mapping_at(
                     &mut self.elves,
                     *start,

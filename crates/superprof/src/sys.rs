@@ -204,3 +204,19 @@ pub fn install_stop_handler() {
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }
+
+/// The kernel's vDSO as mapped into superprof itself. Every local process gets the same image
+/// from the same kernel, so this copy serves to unwind and symbolize their `[vdso]` frames.
+pub fn vdso_image() -> Option<Vec<u8>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
+    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+    let (a, b) = (
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    );
+    // SAFETY: the range comes from our own maps and the vDSO stays mapped, readable, for the
+    // life of the process; we copy it out at once.
+    let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, b.checked_sub(a)? as usize) };
+    Some(bytes.to_vec())
+}

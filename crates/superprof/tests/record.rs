@@ -400,3 +400,36 @@ fn duration_bounds_a_launched_command() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn ctrl_c_stops_an_attached_recording_and_writes_the_profile() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("sigint");
+    let exe = compile(&dir, "attach", &["attach.c"], &["-O2", "-g", "-pthread"]);
+    let mut target = Command::new(&exe)
+        .args(["30", "100"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(target.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let folded = dir.path("c.folded");
+    let mut rec = superprof()
+        .args(["record", "-q", "-p", &target.id().to_string(), "-o"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _ = Command::new("kill")
+        .args(["-INT", &rec.id().to_string()])
+        .status();
+    let status = rec.wait().unwrap();
+    let alive = target.try_wait().unwrap().is_none();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert!(status.success(), "record exited with {status:?}");
+    assert!(alive, "the attached process died");
+    let f = Folded::read(&folded);
+    assert!(f.total() > 300 && f.share_through("attached_spin") > 0.9);
+}
