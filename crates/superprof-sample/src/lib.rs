@@ -11,7 +11,7 @@
 //! let mut sampler = PerfSampler::open(1234, TargetMode::Attached, &SamplerConfig::default())?;
 //! sampler.enable()?;
 //! let mut buf = Vec::new();
-//! sampler.wait(100);
+//! sampler.wait(&[], 100);
 //! sampler.drain(&mut buf);
 //! for (ty, misc, body) in split_records(&buf) {
 //!     let _record = parse_record(ty, misc, body, sampler.layout());

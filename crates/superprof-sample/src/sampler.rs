@@ -281,9 +281,11 @@ impl PerfSampler {
         }
     }
 
-    /// Waits up to `timeout_ms` for data. Returns true when every monitored task has exited.
-    pub fn wait(&self, timeout_ms: i32) -> bool {
-        let fds: Vec<RawFd> = self.rings.iter().map(|(fd, _)| fd.as_raw_fd()).collect();
+    /// Waits up to `timeout_ms` for data, or for one of `extra` (e.g. a pidfd) to become
+    /// readable. Returns true when a ring buffer reported that its tasks have exited.
+    pub fn wait(&self, extra: &[RawFd], timeout_ms: i32) -> bool {
+        let mut fds: Vec<RawFd> = self.rings.iter().map(|(fd, _)| fd.as_raw_fd()).collect();
+        fds.extend_from_slice(extra);
         sys::poll_fds(&fds, timeout_ms).unwrap_or(false)
     }
 

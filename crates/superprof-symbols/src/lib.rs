@@ -15,6 +15,7 @@
 
 mod debugfile;
 mod kallsyms;
+mod service;
 mod sys;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ use std::path::{Path, PathBuf};
 use addr2line::Loader;
 
 pub use kallsyms::Kallsyms;
+pub use service::{Answer, Query, SymbolService};
 
 /// One source-level frame. An address gives one or more: the inlined calls, then the function
 /// that contains them.
@@ -48,6 +50,19 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
+    /// Opens and parses a module's symbols now rather than at its first lookup.
+    pub fn preload(&mut self, path: &Path, open_path: &Path) {
+        if let Some(m) = self
+            .modules
+            .entry(path.to_owned())
+            .or_insert_with(|| load_module(open_path))
+        {
+            // A first lookup makes addr2line parse its unit index and line programs' headers.
+            let _ = m.debug.as_ref().map(|d| d.find_location(0));
+            let _ = m.code.find_location(0);
+        }
+    }
+
     /// Frames for the ELF virtual address `svma` of the module known as `path` (readable at
     /// `open_path`), outermost first: the function, then each inlined call inside it.
     /// Empty when nothing is known about the address.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use superprof_profile::{Profile, StackId};
 use superprof_sample::{Record, SampleRecord};
-use superprof_symbols::{Kallsyms, Symbolizer};
+use superprof_symbols::{Query, SymbolService};
 use superprof_unwind::{ElfCache, FrameAddress, ModuleId, ProcessModules, UnwindOutcome};
 
 /// A frame before symbolization.
@@ -52,6 +52,8 @@ pub struct Collector {
     path_frames: Vec<u32>,
     /// A copy of the vDSO in a temp file, made when a process maps `[vdso]`.
     vdso: Option<Option<TempFile>>,
+    /// Loads symbols in the background as modules appear.
+    symbols: SymbolService,
 }
 
 /// A file removed when dropped.
@@ -124,10 +126,7 @@ impl Collector {
                 if known.is_some_and(|m| m.start == a && m.end == b) {
                     continue;
                 }
-                let p = Path::new(&path);
-                let open = self.open_path(pid, p);
-                let process = self.processes.entry(pid).or_default();
-                process.add_mapping_at(&mut self.elves, a, b - a, off, p, &open);
+                self.add_mapping(pid, a, b - a, off, Path::new(&path));
             }
         }
         if let Ok(tids) = superprof_sample::list_threads(pid) {
@@ -137,6 +136,32 @@ impl Collector {
                 }
             }
         }
+    }
+
+    /// Where superprof reads a module's file.
+    fn open_path_of(&self, module: ModuleId) -> PathBuf {
+        let path = self.elves.path(module);
+        self.elves
+            .image(module)
+            .map_or_else(|| path.to_owned(), |i| i.path.clone())
+    }
+
+    /// Records an executable mapping; a module seen for the first time starts loading its
+    /// symbols in the background.
+    fn add_mapping(&mut self, pid: u32, start: u64, len: u64, pgoff: u64, path: &Path) {
+        let known = self.elves.len();
+        let open = self.open_path(pid, path);
+        let process = self.processes.entry(pid).or_default();
+        let m = process.add_mapping_at(&mut self.elves, start, len, pgoff, path, &open);
+        if self.elves.len() > known && self.elves.image(m.module).is_some() {
+            self.symbols
+                .preload(path.to_owned(), self.open_path_of(m.module));
+        }
+    }
+
+    /// Starts reading kernel symbols in the background (when kernel frames are recorded).
+    pub fn expect_kernel_frames(&self) {
+        self.symbols.preload_kallsyms();
     }
 
     /// Where to read the file a process maps as `path`.
@@ -168,16 +193,7 @@ impl Collector {
                 path,
                 ..
             } => {
-                let p = Path::new(path);
-                let open = self.open_path(*pid, p);
-                self.processes.entry(*pid).or_default().add_mapping_at(
-                    &mut self.elves,
-                    *start,
-                    *len,
-                    *pgoff,
-                    p,
-                    &open,
-                );
+                self.add_mapping(*pid, *start, *len, *pgoff, Path::new(path));
             }
             Record::Mmap { .. } => {}
             Record::Comm {
@@ -291,27 +307,33 @@ impl Collector {
 
     /// Symbolizes every distinct address once and builds the profile.
     pub fn finish(self, mut profile: Profile) -> Profile {
-        let mut symbolizer = Symbolizer::default();
-        let kallsyms = self
-            .frames
-            .iter()
-            .any(|f| matches!(f, AddrFrame::Kernel(_)))
-            .then(Kallsyms::load);
+        // One round trip to the symbol worker for every distinct address.
+        let mut queries = Vec::new();
+        let mut kernel = Vec::new();
+        for f in &self.frames {
+            match *f {
+                AddrFrame::User { module, svma, ret } => queries.push(Query {
+                    path: self.elves.path(module).to_owned(),
+                    open_path: self.open_path_of(module),
+                    // A return address points after the call: look up the call itself.
+                    svma: if ret { svma.wrapping_sub(1) } else { svma },
+                }),
+                AddrFrame::Kernel(addr) => kernel.push(addr),
+                AddrFrame::Unknown(_) => {}
+            }
+        }
+        let mut answer = self.symbols.symbolize(queries, kernel);
+        let (mut user_answers, mut kernel_answers) =
+            (answer.user.drain(..), answer.kernel.drain(..));
         // Each address frame becomes a chain of profile frames, outermost first.
         let mut chains: Vec<Vec<superprof_profile::FrameId>> =
             Vec::with_capacity(self.frames.len());
         for f in &self.frames {
             let mut chain = Vec::new();
             match *f {
-                AddrFrame::User { module, svma, ret } => {
-                    let path = self.elves.path(module);
-                    let module_name = path.to_string_lossy();
-                    let lookup = if ret { svma.wrapping_sub(1) } else { svma };
-                    let open = self
-                        .elves
-                        .image(module)
-                        .map_or_else(|| path.to_owned(), |i| i.path.clone());
-                    for sf in symbolizer.symbolize(path, &open, lookup) {
+                AddrFrame::User { module, svma, .. } => {
+                    let module_name = self.elves.path(module).to_string_lossy();
+                    for sf in user_answers.next().unwrap_or_default() {
                         let name = sf
                             .function
                             .unwrap_or_else(|| unknown_name(&module_name, svma));
@@ -336,10 +358,10 @@ impl Collector {
                     }
                 }
                 AddrFrame::Kernel(addr) => {
-                    let name = kallsyms
-                        .as_ref()
-                        .and_then(|k| k.lookup(addr))
-                        .map_or_else(|| unknown_name("[kernel.kallsyms]", addr), str::to_owned);
+                    let name = kernel_answers
+                        .next()
+                        .flatten()
+                        .unwrap_or_else(|| unknown_name("[kernel.kallsyms]", addr));
                     chain.push(profile.intern_frame_named(
                         &name,
                         "[kernel.kallsyms]",

@@ -2,6 +2,7 @@
 //! collector, and write the outputs.
 
 use std::io::{IsTerminal, Write};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -168,6 +169,9 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
             (sampler, pid, false, command)
         }
     };
+    if sampler.kernel_stacks() {
+        collector.expect_kernel_frames();
+    }
     let start = Instant::now();
     let start_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -193,8 +197,11 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         }
     };
 
+    // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
+    let pidfd = sys::pidfd_open(pid);
+    let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
     loop {
-        sampler.wait(50);
+        sampler.wait(&extra, 50);
         drain(&mut sampler, &mut collector);
         if child {
             if let Some(status) = sys::try_wait(pid) {

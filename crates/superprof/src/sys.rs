@@ -220,3 +220,11 @@ pub fn vdso_image() -> Option<Vec<u8>> {
     let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, b.checked_sub(a)? as usize) };
     Some(bytes.to_vec())
 }
+
+/// A pidfd: readable once the process has exited (Linux 5.3+).
+pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a fresh descriptor that we now own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
