@@ -135,3 +135,27 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Profile;
+
+    #[test]
+    fn recursion_counts_once_in_total() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t");
+        let main = p.intern_frame_named("main", "m", None, 0, 1, false);
+        let rec = p.intern_frame_named("rec", "m", Some("r.c"), 7, 2, false);
+        let s0 = p.intern_stack(None, main);
+        let s1 = p.intern_stack(Some(s0), rec);
+        let s2 = p.intern_stack(Some(s1), rec);
+        p.add_sample(0, t, 0, 1, Some(s2));
+        p.add_sample(1, t, 0, 1, Some(s0));
+        let rows = super::rows(&p);
+        let r = rows.iter().find(|r| r.function == "rec").unwrap();
+        assert_eq!((r.self_weight, r.total_weight), (1, 1));
+        assert_eq!(r.hottest_line.as_deref(), Some("r.c:7"));
+        let m = rows.iter().find(|r| r.function == "main").unwrap();
+        assert_eq!((m.self_weight, m.total_weight), (1, 2));
+    }
+}

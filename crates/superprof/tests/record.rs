@@ -433,3 +433,26 @@ fn ctrl_c_stops_an_attached_recording_and_writes_the_profile() {
     let f = Folded::read(&folded);
     assert!(f.total() > 300 && f.share_through("attached_spin") > 0.9);
 }
+
+#[test]
+fn children_of_a_launched_command_are_profiled() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("children");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    let folded = dir.path("c.folded");
+    // The shell forks for the first run and execs the second: both must be sampled.
+    let script = format!("{0} 0.6; {0} 0.6", exe.display());
+    run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .args(["--", "sh", "-c", &script]),
+    );
+    let f = Folded::read(&folded);
+    assert!(f.total() > 1000, "{} samples", f.total());
+    let work: f64 = ["work_alpha", "work_beta", "work_gamma"]
+        .iter()
+        .map(|w| f.share_through(w))
+        .sum();
+    assert!(work > 0.9, "work share {work}");
+}

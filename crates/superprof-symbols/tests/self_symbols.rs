@@ -1,0 +1,108 @@
+//! Symbolization of this very test binary (built with debug info by cargo's test profile) and
+//! of the running kernel.
+
+use std::path::Path;
+
+use superprof_symbols::{Kallsyms, Symbolizer};
+use superprof_unwind::{ElfCache, ProcessModules};
+
+#[inline(never)]
+pub fn symbol_marker_function() -> (u64, u32) {
+    (std::hint::black_box(7), line!())
+}
+
+fn own_modules() -> (ElfCache, ProcessModules) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mut elves = ElfCache::default();
+    let mut process = ProcessModules::default();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+            continue;
+        }
+        let (a, b) = f[0].split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let off = u64::from_str_radix(f[2], 16).unwrap();
+        process.add_mapping(&mut elves, a, b - a, off, Path::new(f[5]));
+    }
+    (elves, process)
+}
+
+#[test]
+fn own_function_has_name_file_and_line() {
+    let (elves, process) = own_modules();
+    let avma = symbol_marker_function as *const () as u64;
+    let m = process.lookup(avma).unwrap();
+    let path = elves.path(m.module);
+    let frames = Symbolizer::default().symbolize(path, path, avma - m.bias);
+    let outer = frames.first().expect("frames");
+    assert!(
+        outer
+            .function
+            .as_deref()
+            .unwrap()
+            .ends_with("symbol_marker_function"),
+        "{frames:?}"
+    );
+    assert!(outer.file.as_deref().unwrap().ends_with("self_symbols.rs"));
+    // The entry address belongs to the `fn` line, a line or two above line!().
+    let line = outer.line.unwrap();
+    let marker_line = symbol_marker_function().1;
+    assert!(
+        line <= marker_line && line + 3 >= marker_line,
+        "line {line} vs {marker_line}"
+    );
+}
+
+#[test]
+fn libc_function_is_named() {
+    let (elves, process) = own_modules();
+    let avma = libc_getpid_address();
+    let m = process.lookup(avma).unwrap();
+    let path = elves.path(m.module);
+    let frames = Symbolizer::default().symbolize(path, path, avma - m.bias);
+    let name = frames
+        .last()
+        .and_then(|f| f.function.clone())
+        .unwrap_or_default();
+    assert!(name.contains("getpid"), "{frames:?}");
+}
+
+extern "C" {
+    fn getpid() -> i32;
+}
+
+fn libc_getpid_address() -> u64 {
+    getpid as *const () as u64
+}
+
+#[test]
+fn kernel_symbols_resolve_when_readable() {
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let Some(line) = text
+        .lines()
+        .find(|l| l.ends_with(" do_syscall_64") && !l.starts_with("0000000000000000"))
+    else {
+        eprintln!("kallsyms addresses are hidden here; nothing to check");
+        return;
+    };
+    let addr = u64::from_str_radix(line.split_whitespace().next().unwrap(), 16).unwrap();
+    let k = Kallsyms::parse(&text);
+    assert_eq!(k.lookup(addr + 1), Some("do_syscall_64"));
+}
+
+#[test]
+fn demangles_rust_and_cxx() {
+    assert_eq!(
+        superprof_symbols::demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+        "core::fmt::write"
+    );
+    assert_eq!(
+        superprof_symbols::demangle("_ZN8geometry4Mesh5relaxEi"),
+        "geometry::Mesh::relax(int)"
+    );
+    assert_eq!(superprof_symbols::demangle("plain_c"), "plain_c");
+}
