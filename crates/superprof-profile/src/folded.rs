@@ -11,7 +11,7 @@ pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
     let mut cache: Vec<Option<String>> = vec![None; profile.stacks().len()];
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for s in &profile.samples {
-        let thread = clean(&profile.threads[s.thread as usize].name);
+        let thread = clean(profile.thread_name(s.thread));
         let path = match s.stack {
             Some(id) => stack_text(profile, id, &mut cache).to_owned(),
             None => "[unknown]".to_owned(),

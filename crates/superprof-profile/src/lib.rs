@@ -18,9 +18,13 @@
 //! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
 //! ```
 
+pub mod firefox;
 pub mod folded;
 mod model;
 pub mod output;
+pub mod parquet;
+pub mod pprof;
+pub mod speedscope;
 pub mod svg;
 pub mod top;
 

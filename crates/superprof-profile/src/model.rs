@@ -34,7 +34,7 @@ pub struct StackNode {
 pub struct Thread {
     pub pid: u32,
     pub tid: u32,
-    pub name: String,
+    pub name: StrId,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,12 +155,23 @@ impl Profile {
     }
 
     pub fn add_thread(&mut self, pid: u32, tid: u32, name: &str) -> u32 {
-        self.threads.push(Thread {
-            pid,
-            tid,
-            name: name.to_owned(),
-        });
+        let name = self.intern_str(name);
+        self.add_thread_named(pid, tid, name)
+    }
+
+    pub fn add_thread_named(&mut self, pid: u32, tid: u32, name: StrId) -> u32 {
+        self.threads.push(Thread { pid, tid, name });
         self.threads.len() as u32 - 1
+    }
+
+    /// The name of the thread with this index.
+    pub fn thread_name(&self, thread: u32) -> &str {
+        self.str(self.threads[thread as usize].name)
+    }
+
+    /// Every interned string, by id.
+    pub fn strings(&self) -> impl Iterator<Item = &str> + '_ {
+        self.strings.iter().map(String::as_str)
     }
 
     pub fn add_sample(

@@ -21,6 +21,8 @@ const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
 /// One sample: where the thread was and the bytes of its user stack.
 #[derive(Debug)]
 pub struct SampleRecord<'a> {
+    /// The id of the event that took the sample (PERF_SAMPLE_IDENTIFIER).
+    pub id: u64,
     pub time: u64,
     pub pid: u32,
     pub tid: u32,
@@ -131,7 +133,7 @@ impl<'a> Cursor<'a> {
         self.pos += (nul + 1).div_ceil(8) * 8;
         Some(s)
     }
-    /// The `sample_id_all` trailer for TID | TIME | CPU: returns the time.
+    /// The `sample_id_all` trailer for TID | TIME | CPU | IDENTIFIER: returns the time.
     fn sample_id_time(&mut self) -> Option<u64> {
         self.skip(8)?;
         self.u64()
@@ -232,11 +234,12 @@ pub fn parse_record<'a>(ty: u32, misc: u16, body: &'a [u8], layout: Layout) -> O
             Record::Lost { count, time }
         }
         _ => {
-            // Every other record type still carries the sample_id trailer at its end.
+            // Every other record type still carries the sample_id trailer at its end:
+            // pid/tid, time, cpu/res, identifier.
             let time = body
                 .len()
-                .checked_sub(16)
-                .and_then(|p| body.get(p + 8..p + 16))
+                .checked_sub(24)
+                .and_then(|p| body.get(p..p + 8))
                 .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()))
                 .unwrap_or(0);
             Record::Other { time }
@@ -245,7 +248,9 @@ pub fn parse_record<'a>(ty: u32, misc: u16, body: &'a [u8], layout: Layout) -> O
 }
 
 fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'a>> {
-    // Order fixed by the ABI: TID, TIME, CPU, PERIOD, CALLCHAIN, REGS_USER, STACK_USER.
+    // Order fixed by the ABI: IDENTIFIER, TID, TIME, CPU, PERIOD, CALLCHAIN, REGS_USER,
+    // STACK_USER.
+    let id = c.u64()?;
     let pid = c.u32()?;
     let tid = c.u32()?;
     let time = c.u64()?;
@@ -279,6 +284,7 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
         (&[][..], false)
     };
     Some(SampleRecord {
+        id,
         time,
         pid,
         tid,

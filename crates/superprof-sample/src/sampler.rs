@@ -75,6 +75,10 @@ pub struct PerfSampler {
     others: Vec<OwnedFd>,
     threads: BTreeSet<u32>,
     data_pages: usize,
+    /// Ring fds whose owning task exited: left out of poll, which would report them forever.
+    hung_up: Vec<bool>,
+    /// The event id accepted for each (tid, cpu); see [`PerfSampler::accept`].
+    owner: std::collections::HashMap<(u32, u32), u64>,
     event_name: &'static str,
     kernel_stacks: bool,
 }
@@ -111,6 +115,8 @@ impl PerfSampler {
             others: Vec::new(),
             threads: BTreeSet::new(),
             data_pages: ring_pages(config.stack_size),
+            hung_up: Vec::new(),
+            owner: Default::default(),
             event_name: "cycles",
             kernel_stacks: true,
         };
@@ -165,9 +171,14 @@ impl PerfSampler {
         ];
         let mut last_err = None;
         for (name, ty, cfg, kernel) in candidates {
-            let attr = make_attr(ty, cfg, kernel, mode, config);
+            let mut attr = make_attr(ty, cfg, kernel, mode, config);
             match sys::perf_event_open(&attr, probe_tid as i32, self.cpus[0] as i32) {
-                Ok(_probe) => {
+                Ok(probe) => {
+                    // Find the ring size these rights allow (an unprivileged user is limited by
+                    // perf_event_mlock_kb), and wake up when a quarter of it is filled.
+                    drop(self.map_ring(&probe)?);
+                    attr.wakeup_events_or_watermark =
+                        (self.data_pages * sys::page_size() / 4) as u32;
                     self.attr = attr;
                     self.event_name = name;
                     self.kernel_stacks = kernel;
@@ -247,6 +258,7 @@ impl PerfSampler {
             } else {
                 let ring = self.map_ring(&fd)?;
                 self.rings.push((fd, ring));
+                self.hung_up.push(false);
             }
         }
         self.threads.insert(tid);
@@ -282,11 +294,34 @@ impl PerfSampler {
     }
 
     /// Waits up to `timeout_ms` for data, or for one of `extra` (e.g. a pidfd) to become
-    /// readable. Returns true when a ring buffer reported that its tasks have exited.
-    pub fn wait(&self, extra: &[RawFd], timeout_ms: i32) -> bool {
-        let mut fds: Vec<RawFd> = self.rings.iter().map(|(fd, _)| fd.as_raw_fd()).collect();
+    /// readable.
+    pub fn wait(&mut self, extra: &[RawFd], timeout_ms: i32) {
+        let polled: Vec<usize> = (0..self.rings.len())
+            .filter(|&i| !self.hung_up[i])
+            .collect();
+        let mut fds: Vec<RawFd> = polled
+            .iter()
+            .map(|&i| self.rings[i].0.as_raw_fd())
+            .collect();
         fds.extend_from_slice(extra);
-        sys::poll_fds(&fds, timeout_ms).unwrap_or(false)
+        // A ring whose owner exited may still receive other threads' records; the poll
+        // timeout drains it from then on.
+        for i in sys::poll_fds(&fds, timeout_ms).unwrap_or_default() {
+            if let Some(&ring) = polled.get(i) {
+                self.hung_up[ring] = true;
+            }
+        }
+    }
+
+    /// Whether to keep a sample. In attach mode a thread started while the events were being
+    /// opened can carry both an inherited event and one of its own; counting both would double
+    /// its samples, so only the first event seen per (thread, CPU) counts.
+    pub fn accept(&mut self, sample: &crate::SampleRecord) -> bool {
+        *self
+            .owner
+            .entry((sample.tid, sample.cpu))
+            .or_insert(sample.id)
+            == sample.id
     }
 
     /// Appends the raw records of every ring buffer to `buf`, one buffer after the other.
@@ -342,12 +377,12 @@ fn make_attr(
         flags |=
             sys::FLAG_EXCLUDE_KERNEL | sys::FLAG_EXCLUDE_HV | sys::FLAG_EXCLUDE_CALLCHAIN_KERNEL;
     }
-    let pages = ring_pages(cfg.stack_size);
     PerfEventAttr {
         type_: ty,
         config,
         sample_period_or_freq: cfg.frequency as u64,
-        sample_type: sys::PERF_SAMPLE_TID
+        sample_type: sys::PERF_SAMPLE_IDENTIFIER
+            | sys::PERF_SAMPLE_TID
             | sys::PERF_SAMPLE_TIME
             | sys::PERF_SAMPLE_CPU
             | sys::PERF_SAMPLE_PERIOD
@@ -355,7 +390,6 @@ fn make_attr(
             | sys::PERF_SAMPLE_REGS_USER
             | sys::PERF_SAMPLE_STACK_USER,
         flags,
-        wakeup_events_or_watermark: (pages * sys::page_size() / 4) as u32,
         sample_regs_user: UserRegs::PERF_REGS_MASK,
         sample_stack_user: cfg.stack_size,
         clockid: libc::CLOCK_MONOTONIC,

@@ -17,6 +17,7 @@ pub const PERF_SAMPLE_CPU: u64 = 1 << 7;
 pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
 pub const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
 pub const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+pub const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
 
 // Bits of the attr flag word.
 pub const FLAG_DISABLED: u64 = 1 << 0;
@@ -230,8 +231,9 @@ pub fn page_size() -> usize {
     }
 }
 
-/// Waits until one of `fds` is readable or `timeout_ms` passes. Returns whether any fd hung up.
-pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> io::Result<bool> {
+/// Waits until one of `fds` is readable or `timeout_ms` passes. Returns the indexes of the fds
+/// that reported a hang-up (their task exited).
+pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<usize>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -245,11 +247,16 @@ pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> io::Result<bool> {
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
+            return Ok(Vec::new());
         }
         return Err(e);
     }
-    Ok(pfds.iter().any(|p| p.revents & libc::POLLHUP != 0))
+    Ok(pfds
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.revents & libc::POLLHUP != 0)
+        .map(|(i, _)| i)
+        .collect())
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock the sampler asks the kernel to stamp records with.

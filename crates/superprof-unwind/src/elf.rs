@@ -31,6 +31,7 @@ struct Segment {
     vaddr: u64,
     offset: u64,
     filesz: u64,
+    executable: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -63,10 +64,17 @@ impl ElfImage {
             .segments()
             .map(|s| {
                 let (offset, filesz) = s.file_range();
+                let executable = match s.flags() {
+                    object::SegmentFlags::Elf { p_flags, .. } => {
+                        p_flags.0 & object::elf::PF_X.0 != 0
+                    }
+                    _ => false,
+                };
                 Segment {
                     vaddr: s.address(),
                     offset,
                     filesz,
+                    executable,
                 }
             })
             .collect();
@@ -98,21 +106,23 @@ impl ElfImage {
         })
     }
 
-    /// The load bias (runtime address minus ELF virtual address) of a mapping of this file that
-    /// starts at `start` and maps file offset `pgoff`.
-    pub fn bias_for_mapping(&self, start: u64, pgoff: u64) -> u64 {
-        let page = 4096u64;
+    /// The load bias (runtime address minus ELF virtual address) of an executable mapping of
+    /// this file: `len` bytes at `start`, mapping file offset `pgoff`. The segment is the
+    /// executable PT_LOAD whose file range overlaps the mapping (independent of page size, and
+    /// right for linkers such as lld whose code segment shares a page with read-only data).
+    pub fn bias_for_mapping(&self, start: u64, len: u64, pgoff: u64) -> u64 {
+        let overlaps = |s: &&Segment| s.offset < pgoff + len && pgoff < s.offset + s.filesz.max(1);
         let seg = self
             .segments
             .iter()
-            .find(|s| s.offset & !(page - 1) == pgoff)
-            .or_else(|| {
-                self.segments
-                    .iter()
-                    .find(|s| s.offset <= pgoff && pgoff < s.offset + s.filesz.max(1))
-            });
+            .filter(overlaps)
+            .find(|s| s.executable)
+            .or_else(|| self.segments.iter().find(overlaps));
         match seg {
-            Some(s) => start.wrapping_sub(s.vaddr.wrapping_sub(s.offset).wrapping_add(pgoff)),
+            Some(s) => start
+                .wrapping_add(s.offset)
+                .wrapping_sub(pgoff)
+                .wrapping_sub(s.vaddr),
             None => start.wrapping_sub(pgoff),
         }
     }

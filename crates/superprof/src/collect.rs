@@ -230,7 +230,14 @@ impl Collector {
                     .unwrap_or_default();
                 self.threads.insert(*tid, (*pid, name));
             }
-            Record::Exit { .. } | Record::Other { .. } => {}
+            Record::Exit { pid, tid, .. } => {
+                // The pid may be reused by a later process, which must not see these mappings.
+                if pid == tid {
+                    self.processes.remove(pid);
+                    self.maps_read_at.remove(pid);
+                }
+            }
+            Record::Other { .. } => {}
             Record::Lost { count, .. } => self.lost += count,
         }
     }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_profile::{OutputFormat, Profile};
-use superprof_sample::{parse_record, split_records, PerfSampler, SamplerConfig, TargetMode};
+use superprof_sample::{
+    parse_record, split_records, PerfSampler, Record, SamplerConfig, TargetMode,
+};
 
 use crate::cli::RecordArgs;
 use crate::collect::Collector;
@@ -133,6 +135,7 @@ pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFor
 /// Runs the sampler until the target ends, the duration passes or Ctrl-C.
 pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     sys::install_stop_handler();
+    sys::raise_fd_limit();
     let mut collector = Collector::default();
     let (mut sampler, pid, child, command) = match &cfg.target {
         Target::Command(cmd) => {
@@ -188,6 +191,10 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         sampler.drain(&mut buf);
         let mut records: Vec<_> = split_records(&buf)
             .filter_map(|(ty, misc, body)| parse_record(ty, misc, body, layout))
+            .filter(|r| match r {
+                Record::Sample(s) => sampler.accept(s),
+                _ => true,
+            })
             .collect();
         // Buffers of different CPUs interleave in time; mmap records must precede the
         // samples that need them.
@@ -238,8 +245,15 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         // Stopped by Ctrl-C or --duration: end the command as perf record does.
         if stopped_early {
             sys::kill(pid, libc::SIGTERM);
+            exit = sys::wait_exit_timeout(pid, Duration::from_secs(5));
+            if exit.is_none() {
+                eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
+                sys::kill(pid, libc::SIGKILL);
+            }
         }
-        exit = Some(sys::wait_exit(pid)?);
+        if exit.is_none() {
+            exit = Some(sys::wait_exit(pid)?);
+        }
     }
     let elapsed = start.elapsed();
     let mut profile = Profile::default();

@@ -57,8 +57,8 @@ impl PendingChild {
         argv.push(std::ptr::null());
         let (go_r, go_w) = pipe(libc::O_CLOEXEC)?;
         let (st_r, st_w) = pipe(libc::O_CLOEXEC)?;
-        // SAFETY: superprof is single-threaded here. The child only calls async-signal-safe
-        // functions (read, execv, write, _exit) on memory prepared before the fork.
+        // SAFETY: the child of a (possibly multi-threaded) process only calls async-signal-safe
+        // functions (close, read, execve, write, _exit) on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error());
@@ -93,13 +93,18 @@ impl PendingChild {
     pub fn release(&mut self) -> io::Result<()> {
         drop(self.go.take());
         let mut buf = [0u8; 4];
-        // SAFETY: reading into a 4-byte buffer we own; the write end closes on exec.
-        let n = unsafe {
-            libc::read(
-                self.exec_status.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                4,
-            )
+        let n = loop {
+            // SAFETY: reading into a 4-byte buffer we own; the write end closes on exec.
+            let n = unsafe {
+                libc::read(
+                    self.exec_status.as_raw_fd(),
+                    buf.as_mut_ptr() as *mut libc::c_void,
+                    4,
+                )
+            };
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break n;
+            }
         };
         if n == 4 {
             let _ = wait_exit(self.pid);
@@ -161,6 +166,20 @@ pub fn wait_exit(pid: u32) -> io::Result<ExitStatus> {
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+/// Reaps the child if it exits within `limit`.
+pub fn wait_exit_timeout(pid: u32, limit: std::time::Duration) -> Option<ExitStatus> {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = try_wait(pid) {
+            return Some(s);
+        }
+        if std::time::Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
@@ -227,4 +246,20 @@ pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     // SAFETY: a non-negative return is a fresh descriptor that we now own.
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Raises the soft limit on open files to the hard limit: attaching opens one perf event per
+/// thread and CPU, which passes the usual 1024 soon on a many-threaded process.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }

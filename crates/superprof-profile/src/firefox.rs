@@ -1,0 +1,84 @@
+//! The Firefox Profiler's processed format, through the fxprof-processed-profile crate: one
+//! process per pid, one thread per thread, sample times kept so the timeline works. Frames are
+//! already symbolized, so they go in as labels; kernel frames get their own category.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::time::Duration;
+
+use fxprof_processed_profile::{
+    CategoryColor, CpuDelta, Frame, FrameFlags, FrameInfo, Profile as FxProfile,
+    ReferenceTimestamp, SamplingInterval, Timestamp,
+};
+
+use crate::Profile;
+
+pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
+    let interval = if profile.meta.frequency > 0 {
+        SamplingInterval::from_hz(profile.meta.frequency as f32)
+    } else {
+        SamplingInterval::from_millis(1)
+    };
+    let product = profile
+        .meta
+        .command
+        .first()
+        .map(|c| c.rsplit('/').next().unwrap_or(c).to_owned())
+        .unwrap_or_else(|| "superprof".to_owned());
+    let reference = ReferenceTimestamp::from_duration_since_unix_epoch(Duration::from_nanos(
+        profile.meta.start_time_unix_ns,
+    ));
+    let mut fx = FxProfile::new(&product, reference, interval);
+    let user = fx.add_category("User", CategoryColor::Yellow).into();
+    let kernel = fx.add_category("Kernel", CategoryColor::Orange).into();
+    let interval_ns = interval.nanos();
+
+    let mut processes = HashMap::new();
+    let mut threads = HashMap::new();
+    for (i, t) in profile.threads.iter().enumerate() {
+        let first = profile
+            .samples
+            .iter()
+            .find(|s| s.thread as usize == i)
+            .map_or(0, |s| s.time_ns);
+        let start = Timestamp::from_nanos_since_reference(first);
+        let process = *processes
+            .entry(t.pid)
+            .or_insert_with(|| fx.add_process(&product, t.pid, start));
+        let handle = fx.add_thread(process, t.tid, start, t.tid == t.pid);
+        fx.set_thread_name(handle, profile.str(t.name));
+        threads.insert(i as u32, handle);
+    }
+    // Stacks are interned per thread by the crate; memoize ours per (thread, stack).
+    let mut stacks = HashMap::new();
+    for s in &profile.samples {
+        let thread = threads[&s.thread];
+        let stack = *stacks.entry((s.thread, s.stack)).or_insert_with(|| {
+            let mut frames: Vec<_> = profile.stack_frames(s.stack).collect();
+            frames.reverse();
+            let infos: Vec<FrameInfo> = frames
+                .iter()
+                .map(|&fid| {
+                    let f = profile.frame(fid);
+                    let is_kernel = profile.str(f.module) == "[kernel.kallsyms]";
+                    FrameInfo {
+                        frame: Frame::Label(fx.intern_string(profile.str(f.function))),
+                        category_pair: if is_kernel { kernel } else { user },
+                        flags: FrameFlags::empty(),
+                    }
+                })
+                .collect();
+            fx.intern_stack_frames(thread, infos.into_iter())
+        });
+        fx.add_sample(
+            thread,
+            Timestamp::from_nanos_since_reference(s.time_ns),
+            stack,
+            CpuDelta::from_nanos(interval_ns * s.weight),
+            s.weight as i32,
+        );
+    }
+    fx.set_symbolicated(true);
+    serde_json::to_writer(&mut *w, &fx)?;
+    Ok(())
+}

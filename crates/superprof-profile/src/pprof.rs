@@ -1,0 +1,234 @@
+//! pprof: a gzipped `profile.proto` (github.com/google/pprof/proto/profile.proto), encoded by
+//! hand — the message set is small and fixed. Each distinct address is a Location whose Lines
+//! are its inline chain (innermost first, as pprof wants), so `go tool pprof` shows file:line
+//! and inlined functions.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+
+use crate::{FrameId, Profile, StrId};
+
+/// Minimal protobuf writer: varints and length-delimited fields.
+#[derive(Default)]
+struct Pb(Vec<u8>);
+
+impl Pb {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+    fn key(&mut self, field: u32, wire: u32) {
+        self.varint(((field << 3) | wire) as u64);
+    }
+    fn uint(&mut self, field: u32, v: u64) {
+        if v != 0 {
+            self.key(field, 0);
+            self.varint(v);
+        }
+    }
+    fn int(&mut self, field: u32, v: i64) {
+        self.uint(field, v as u64);
+    }
+    fn bool(&mut self, field: u32, v: bool) {
+        self.uint(field, v as u64);
+    }
+    fn bytes(&mut self, field: u32, b: &[u8]) {
+        self.key(field, 2);
+        self.varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+    fn msg(&mut self, field: u32, m: Pb) {
+        self.bytes(field, &m.0);
+    }
+    fn packed(&mut self, field: u32, vs: impl Iterator<Item = u64>) {
+        let mut inner = Pb::default();
+        for v in vs {
+            inner.varint(v);
+        }
+        if !inner.0.is_empty() {
+            self.bytes(field, &inner.0);
+        }
+    }
+}
+
+/// pprof's string table: index 0 is the empty string.
+struct Strings {
+    table: Vec<String>,
+    ids: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Strings {
+        Strings {
+            table: vec![String::new()],
+            ids: HashMap::from([(String::new(), 0)]),
+        }
+    }
+    fn id(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.ids.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_owned());
+        self.ids.insert(s.to_owned(), i);
+        i
+    }
+}
+
+/// Encodes the profile (uncompressed protobuf bytes).
+pub fn encode(profile: &Profile) -> Vec<u8> {
+    let mut out = Pb::default();
+    let mut strings = Strings::new();
+    let period_ns = if profile.meta.frequency > 0 {
+        1_000_000_000 / profile.meta.frequency as i64
+    } else {
+        1
+    };
+    // sample_type: samples/count, cpu/nanoseconds
+    for (ty, unit) in [("samples", "count"), ("cpu", "nanoseconds")] {
+        let mut vt = Pb::default();
+        vt.int(1, strings.id(ty));
+        vt.int(2, strings.id(unit));
+        out.msg(1, vt);
+    }
+
+    // Mappings: one per module.
+    let mut mapping_of: HashMap<StrId, u64> = HashMap::new();
+    // Functions: one per (name, file).
+    let mut function_of: HashMap<(StrId, Option<StrId>), u64> = HashMap::new();
+    let mut functions = Pb::default();
+    // Locations: one per (module, address) with its inline chain.
+    let mut location_of: HashMap<Vec<FrameId>, u64> = HashMap::new();
+    let mut locations = Pb::default();
+    let mut mappings = Pb::default();
+
+    let mut samples = Pb::default();
+    let mut stack_locs: HashMap<Option<crate::StackId>, Vec<u64>> = HashMap::new();
+    let tid_key = strings.id("tid");
+    let pid_key = strings.id("pid");
+    let thread_key = strings.id("thread");
+    for s in &profile.samples {
+        if !stack_locs.contains_key(&s.stack) {
+            let frames: Vec<FrameId> = profile.stack_frames(s.stack).collect();
+            let mut locs = Vec::new();
+            // Leaf first; a location is a run of inlined frames ended by a non-inlined one.
+            let mut start = 0;
+            for i in 0..frames.len() {
+                let f = profile.frame(frames[i]);
+                let next_same = frames
+                    .get(i + 1)
+                    .map(|&n| profile.frame(n))
+                    .is_some_and(|n| f.inlined && n.address == f.address && n.module == f.module);
+                if next_same {
+                    continue;
+                }
+                let chain = frames[start..=i].to_vec();
+                start = i + 1;
+                let next_id = location_of.len() as u64 + 1;
+                let id = *location_of.entry(chain.clone()).or_insert_with(|| {
+                    let outer = profile.frame(*chain.last().expect("non-empty"));
+                    let next_mapping = mapping_of.len() as u64 + 1;
+                    let mapping = *mapping_of.entry(outer.module).or_insert_with(|| {
+                        let mut m = Pb::default();
+                        m.uint(1, next_mapping);
+                        m.int(5, strings.id(profile.str(outer.module)));
+                        m.bool(7, true);
+                        m.bool(8, true);
+                        m.bool(9, true);
+                        m.bool(10, true);
+                        mappings.msg(3, m);
+                        next_mapping
+                    });
+                    let mut loc = Pb::default();
+                    loc.uint(1, next_id);
+                    loc.uint(2, mapping);
+                    loc.uint(3, outer.address);
+                    for &fid in &chain {
+                        let fr = profile.frame(fid);
+                        let next_fn = function_of.len() as u64 + 1;
+                        let func =
+                            *function_of
+                                .entry((fr.function, fr.file))
+                                .or_insert_with(|| {
+                                    let mut fm = Pb::default();
+                                    fm.uint(1, next_fn);
+                                    let name = strings.id(profile.str(fr.function));
+                                    fm.int(2, name);
+                                    fm.int(3, name);
+                                    if let Some(file) = fr.file {
+                                        fm.int(4, strings.id(profile.str(file)));
+                                    }
+                                    functions.msg(5, fm);
+                                    next_fn
+                                });
+                        let mut line = Pb::default();
+                        line.uint(1, func);
+                        line.int(2, fr.line as i64);
+                        loc.msg(4, line);
+                    }
+                    locations.msg(4, loc);
+                    next_id
+                });
+                locs.push(id);
+            }
+            stack_locs.insert(s.stack, locs);
+        }
+        let t = &profile.threads[s.thread as usize];
+        let mut sm = Pb::default();
+        sm.packed(1, stack_locs[&s.stack].iter().copied());
+        sm.packed(2, [s.weight, s.weight * period_ns as u64].into_iter());
+        let mut l = Pb::default();
+        l.int(1, thread_key);
+        l.int(2, strings.id(profile.str(t.name)));
+        sm.msg(3, l);
+        let mut l = Pb::default();
+        l.int(1, tid_key);
+        l.int(3, t.tid as i64);
+        sm.msg(3, l);
+        let mut l = Pb::default();
+        l.int(1, pid_key);
+        l.int(3, t.pid as i64);
+        sm.msg(3, l);
+        samples.msg(2, sm);
+    }
+    out.0.extend_from_slice(&samples.0);
+    out.0.extend_from_slice(&mappings.0);
+    out.0.extend_from_slice(&locations.0);
+    out.0.extend_from_slice(&functions.0);
+    let period_type = {
+        let mut vt = Pb::default();
+        vt.int(1, strings.id("cpu"));
+        vt.int(2, strings.id("nanoseconds"));
+        vt
+    };
+    let comment = profile.meta.command.join(" ");
+    let comment_id = (!comment.is_empty()).then(|| strings.id(&comment));
+    let default_type = strings.id("cpu");
+    for s in &strings.table {
+        out.bytes(6, s.as_bytes());
+    }
+    out.int(9, profile.meta.start_time_unix_ns as i64);
+    out.int(10, profile.meta.duration_ns as i64);
+    out.msg(11, period_type);
+    out.int(12, period_ns);
+    if let Some(c) = comment_id {
+        out.key(13, 0);
+        out.varint(c as u64);
+    }
+    out.int(14, default_type);
+    out.0
+}
+
+/// Writes the gzipped profile.
+pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
+    let mut gz = GzEncoder::new(w, Compression::default());
+    gz.write_all(&encode(profile))?;
+    gz.finish()?;
+    Ok(())
+}
