@@ -18,6 +18,7 @@
 //! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
 //! ```
 
+pub mod filter;
 pub mod firefox;
 pub mod folded;
 mod model;
@@ -27,6 +28,8 @@ pub mod pprof;
 pub mod speedscope;
 pub mod svg;
 pub mod top;
+pub mod tree;
 
+pub use filter::Filter;
 pub use model::{Frame, FrameId, Meta, Profile, Sample, StackId, StackNode, StrId, Thread};
 pub use output::{write_atomic, OutputFormat};

@@ -93,10 +93,20 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
 
 /// Writes the profile. Samples are written in rows groups of at most 1M rows.
 pub fn write<W: Write + Send>(profile: &Profile, w: W) -> Result<(), ParquetError> {
-    let schema = Arc::new(schema());
+    // The metadata goes both into the Parquet footer and into the Arrow schema, where
+    // pyarrow and pandas look for it (`table.schema.metadata`).
+    let pairs = meta_pairs(&profile.meta);
+    let schema = Arc::new(
+        schema().with_metadata(
+            pairs
+                .iter()
+                .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+                .collect::<HashMap<String, String>>(),
+        ),
+    );
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .set_key_value_metadata(Some(meta_pairs(&profile.meta)))
+        .set_key_value_metadata(Some(pairs))
         .build();
     let mut writer = ArrowWriter::try_new(w, schema.clone(), Some(props))?;
     // All string columns share one dictionary: the profile's string table.

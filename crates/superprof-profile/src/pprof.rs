@@ -114,7 +114,7 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     let pid_key = strings.id("pid");
     let thread_key = strings.id("thread");
     for s in &profile.samples {
-        if !stack_locs.contains_key(&s.stack) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = stack_locs.entry(s.stack) {
             let frames: Vec<FrameId> = profile.stack_frames(s.stack).collect();
             let mut locs = Vec::new();
             // Leaf first; a location is a run of inlined frames ended by a non-inlined one.
@@ -177,7 +177,7 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
                 });
                 locs.push(id);
             }
-            stack_locs.insert(s.stack, locs);
+            slot.insert(locs);
         }
         let t = &profile.threads[s.thread as usize];
         let mut sm = Pb::default();

@@ -360,7 +360,6 @@ fn make_attr(
 ) -> PerfEventAttr {
     let mut flags = sys::FLAG_DISABLED
         | sys::FLAG_INHERIT
-        | sys::FLAG_FREQ
         | sys::FLAG_MMAP
         | sys::FLAG_MMAP2
         | sys::FLAG_COMM
@@ -370,6 +369,15 @@ fn make_attr(
         | sys::FLAG_WATERMARK
         | sys::FLAG_USE_CLOCKID
         | sys::FLAG_EXCLUDE_CALLCHAIN_USER;
+    // cpu-clock counts nanoseconds, so a fixed period gives the frequency exactly, with every
+    // sample worth the same CPU time; frequency mode would start at a period of 1 ns and
+    // take a burst of samples at exec. Cycles run at an unknown rate: let the kernel adapt.
+    let period = if ty == sys::PERF_TYPE_SOFTWARE {
+        1_000_000_000 / cfg.frequency.max(1) as u64
+    } else {
+        flags |= sys::FLAG_FREQ;
+        cfg.frequency as u64
+    };
     if mode == TargetMode::Launched {
         flags |= sys::FLAG_ENABLE_ON_EXEC;
     }
@@ -380,7 +388,7 @@ fn make_attr(
     PerfEventAttr {
         type_: ty,
         config,
-        sample_period_or_freq: cfg.frequency as u64,
+        sample_period_or_freq: period,
         sample_type: sys::PERF_SAMPLE_IDENTIFIER
             | sys::PERF_SAMPLE_TID
             | sys::PERF_SAMPLE_TIME

@@ -19,6 +19,8 @@ pub struct Cli {
 pub enum Command {
     /// Sample a program (launched after `--`, or attached with -p) with full call stacks
     Record(RecordArgs),
+    /// Read a profile file (.parquet) and show or convert it, optionally filtered
+    Report(ReportArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
     /// The demo's workload (run by `superprof demo`)
@@ -34,7 +36,8 @@ pub struct RecordArgs {
     /// Sampling frequency in Hz
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
     pub frequency: u32,
-    /// Output file; the format follows the extension (.folded, .svg)
+    /// Output file; the format follows the extension (.parquet, .folded, .svg, .pb.gz,
+    /// .speedscope.json, .firefox.json). Default: superprof.parquet
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
     /// Stop recording after this many seconds
@@ -72,4 +75,33 @@ pub struct DemoArgs {
     /// How long the workload runs, in seconds
     #[arg(long, value_name = "SECS", default_value_t = 3.0)]
     pub seconds: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The profile to read (a .parquet file written by superprof)
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Output format: top, tree, folded, svg, parquet, pprof, speedscope, firefox
+    /// (default: from the extension of -o, else top)
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Output file (default: stdout)
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: Option<PathBuf>,
+    /// Keep only this thread (repeat for several)
+    #[arg(long = "tid", value_name = "N")]
+    pub tids: Vec<u32>,
+    /// Keep samples from this many seconds after the start of the recording
+    #[arg(long, value_name = "SECS")]
+    pub since: Option<f64>,
+    /// Keep samples until this many seconds after the start of the recording
+    #[arg(long, value_name = "SECS")]
+    pub until: Option<f64>,
+    /// Keep only stacks through this function, re-rooted at it
+    #[arg(long, value_name = "FUNC")]
+    pub focus: Option<String>,
+    /// Drop stacks through this function
+    #[arg(long, value_name = "FUNC")]
+    pub exclude: Option<String>,
 }

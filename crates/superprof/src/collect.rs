@@ -312,8 +312,9 @@ impl Collector {
         });
     }
 
-    /// Symbolizes every distinct address once and builds the profile.
-    pub fn finish(self, mut profile: Profile) -> Profile {
+    /// Symbolizes every distinct address once and builds the profile. Sample times become
+    /// nanoseconds since `start_ns` (CLOCK_MONOTONIC).
+    pub fn finish(self, mut profile: Profile, start_ns: u64) -> Profile {
         // One round trip to the symbol worker for every distinct address.
         let mut queries = Vec::new();
         let mut kernel = Vec::new();
@@ -412,7 +413,7 @@ impl Collector {
                 profile.add_thread(pid, s.tid, &name)
             });
             let stack = s.stack.and_then(|n| stack_of[n as usize]);
-            profile.add_sample(s.time, t, s.cpu, 1, stack);
+            profile.add_sample(s.time.saturating_sub(start_ns), t, s.cpu, 1, stack);
         }
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;

@@ -5,6 +5,7 @@ mod cli;
 mod collect;
 mod demo;
 mod record;
+mod report;
 mod sys;
 
 use std::process::ExitCode;
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
+        cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
         cli::Command::DemoWorkload { seconds } => {
             demo::workload(seconds);
@@ -42,6 +44,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        // A closed pipe (`superprof report ... | head`) is not an error worth a message.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("superprof: {}", one_line(&e));
             ExitCode::from(1)
@@ -59,4 +63,11 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     parts.join(": ").replace('\n', " ")
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

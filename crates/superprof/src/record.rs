@@ -95,28 +95,30 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         superprof_profile::top::write(profile, cfg.top_rows, &mut lock)?;
         lock.flush()?;
     }
-    if let (Some(path), Some(format)) = (&cfg.output, format) {
-        write_output(profile, path, format)?;
-        eprintln!("superprof: wrote {}", path.display());
-    }
+    write_output(profile, &format.0, format.1)?;
+    eprintln!("superprof: wrote {}", format.0.display());
     Ok(recorded.exit.map_or(0, |e| e.shell_code()))
 }
 
+/// The default output of `record`: the native profile file.
+pub const DEFAULT_OUTPUT: &str = "superprof.parquet";
+
 /// Validates the output path before anything runs, so a bad -o costs nothing.
-pub fn check_output(cfg: &RecordConfig) -> Result<Option<OutputFormat>> {
-    let Some(path) = &cfg.output else {
-        return Ok(None);
-    };
-    let format = OutputFormat::from_path(path).ok_or_else(|| {
+pub fn check_output(cfg: &RecordConfig) -> Result<(PathBuf, OutputFormat)> {
+    let path = cfg
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT));
+    let format = OutputFormat::from_path(&path).ok_or_else(|| {
         anyhow!(
             "cannot tell the format of output '{}': use one of the extensions {}",
             path.display(),
             OutputFormat::extensions()
         )
     })?;
-    superprof_profile::output::check_writable(path)
+    superprof_profile::output::check_writable(&path)
         .with_context(|| format!("cannot write output '{}'", path.display()))?;
-    Ok(Some(format))
+    Ok((path, format))
 }
 
 pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFormat) -> Result<()> {
@@ -125,11 +127,29 @@ pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFor
     } else {
         format!("superprof: {}", profile.meta.command.join(" "))
     };
-    superprof_profile::write_atomic(path, |w| match format {
-        OutputFormat::Folded => superprof_profile::folded::write(profile, w),
-        OutputFormat::Svg => superprof_profile::svg::write(profile, &title, w),
+    superprof_profile::write_atomic(path, |w| {
+        superprof_profile::output::write(profile, format, &title, w)
     })
     .with_context(|| format!("cannot write '{}'", path.display()))
+}
+
+/// The start of a recording on both clocks: sample times are kernel CLOCK_MONOTONIC stamps,
+/// stored relative to this start, which the profile also keeps as Unix time.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    monotonic_ns: u64,
+    unix_ns: u64,
+}
+
+impl Clock {
+    fn now() -> Clock {
+        Clock {
+            monotonic_ns: superprof_sample::monotonic_ns(),
+            unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        }
+    }
 }
 
 /// Runs the sampler until the target ends, the duration passes or Ctrl-C.
@@ -137,7 +157,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     sys::install_stop_handler();
     sys::raise_fd_limit();
     let mut collector = Collector::default();
-    let (mut sampler, pid, child, command) = match &cfg.target {
+    let (mut sampler, pid, child, command, clock) = match &cfg.target {
         Target::Command(cmd) => {
             let program = cmd
                 .first()
@@ -153,15 +173,17 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
                     return Err(e.into());
                 }
             };
+            let clock = Clock::now();
             child
                 .release()
                 .with_context(|| format!("cannot run '{program}'"))?;
-            (sampler, child.pid, true, cmd.clone())
+            (sampler, child.pid, true, cmd.clone(), clock)
         }
         Target::Pid(pid) => {
             let pid = *pid;
             let sampler = PerfSampler::open(pid, TargetMode::Attached, &cfg.sampler)?;
             collector.read_proc(pid, superprof_sample::monotonic_ns());
+            let clock = Clock::now();
             sampler.enable()?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let command = cmdline
@@ -169,16 +191,13 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
                 .filter(|a| !a.is_empty())
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            (sampler, pid, false, command)
+            (sampler, pid, false, command, clock)
         }
     };
     if sampler.kernel_stacks() {
         collector.expect_kernel_frames();
     }
     let start = Instant::now();
-    let start_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
     let progress = std::io::stderr().is_terminal() && !cfg.quiet;
     let mut last_progress = Instant::now();
     let layout = sampler.layout();
@@ -260,13 +279,13 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     profile.meta.command = command;
     profile.meta.event = event.to_owned();
     profile.meta.frequency = cfg.sampler.frequency;
-    profile.meta.start_time_unix_ns = start_unix;
+    profile.meta.start_time_unix_ns = clock.unix_ns;
     profile.meta.duration_ns = elapsed.as_nanos() as u64;
     profile.meta.version = env!("CARGO_PKG_VERSION").to_owned();
     profile.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let profile = collector.finish(profile);
+    let profile = collector.finish(profile, clock.monotonic_ns);
     Ok(Recorded {
         profile,
         exit,

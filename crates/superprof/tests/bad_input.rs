@@ -80,6 +80,7 @@ fn permission_denied_says_why() {
     let dir = TempDir::new("perm");
     let o = dir.path("x.folded");
     let out = std::process::Command::new("setpriv")
+        .current_dir(scratch_dir())
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -103,6 +104,7 @@ fn unprivileged_user_samples_its_own_program_in_user_space() {
     let dir = TempDir::new("user");
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
     let out = std::process::Command::new("setpriv")
+        .current_dir(scratch_dir())
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -156,8 +158,9 @@ fn unwritable_output() {
 fn unknown_output_extension() {
     let dir = TempDir::new("ext");
     let o = dir.path("x.txt");
+    // At 1 Hz a sample comes after 1 s of CPU time, which `true` never uses.
     let out = superprof()
-        .args(["record", "-o"])
+        .args(["record", "-F", "1", "-o"])
         .arg(&o)
         .args(["--", "true"])
         .output()
@@ -178,8 +181,9 @@ fn command_not_found() {
 fn target_exits_before_any_sample() {
     let dir = TempDir::new("empty");
     let o = dir.path("x.svg");
+    // At 1 Hz a sample comes after 1 s of CPU time, which `true` never uses.
     let out = superprof()
-        .args(["record", "-o"])
+        .args(["record", "-F", "1", "-o"])
         .arg(&o)
         .args(["--", "true"])
         .output()

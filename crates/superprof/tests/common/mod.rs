@@ -15,8 +15,25 @@ pub fn cpu_lock() -> MutexGuard<'static, ()> {
     CPU.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The superprof binary, run in a scratch folder of this test process (record writes
+/// superprof.parquet into the current folder when no -o is given).
 pub fn superprof() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_superprof"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_superprof"));
+    c.current_dir(scratch_dir());
+    c
+}
+
+/// A folder shared by the tests of this process, writable by everyone (for the tests that run
+/// superprof as an unprivileged user).
+pub fn scratch_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("superprof-test-cwd-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let _ = Command::new("chmod").arg("777").arg(&d).status();
+        d
+    })
+    .clone()
 }
 
 pub fn fixtures_dir() -> PathBuf {
