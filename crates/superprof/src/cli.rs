@@ -37,9 +37,9 @@ pub struct RecordArgs {
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
     pub frequency: u32,
     /// Output file; the format follows the extension (.parquet, .folded, .svg, .pb.gz,
-    /// .speedscope.json, .firefox.json). Default: superprof.parquet
+    /// .speedscope.json, .firefox.json). Repeat for several. Default: superprof.parquet
     #[arg(short = 'o', long = "output", value_name = "OUT")]
-    pub output: Option<PathBuf>,
+    pub outputs: Vec<PathBuf>,
     /// Stop recording after this many seconds
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,

@@ -15,7 +15,7 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
     let exe = std::env::current_exe().context("cannot find the superprof binary")?;
     let cfg = RecordConfig {
         sampler: Default::default(),
-        output: Some(args.output.clone()),
+        outputs: vec![args.output.clone()],
         duration: None,
         quiet: false,
         target: Target::Command(vec![

@@ -25,7 +25,8 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
     pub sampler: SamplerConfig,
-    pub output: Option<PathBuf>,
+    /// Output files (none: superprof.parquet).
+    pub outputs: Vec<PathBuf>,
     pub duration: Option<Duration>,
     pub quiet: bool,
     pub target: Target,
@@ -40,7 +41,7 @@ impl RecordConfig {
                 frequency: a.frequency,
                 stack_size: a.stack_size,
             },
-            output: a.output,
+            outputs: a.outputs,
             duration: a.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
             quiet: a.quiet,
             target: match a.pid {
@@ -82,7 +83,7 @@ impl Recorded {
 
 /// Records, prints the table, writes the output; returns the exit code for superprof.
 pub fn run(cfg: &RecordConfig) -> Result<i32> {
-    let format = check_output(cfg)?;
+    let outputs = check_outputs(cfg)?;
     let recorded = record(cfg)?;
     let profile = &recorded.profile;
     if profile.samples.is_empty() {
@@ -95,30 +96,38 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         superprof_profile::top::write(profile, cfg.top_rows, &mut lock)?;
         lock.flush()?;
     }
-    write_output(profile, &format.0, format.1)?;
-    eprintln!("superprof: wrote {}", format.0.display());
+    for (path, format) in &outputs {
+        write_output(profile, path, *format)?;
+        eprintln!("superprof: wrote {}", path.display());
+    }
     Ok(recorded.exit.map_or(0, |e| e.shell_code()))
 }
 
 /// The default output of `record`: the native profile file.
 pub const DEFAULT_OUTPUT: &str = "superprof.parquet";
 
-/// Validates the output path before anything runs, so a bad -o costs nothing.
-pub fn check_output(cfg: &RecordConfig) -> Result<(PathBuf, OutputFormat)> {
-    let path = cfg
-        .output
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT));
-    let format = OutputFormat::from_path(&path).ok_or_else(|| {
-        anyhow!(
-            "cannot tell the format of output '{}': use one of the extensions {}",
-            path.display(),
-            OutputFormat::extensions()
-        )
-    })?;
-    superprof_profile::output::check_writable(&path)
-        .with_context(|| format!("cannot write output '{}'", path.display()))?;
-    Ok((path, format))
+/// Validates the output paths before anything runs, so a bad -o costs nothing.
+pub fn check_outputs(cfg: &RecordConfig) -> Result<Vec<(PathBuf, OutputFormat)>> {
+    let paths = if cfg.outputs.is_empty() {
+        vec![PathBuf::from(DEFAULT_OUTPUT)]
+    } else {
+        cfg.outputs.clone()
+    };
+    paths
+        .into_iter()
+        .map(|path| {
+            let format = OutputFormat::from_path(&path).ok_or_else(|| {
+                anyhow!(
+                    "cannot tell the format of output '{}': use one of the extensions {}",
+                    path.display(),
+                    OutputFormat::extensions()
+                )
+            })?;
+            superprof_profile::output::check_writable(&path)
+                .with_context(|| format!("cannot write output '{}'", path.display()))?;
+            Ok((path, format))
+        })
+        .collect()
 }
 
 pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFormat) -> Result<()> {
