@@ -24,19 +24,36 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
             "--seconds".into(),
             args.seconds.to_string(),
         ]),
-        top_rows: 15,
+        top_rows: 12,
     };
     println!("superprof demo: profiling a workload that spends 50% / 30% / 20% of its CPU time in");
     println!(
         "crunch_numbers / hash_strings / walk_list for {} s ...\n",
         args.seconds
     );
-    let code = record::run(&cfg)?;
+    let outputs = record::check_outputs(&cfg)?;
+    let recorded = record::record(&cfg)?;
+    record::show(&cfg, &recorded, &outputs)?;
+    // The three functions' total shares (inlined helpers included) against the workload's plan.
+    let rows = superprof_profile::top::rows(&recorded.profile);
+    let total = recorded.profile.total_weight().max(1) as f64;
+    println!();
+    for (name, planned) in [
+        ("crunch_numbers", 50),
+        ("hash_strings", 30),
+        ("walk_list", 20),
+    ] {
+        let measured = rows
+            .iter()
+            .find(|r| r.function.ends_with(&format!("::{name}")))
+            .map_or(0.0, |r| 100.0 * r.total_weight as f64 / total);
+        println!("  {name:<16} {measured:5.1}% of samples (planned {planned}%)");
+    }
     println!(
         "\nOpen {} in a browser for the interactive flamegraph.",
         args.output.display()
     );
-    Ok(code)
+    Ok(recorded.exit.map_or(0, |e| e.shell_code()))
 }
 
 /// Spends the given CPU time in three functions, 50 / 30 / 20.

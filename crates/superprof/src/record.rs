@@ -85,6 +85,16 @@ impl Recorded {
 pub fn run(cfg: &RecordConfig) -> Result<i32> {
     let outputs = check_outputs(cfg)?;
     let recorded = record(cfg)?;
+    show(cfg, &recorded, &outputs)?;
+    Ok(recorded.exit.map_or(0, |e| e.shell_code()))
+}
+
+/// Prints the summary and the table, and writes the output files (from [`check_outputs`]).
+pub fn show(
+    cfg: &RecordConfig,
+    recorded: &Recorded,
+    outputs: &[(PathBuf, OutputFormat)],
+) -> Result<()> {
     let profile = &recorded.profile;
     if profile.samples.is_empty() {
         bail!("no samples were taken: the target ran too briefly or was idle, so the profile is empty");
@@ -96,11 +106,11 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         superprof_profile::top::write(profile, cfg.top_rows, &mut lock)?;
         lock.flush()?;
     }
-    for (path, format) in &outputs {
+    for (path, format) in outputs {
         write_output(profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());
     }
-    Ok(recorded.exit.map_or(0, |e| e.shell_code()))
+    Ok(())
 }
 
 /// The default output of `record`: the native profile file.

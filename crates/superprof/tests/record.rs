@@ -456,3 +456,35 @@ fn children_of_a_launched_command_are_profiled() {
         .sum();
     assert!(work > 0.9, "work share {work}");
 }
+
+#[test]
+fn demo_writes_demo_svg_with_the_planned_split() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("demo");
+    let out = run_ok(
+        superprof()
+            .args(["demo", "--seconds", "1.5"])
+            .current_dir(&dir.0),
+    );
+    let svg = std::fs::read_to_string(dir.path("demo.svg")).expect("demo.svg written");
+    assert!(svg.contains("crunch_numbers"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for (name, planned) in [
+        ("crunch_numbers", 50.0),
+        ("hash_strings", 30.0),
+        ("walk_list", 20.0),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(name) && l.contains("planned"))
+            .unwrap();
+        let measured: f64 = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert_close(name, measured / 100.0, planned / 100.0, 3.0);
+    }
+}
