@@ -11,17 +11,8 @@ fn check_split(flags: &[&str]) {
     let _cpu = cpu_lock();
     let dir = TempDir::new("split");
     let exe = compile(&dir, "split", &["split.c"], flags);
-    let folded = dir.path("split.folded");
-    let out = run_ok(
-        superprof()
-            .args(["record", "-q", "-o"])
-            .arg(&folded)
-            .arg("--")
-            .arg(&exe)
-            .arg("2.5"),
-    );
+    let (out, f) = record_folded(&dir, &[exe.as_ref(), "2.5".as_ref()]);
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
-    let f = Folded::read(&folded);
     assert!(f.total() >= 2000, "only {} samples", f.total());
     for func in ["work_alpha", "work_beta", "work_gamma"] {
         assert_close(func, f.share_through(func), truth[func], 3.0);
@@ -48,16 +39,7 @@ fn recursion_unwinds_to_main_without_frame_pointers() {
         &["recurse.c"],
         &["-O2", "-g", "-fomit-frame-pointer"],
     );
-    let folded = dir.path("r.folded");
-    run_ok(
-        superprof()
-            .args(["record", "-q", "-o"])
-            .arg(&folded)
-            .arg("--")
-            .arg(&exe)
-            .arg("1.5"),
-    );
-    let f = Folded::read(&folded);
+    let (_, f) = record_folded(&dir, &[exe.as_ref(), "1.5".as_ref()]);
     let mut leaf_samples = 0;
     let mut complete = 0;
     for (stack, n) in &f.0 {
@@ -101,18 +83,8 @@ fn dlopened_library_is_unwound_and_symbolized() {
         &["dlopen_main.c"],
         &["-O2", "-g", "-ldl"],
     );
-    let folded = dir.path("d.folded");
-    let out = run_ok(
-        superprof()
-            .args(["record", "-q", "-o"])
-            .arg(&folded)
-            .arg("--")
-            .arg(&exe)
-            .arg(&lib)
-            .arg("2"),
-    );
+    let (out, f) = record_folded(&dir, &[exe.as_ref(), lib.as_ref(), "2".as_ref()]);
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
-    let f = Folded::read(&folded);
     assert_close("lib_hot", f.share_through("lib_hot"), truth["lib_hot"], 3.0);
     // Unwound through the library back into main.
     let through_main: u64 =
@@ -319,16 +291,7 @@ fn rust_fixture_has_demangled_names() {
         .status()
         .unwrap();
     assert!(st.success());
-    let folded = dir.path("r.folded");
-    run_ok(
-        superprof()
-            .args(["record", "-q", "-o"])
-            .arg(&folded)
-            .arg("--")
-            .arg(&exe)
-            .arg("1.5"),
-    );
-    let f = Folded::read(&folded);
+    let (_, f) = record_folded(&dir, &[exe.as_ref(), "1.5".as_ref()]);
     assert!(
         f.share_through("rustfix::engine::churn") > 0.8,
         "churn share {}",

@@ -17,16 +17,7 @@ fn cxx_names_are_demangled() {
             .arg(&exe)
             .arg(fixtures_dir().join("cxx.cpp")),
     );
-    let folded = dir.path("c.folded");
-    run_ok(
-        superprof()
-            .args(["record", "-q", "-o"])
-            .arg(&folded)
-            .arg("--")
-            .arg(&exe)
-            .arg("1"),
-    );
-    let f = Folded::read(&folded);
+    let (_, f) = record_folded(&dir, &[exe.as_ref(), "1".as_ref()]);
     assert!(
         f.share_through("geometry::Mesh::relax(int)") > 0.8,
         "relax share {}",
@@ -82,16 +73,7 @@ fn code_without_symbols_shows_module_and_offset() {
     let dir = TempDir::new("stripped");
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-no-pie", "-fno-pie"]);
     run_ok(Command::new("strip").arg("--strip-all").arg(&exe));
-    let folded = dir.path("s.folded");
-    run_ok(
-        superprof()
-            .args(["record", "-q", "-o"])
-            .arg(&folded)
-            .arg("--")
-            .arg(&exe)
-            .arg("0.6"),
-    );
-    let f = Folded::read(&folded);
+    let (_, f) = record_folded(&dir, &[exe.as_ref(), "0.6".as_ref()]);
     let named: u64 =
         f.0.iter()
             .filter(|(s, _)| s.iter().skip(1).any(|x| x.starts_with("split+0x")))

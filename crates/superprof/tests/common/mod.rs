@@ -100,6 +100,19 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// Runs `superprof record -q -o DIR/record.folded -- CMD...` and reads the folded stacks.
+pub fn record_folded(dir: &TempDir, cmd: &[&std::ffi::OsStr]) -> (Output, Folded) {
+    let folded = dir.path("record.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .args(cmd),
+    );
+    (out, Folded::read(&folded))
+}
+
 /// Folded stacks: frames root first, with their count.
 pub struct Folded(pub Vec<(Vec<String>, u64)>);
 
