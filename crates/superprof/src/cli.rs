@@ -2,7 +2,14 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SamplerArg {
+    Auto,
+    Perf,
+    Ptrace,
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,6 +56,10 @@ pub struct RecordArgs {
     /// Do not print the top table
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Sampler: perf (perf_event_open), ptrace (works where perf_event_open is denied), or
+    /// auto (perf, falling back to ptrace with a notice)
+    #[arg(long, value_enum, default_value_t = SamplerArg::Auto)]
+    pub sampler: SamplerArg,
     /// Attach to this running process and all its threads
     #[arg(
         short = 'p',

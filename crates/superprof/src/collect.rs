@@ -49,6 +49,8 @@ pub struct Collector {
     pub lost: u64,
     pub truncated: u64,
     scratch: Vec<FrameAddress>,
+    /// The last unwind in `scratch` stopped early.
+    truncated_now: bool,
     path_frames: Vec<u32>,
     /// A copy of the vDSO in a temp file, made when a process maps `[vdso]`.
     vdso: Option<Option<TempFile>>,
@@ -129,13 +131,7 @@ impl Collector {
                 self.add_mapping(pid, a, b - a, off, Path::new(&path));
             }
         }
-        if let Ok(tids) = superprof_sample::list_threads(pid) {
-            for tid in tids {
-                if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
-                    self.threads.insert(tid, (pid, name.trim_end().to_owned()));
-                }
-            }
-        }
+        self.read_thread_names(pid);
     }
 
     /// Where superprof reads a module's file.
@@ -179,6 +175,17 @@ impl Collector {
                 .map_or_else(|| path.to_owned(), |f| f.0.clone());
         }
         target_file_path(pid, path)
+    }
+
+    /// Reads the names of a process's threads from /proc (they may rename themselves).
+    pub fn read_thread_names(&mut self, pid: u32) {
+        if let Ok(tids) = superprof_sample::list_threads(pid) {
+            for tid in tids {
+                if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+                    self.threads.insert(tid, (pid, name.trim_end().to_owned()));
+                }
+            }
+        }
     }
 
     pub fn handle(&mut self, record: &Record) {
@@ -249,6 +256,20 @@ impl Collector {
         })
     }
 
+    /// /proc/PID/maps is re-read on a miss at most every 50 ms per process.
+    fn may_reread_maps(&self, pid: u32, now: u64) -> bool {
+        now.saturating_sub(self.maps_read_at.get(&pid).copied().unwrap_or(0)) > 50_000_000
+    }
+
+    /// Unwinds a sample's user stack into `self.scratch`, counting truncated stacks.
+    fn unwind(&mut self, s: &SampleRecord) {
+        let Some(regs) = &s.regs else { return };
+        let process = self.processes.entry(s.pid).or_default();
+        self.scratch.clear();
+        self.truncated_now =
+            process.unwind(regs, s.stack, &mut self.scratch) == UnwindOutcome::Truncated;
+    }
+
     fn sample(&mut self, s: &SampleRecord) {
         self.threads
             .entry(s.tid)
@@ -259,22 +280,28 @@ impl Collector {
             self.path_frames.push(id);
         }
         if let Some(regs) = &s.regs {
-            let needs_maps = self
-                .processes
-                .get(&s.pid)
-                .is_none_or(|p| p.lookup(regs.pc).is_none());
-            if needs_maps
-                && s.time
-                    .saturating_sub(self.maps_read_at.get(&s.pid).copied().unwrap_or(0))
-                    > 1_000_000_000
-            {
+            let known = |c: &Collector, addr: u64| {
+                c.processes
+                    .get(&s.pid)
+                    .is_some_and(|p| p.lookup(addr).is_some())
+            };
+            if !known(self, regs.pc) && self.may_reread_maps(s.pid, s.time) {
                 self.read_proc(s.pid, s.time);
             }
-            let process = self.processes.entry(s.pid).or_default();
-            self.scratch.clear();
-            if process.unwind(regs, s.stack, &mut self.scratch) == UnwindOutcome::Truncated {
+            self.unwind(s);
+            // A caller outside every known mapping: a library mapped without a record we saw
+            // (the ptrace sampler has none; a race with perf's records): re-read the maps once
+            // and unwind again, since unwinding through it needs its CFI.
+            if self.scratch.iter().any(|f| !known(self, f.address()))
+                && self.may_reread_maps(s.pid, s.time)
+            {
+                self.read_proc(s.pid, s.time);
+                self.unwind(s);
+            }
+            if self.truncated_now {
                 self.truncated += 1;
             }
+            let process = self.processes.entry(s.pid).or_default();
             for i in 0..self.scratch.len() {
                 let fa = self.scratch[i];
                 let avma = fa.address();

@@ -15,6 +15,7 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
     let exe = std::env::current_exe().context("cannot find the superprof binary")?;
     let cfg = RecordConfig {
         sampler: Default::default(),
+        sampler_kind: record::SamplerKind::Auto,
         outputs: vec![args.output.clone()],
         duration: None,
         quiet: false,

@@ -13,6 +13,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // The ptrace engine waits for SIGCHLD; it must be blocked before any thread starts.
+    superprof_trace::block_sigchld();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

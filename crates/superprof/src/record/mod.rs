@@ -1,20 +1,21 @@
-//! `superprof record`: run the perf sampler over a launched or attached process, feed the
-//! collector, and write the outputs.
+//! `superprof record`: run a sampler (perf_event, or ptrace where perf_event_open is denied)
+//! over a launched or attached process, feed the collector, and write the outputs.
+
+mod perf;
+mod ptrace;
 
 use std::io::{IsTerminal, Write};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_profile::{OutputFormat, Profile};
-use superprof_sample::{
-    parse_record, split_records, PerfSampler, Record, SamplerConfig, TargetMode,
-};
+use superprof_sample::{PerfSampler, SampleError, SamplerConfig, TargetMode};
+use superprof_trace::{ExitStatus, PendingChild, TraceOptions, Tracer};
 
 use crate::cli::RecordArgs;
 use crate::collect::Collector;
-use crate::sys::{self, ExitStatus, PendingChild};
+use crate::sys;
 
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -25,6 +26,7 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
     pub sampler: SamplerConfig,
+    pub sampler_kind: SamplerKind,
     /// Output files (none: superprof.parquet).
     pub outputs: Vec<PathBuf>,
     pub duration: Option<Duration>,
@@ -40,6 +42,11 @@ impl RecordConfig {
             sampler: SamplerConfig {
                 frequency: a.frequency,
                 stack_size: a.stack_size,
+            },
+            sampler_kind: match a.sampler {
+                crate::cli::SamplerArg::Perf => SamplerKind::Perf,
+                crate::cli::SamplerArg::Ptrace => SamplerKind::Ptrace,
+                crate::cli::SamplerArg::Auto => SamplerKind::Auto,
             },
             outputs: a.outputs,
             duration: a.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
@@ -152,10 +159,19 @@ pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFor
     .with_context(|| format!("cannot write '{}'", path.display()))
 }
 
+/// Which sampler `record` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplerKind {
+    Perf,
+    Ptrace,
+    /// perf_event_open, or ptrace with a notice when perf_event_open is refused.
+    Auto,
+}
+
 /// The start of a recording on both clocks: sample times are kernel CLOCK_MONOTONIC stamps,
 /// stored relative to this start, which the profile also keeps as Unix time.
 #[derive(Debug, Clone, Copy)]
-struct Clock {
+pub(crate) struct Clock {
     monotonic_ns: u64,
     unix_ns: u64,
 }
@@ -171,143 +187,200 @@ impl Clock {
     }
 }
 
-/// Runs the sampler until the target ends, the duration passes or Ctrl-C.
-pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
-    sys::install_stop_handler();
-    sys::raise_fd_limit();
-    let mut collector = Collector::default();
-    let (mut sampler, pid, child, command, clock) = match &cfg.target {
+/// Where the samples come from, set up and started.
+enum Source {
+    Perf(Box<PerfSampler>),
+    Ptrace(Tracer),
+}
+
+/// A started recording, before its loop runs.
+struct Started {
+    source: Source,
+    pid: u32,
+    launched: bool,
+    command: Vec<String>,
+    clock: Clock,
+}
+
+/// Whether perf_event_open was refused in a way that ptrace can stand in for.
+fn perf_denied(e: &SampleError) -> bool {
+    matches!(
+        e,
+        SampleError::PermissionDenied { .. } | SampleError::Unsupported(_)
+    )
+}
+
+/// Opens the sampler `cfg` asks for on `pid` (a launched child before exec, or a running
+/// process). `auto` falls back to ptrace, with a notice, where perf_event_open is refused.
+fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source> {
+    let trace = || {
+        let opts = TraceOptions {
+            follow_forks: true,
+            syscalls: false,
+        };
+        match mode {
+            TargetMode::Launched => Tracer::launch(pid, opts),
+            TargetMode::Attached => Tracer::attach(pid, opts),
+        }
+    };
+    if cfg.sampler_kind == SamplerKind::Ptrace {
+        return Ok(Source::Ptrace(trace()?));
+    }
+    match PerfSampler::open(pid, mode, &cfg.sampler) {
+        Ok(s) => Ok(Source::Perf(Box::new(s))),
+        Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => match trace() {
+            Ok(t) => {
+                eprintln!(
+                    "superprof: perf_event_open is not available ({e}); sampling with ptrace instead"
+                );
+                Ok(Source::Ptrace(t))
+            }
+            Err(te) => Err(anyhow!("{e}; the ptrace sampler cannot stand in: {te}")),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
+    match &cfg.target {
         Target::Command(cmd) => {
             let program = cmd
                 .first()
                 .ok_or_else(|| anyhow!("no command given after --"))?;
-            let path = sys::resolve_command(program)
+            let path = superprof_trace::resolve_command(program)
                 .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
             let mut child = PendingChild::spawn(&path, cmd)
                 .with_context(|| format!("cannot start '{program}'"))?;
-            let sampler = match PerfSampler::open(child.pid, TargetMode::Launched, &cfg.sampler) {
+            let source = match open_source(cfg, child.pid, TargetMode::Launched) {
                 Ok(s) => s,
                 Err(e) => {
                     child.abort();
-                    return Err(e.into());
+                    return Err(e);
                 }
             };
             let clock = Clock::now();
             child
                 .release()
                 .with_context(|| format!("cannot run '{program}'"))?;
-            (sampler, child.pid, true, cmd.clone(), clock)
+            Ok(Started {
+                source,
+                pid: child.pid,
+                launched: true,
+                command: cmd.clone(),
+                clock,
+            })
         }
         Target::Pid(pid) => {
             let pid = *pid;
-            let sampler = PerfSampler::open(pid, TargetMode::Attached, &cfg.sampler)?;
+            let source = open_source(cfg, pid, TargetMode::Attached)?;
             collector.read_proc(pid, superprof_sample::monotonic_ns());
             let clock = Clock::now();
-            sampler.enable()?;
+            if let Source::Perf(s) = &source {
+                s.enable()?;
+            }
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let command = cmdline
                 .split(|&b| b == 0)
                 .filter(|a| !a.is_empty())
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            (sampler, pid, false, command, clock)
-        }
-    };
-    if sampler.kernel_stacks() {
-        collector.expect_kernel_frames();
-    }
-    let start = Instant::now();
-    let progress = std::io::stderr().is_terminal() && !cfg.quiet;
-    let mut last_progress = Instant::now();
-    let layout = sampler.layout();
-    let mut buf = Vec::with_capacity(1 << 20);
-    let mut exit = None;
-    let mut stopped_early = false;
-
-    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector| {
-        buf.clear();
-        sampler.drain(&mut buf);
-        let mut records: Vec<_> = split_records(&buf)
-            .filter_map(|(ty, misc, body)| parse_record(ty, misc, body, layout))
-            .filter(|r| match r {
-                Record::Sample(s) => sampler.accept(s),
-                _ => true,
+            Ok(Started {
+                source,
+                pid,
+                launched: false,
+                command,
+                clock,
             })
-            .collect();
-        // Buffers of different CPUs interleave in time; mmap records must precede the
-        // samples that need them.
-        records.sort_by_key(|r| r.time());
-        for r in &records {
-            collector.handle(r);
         }
-    };
+    }
+}
 
-    // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
-    let pidfd = sys::pidfd_open(pid);
-    let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
-    loop {
-        sampler.wait(&extra, 50);
-        drain(&mut sampler, &mut collector);
-        if child {
-            if let Some(status) = sys::try_wait(pid) {
-                exit = Some(status);
-                break;
-            }
-        } else if !sys::process_alive(pid) {
-            break;
+/// What a sampler loop reports.
+struct LoopResult {
+    exit: Option<ExitStatus>,
+    event: &'static str,
+    kernel: bool,
+}
+
+/// The progress line on stderr (when it is a terminal).
+struct Progress {
+    enabled: bool,
+    start: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(cfg: &RecordConfig) -> Progress {
+        Progress {
+            enabled: std::io::stderr().is_terminal() && !cfg.quiet,
+            start: Instant::now(),
+            last: Instant::now(),
         }
-        if sys::stop_requested() || cfg.duration.is_some_and(|d| start.elapsed() >= d) {
-            stopped_early = true;
-            break;
-        }
-        if progress && last_progress.elapsed() >= Duration::from_millis(250) {
-            last_progress = Instant::now();
+    }
+
+    fn update(&mut self, collector: &Collector) {
+        if self.enabled && self.last.elapsed() >= Duration::from_millis(250) {
+            self.last = Instant::now();
             eprint!(
                 "\r\x1b[K[superprof] {:.1} s, {} samples, {} threads, {} lost",
-                start.elapsed().as_secs_f64(),
+                self.start.elapsed().as_secs_f64(),
                 collector.sample_count(),
                 collector.thread_count(),
                 collector.lost
             );
         }
     }
-    sampler.disable();
-    drain(&mut sampler, &mut collector);
-    let event = sampler.event_name();
-    let kernel = sampler.kernel_stacks();
-    drop(sampler); // closes every event: an attached process runs on untouched
-    if progress {
-        eprint!("\r\x1b[K");
+
+    fn clear(&self) {
+        if self.enabled {
+            eprint!("\r\x1b[K");
+        }
     }
-    if child && exit.is_none() {
-        // Stopped by Ctrl-C or --duration: end the command as perf record does.
-        if stopped_early {
-            sys::kill(pid, libc::SIGTERM);
-            exit = sys::wait_exit_timeout(pid, Duration::from_secs(5));
-            if exit.is_none() {
-                eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
-                sys::kill(pid, libc::SIGKILL);
+
+    /// Ctrl-C, or the end of --duration.
+    fn should_stop(&self, cfg: &RecordConfig) -> bool {
+        sys::stop_requested() || cfg.duration.is_some_and(|d| self.start.elapsed() >= d)
+    }
+}
+
+/// Runs the sampler until the target ends, the duration passes or Ctrl-C.
+pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
+    sys::install_stop_handler();
+    sys::raise_fd_limit();
+    let mut collector = Collector::default();
+    let started = start(cfg, &mut collector)?;
+    let mut progress = Progress::new(cfg);
+    let result = match started.source {
+        Source::Perf(sampler) => perf::run(
+            cfg,
+            *sampler,
+            started.pid,
+            started.launched,
+            &mut collector,
+            &mut progress,
+        )?,
+        Source::Ptrace(tracer) => {
+            if cfg.sampler.frequency == 0 {
+                bail!("frequency must be at least 1 Hz");
             }
+            ptrace::run(cfg, tracer, started.launched, &mut collector, &mut progress)?
         }
-        if exit.is_none() {
-            exit = Some(sys::wait_exit(pid)?);
-        }
-    }
-    let elapsed = start.elapsed();
+    };
+    progress.clear();
     let mut profile = Profile::default();
-    profile.meta.command = command;
-    profile.meta.event = event.to_owned();
+    profile.meta.command = started.command;
+    profile.meta.event = result.event.to_owned();
     profile.meta.frequency = cfg.sampler.frequency;
-    profile.meta.start_time_unix_ns = clock.unix_ns;
-    profile.meta.duration_ns = elapsed.as_nanos() as u64;
+    profile.meta.start_time_unix_ns = started.clock.unix_ns;
+    profile.meta.duration_ns = progress.start.elapsed().as_nanos() as u64;
     profile.meta.version = env!("CARGO_PKG_VERSION").to_owned();
     profile.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let profile = collector.finish(profile, clock.monotonic_ns);
+    let profile = collector.finish(profile, started.clock.monotonic_ns);
     Ok(Recorded {
         profile,
-        exit,
-        kernel,
+        exit: result.exit,
+        kernel: result.kernel,
     })
 }

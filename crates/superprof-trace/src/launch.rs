@@ -1,0 +1,205 @@
+//! Processes superprof starts and waits for: a command held before exec (so that sampling or
+//! tracing can be set up first), exit statuses, signals.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// A forked child that waits before calling exec until [`PendingChild::release`].
+pub struct PendingChild {
+    pub pid: u32,
+    go: Option<OwnedFd>,
+    exec_status: OwnedFd,
+}
+
+fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Finds `cmd` on PATH the way execvp would.
+pub fn resolve_command(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+impl PendingChild {
+    /// Forks; the child blocks until released, then execs `program` with `args` (args[0]
+    /// included) and the current environment.
+    pub fn spawn(program: &Path, args: &[String]) -> io::Result<PendingChild> {
+        use std::os::unix::ffi::OsStrExt;
+        let prog = CString::new(program.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in command"))?;
+        let cargs: Vec<CString> = args
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in argument"))?;
+        let mut argv: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let (go_r, go_w) = pipe(libc::O_CLOEXEC)?;
+        let (st_r, st_w) = pipe(libc::O_CLOEXEC)?;
+        // SAFETY: the child of a (possibly multi-threaded) process only calls async-signal-safe
+        // functions (close, read, execve, write, _exit) on memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: see above; `environ` is the process environment, unchanged since fork.
+            unsafe {
+                // Our copy of the write end would keep the read below from ever seeing EOF.
+                libc::close(go_w.as_raw_fd());
+                // The command starts with no signal blocked (superprof blocks SIGCHLD).
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut empty);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                let mut b = 0u8;
+                while libc::read(go_r.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1) < 0 {}
+                extern "C" {
+                    static environ: *const *const libc::c_char;
+                }
+                libc::execve(prog.as_ptr(), argv.as_ptr(), environ);
+                let err = *libc::__errno_location();
+                let bytes = err.to_ne_bytes();
+                libc::write(st_w.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, 4);
+                libc::_exit(127);
+            }
+        }
+        drop(go_r);
+        drop(st_w);
+        Ok(PendingChild {
+            pid: pid as u32,
+            go: Some(go_w),
+            exec_status: st_r,
+        })
+    }
+
+    /// Lets the child exec. Returns the exec error, if exec failed.
+    pub fn release(&mut self) -> io::Result<()> {
+        drop(self.go.take());
+        let mut buf = [0u8; 4];
+        let n = loop {
+            // SAFETY: reading into a 4-byte buffer we own; the write end closes on exec.
+            let n = unsafe {
+                libc::read(
+                    self.exec_status.as_raw_fd(),
+                    buf.as_mut_ptr() as *mut libc::c_void,
+                    4,
+                )
+            };
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break n;
+            }
+        };
+        if n == 4 {
+            let _ = wait_exit(self.pid);
+            return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+        }
+        Ok(())
+    }
+
+    /// Ends a child that will never be released.
+    pub fn abort(mut self) {
+        kill(self.pid, libc::SIGKILL);
+        drop(self.go.take());
+        let _ = wait_exit(self.pid);
+    }
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// The status the shell would report: the code, or 128 + signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+fn decode(status: libc::c_int) -> ExitStatus {
+    if libc::WIFSIGNALED(status) {
+        ExitStatus::Signal(libc::WTERMSIG(status))
+    } else {
+        ExitStatus::Code(libc::WEXITSTATUS(status))
+    }
+}
+
+/// Reaps the child if it has exited.
+pub fn try_wait(pid: u32) -> Option<ExitStatus> {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child with a valid out-pointer.
+    let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    (rc == pid as i32).then(|| decode(status))
+}
+
+pub fn wait_exit(pid: u32) -> io::Result<ExitStatus> {
+    let mut status = 0;
+    loop {
+        // SAFETY: as in try_wait, blocking.
+        let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        if rc == pid as i32 {
+            return Ok(decode(status));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Reaps the child if it exits within `limit`.
+pub fn wait_exit_timeout(pid: u32, limit: std::time::Duration) -> Option<ExitStatus> {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = try_wait(pid) {
+            return Some(s);
+        }
+        if std::time::Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+pub fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: sending a signal has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}

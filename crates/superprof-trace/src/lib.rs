@@ -1,0 +1,38 @@
+//! superprof-trace: the coordinator, a ptrace engine for traced processes.
+//!
+//! - [`PendingChild`] launches a command held before exec, so that sampling or tracing can be
+//!   set up first; [`ExitStatus`] is how it ended.
+//! - [`Tracer`] seizes a launched command or a running process and every thread it starts
+//!   (children too with `follow_forks`), turns wait statuses into [`TraceEvent`]s, forwards
+//!   every signal to the target, and on finish (or drop) detaches an attached process, which
+//!   runs on, or kills a launched one.
+//! - [`sampler::run`] is the ptrace sampler: on CPU time, interrupt a thread, read its
+//!   registers and stack, resume it.
+//!
+//! The other parts of superprof never call ptrace themselves.
+//!
+//! ```no_run
+//! use superprof_trace::{Tracer, TraceOptions, sampler};
+//! let mut tracer = Tracer::attach(1234, TraceOptions::default())?;
+//! let cfg = sampler::PtraceSamplerConfig { frequency: 99, stack_size: 16384 };
+//! sampler::run(&mut tracer, &cfg, |event| {
+//!     if let sampler::SamplerEvent::Sample(s) = event {
+//!         println!("{} at {:#x}", s.tid, s.regs.pc);
+//!     }
+//!     sampler::Control::Continue
+//! })?;
+//! tracer.finish(); // detach: the process runs on
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod launch;
+pub mod sampler;
+mod sys;
+mod tracer;
+
+pub use launch::{
+    kill, process_alive, resolve_command, try_wait, wait_exit, wait_exit_timeout, ExitStatus,
+    PendingChild,
+};
+pub use sys::{block_sigchld, read_memory, write_memory};
+pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

@@ -1,0 +1,274 @@
+//! ptrace, waitpid and remote memory: the kernel interfaces of the coordinator.
+
+use std::io;
+
+use superprof_unwind::UserRegs;
+
+fn check(rc: libc::c_long) -> io::Result<libc::c_long> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn ptrace(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::Result<libc::c_long> {
+    // SAFETY: every caller passes a request whose `addr`/`data` are either integers or point
+    // to memory of the size that request writes (checked at each call site below).
+    check(unsafe { libc::ptrace(req, tid as libc::pid_t, addr, data) })
+}
+
+pub const PTRACE_O_TRACESYSGOOD: usize = 1;
+pub const PTRACE_O_TRACEFORK: usize = 1 << 1;
+pub const PTRACE_O_TRACEVFORK: usize = 1 << 2;
+pub const PTRACE_O_TRACECLONE: usize = 1 << 3;
+pub const PTRACE_O_TRACEEXEC: usize = 1 << 4;
+pub const PTRACE_O_EXITKILL: usize = 1 << 20;
+
+pub const PTRACE_EVENT_FORK: i32 = 1;
+pub const PTRACE_EVENT_VFORK: i32 = 2;
+pub const PTRACE_EVENT_CLONE: i32 = 3;
+pub const PTRACE_EVENT_EXEC: i32 = 4;
+pub const PTRACE_EVENT_STOP: i32 = 128;
+
+pub fn seize(tid: u32, options: usize) -> io::Result<()> {
+    ptrace(libc::PTRACE_SEIZE, tid, 0, options).map(drop)
+}
+
+pub fn interrupt(tid: u32) -> io::Result<()> {
+    ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0).map(drop)
+}
+
+pub fn cont(tid: u32, sig: i32) -> io::Result<()> {
+    ptrace(libc::PTRACE_CONT, tid, 0, sig as usize).map(drop)
+}
+
+pub fn cont_syscall(tid: u32, sig: i32) -> io::Result<()> {
+    ptrace(libc::PTRACE_SYSCALL, tid, 0, sig as usize).map(drop)
+}
+
+pub fn listen(tid: u32) -> io::Result<()> {
+    ptrace(libc::PTRACE_LISTEN, tid, 0, 0).map(drop)
+}
+
+pub fn detach(tid: u32, sig: i32) -> io::Result<()> {
+    ptrace(libc::PTRACE_DETACH, tid, 0, sig as usize).map(drop)
+}
+
+pub fn event_msg(tid: u32) -> io::Result<u64> {
+    let mut msg: libc::c_ulong = 0;
+    // `data` points to a c_ulong that PTRACE_GETEVENTMSG fills.
+    ptrace(
+        libc::PTRACE_GETEVENTMSG,
+        tid,
+        0,
+        &mut msg as *mut _ as usize,
+    )?;
+    Ok(msg as u64)
+}
+
+/// The registers unwinding needs.
+#[cfg(target_arch = "x86_64")]
+pub fn regs(tid: u32) -> io::Result<UserRegs> {
+    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
+    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    // `data` points to a user_regs_struct, which PTRACE_GETREGS fills.
+    ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize)?;
+    Ok(UserRegs {
+        pc: r.rip,
+        sp: r.rsp,
+        fp: r.rbp,
+        lr: 0,
+    })
+}
+
+#[cfg(target_arch = "aarch64")]
+pub fn regs(tid: u32) -> io::Result<UserRegs> {
+    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
+    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: &mut r as *mut _ as *mut libc::c_void,
+        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
+    };
+    // `data` is an iovec over a user_regs_struct; NT_PRSTATUS fills at most its length.
+    ptrace(
+        libc::PTRACE_GETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )?;
+    Ok(UserRegs {
+        pc: r.pc,
+        sp: r.sp,
+        fp: r.regs[29],
+        lr: r.regs[30],
+    })
+}
+
+/// A raw wait status.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitStatus(pub i32);
+
+impl WaitStatus {
+    pub fn exited(self) -> Option<i32> {
+        libc::WIFEXITED(self.0).then(|| libc::WEXITSTATUS(self.0))
+    }
+    pub fn signaled(self) -> Option<i32> {
+        libc::WIFSIGNALED(self.0).then(|| libc::WTERMSIG(self.0))
+    }
+    pub fn stop_sig(self) -> Option<i32> {
+        libc::WIFSTOPPED(self.0).then(|| libc::WSTOPSIG(self.0))
+    }
+    /// The PTRACE_EVENT_* of an event stop, 0 for other stops.
+    pub fn event(self) -> i32 {
+        (self.0 >> 16) & 0xffff
+    }
+}
+
+/// Collects one pending wait status from any traced thread, without blocking.
+pub fn wait_any_nohang() -> io::Result<Option<(u32, WaitStatus)>> {
+    let mut status = 0;
+    // SAFETY: waitpid with a valid out-pointer.
+    let rc = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+    match rc {
+        0 => Ok(None),
+        r if r > 0 => Ok(Some((r as u32, WaitStatus(status)))),
+        _ => {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ECHILD) => Ok(None),
+                Some(libc::EINTR) => Ok(None),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+/// Blocks SIGCHLD in the calling thread (and the threads it creates later), so that
+/// [`wait_sigchld`] can wait for it. Call it before any thread is started.
+pub fn block_sigchld() {
+    // SAFETY: building and installing a signal mask for this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Waits up to `timeout` for a SIGCHLD (a traced thread changed state).
+pub fn wait_sigchld(timeout: std::time::Duration) {
+    // SAFETY: sigtimedwait with a valid set and timespec; the siginfo is not needed.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &ts);
+    }
+}
+
+/// Reads `buf.len()` bytes at `addr` of process `pid`, page by page, stopping at the first
+/// unreadable page. Returns the number of bytes read.
+pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
+    if buf.is_empty() {
+        return 0;
+    }
+    const PAGE: u64 = 4096;
+    let mut local = Vec::new();
+    let mut remote = Vec::new();
+    let mut off = 0usize;
+    while off < buf.len() {
+        let a = addr + off as u64;
+        let chunk = ((PAGE - a % PAGE) as usize).min(buf.len() - off);
+        local.push(libc::iovec {
+            iov_base: buf[off..].as_mut_ptr() as *mut libc::c_void,
+            iov_len: chunk,
+        });
+        remote.push(libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: chunk,
+        });
+        off += chunk;
+    }
+    let mut done = 0usize;
+    // The kernel takes at most IOV_MAX (1024) elements per call.
+    for (l, r) in local.chunks(1024).zip(remote.chunks(1024)) {
+        // SAFETY: the local iovecs cover disjoint parts of `buf`, which outlives the call;
+        // the remote ones are only addresses in the other process.
+        let n = unsafe {
+            libc::process_vm_readv(
+                pid as libc::pid_t,
+                l.as_ptr(),
+                l.len() as libc::c_ulong,
+                r.as_ptr(),
+                r.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        done += n as usize;
+        if (n as usize) < l.iter().map(|v| v.iov_len).sum::<usize>() {
+            break;
+        }
+    }
+    done
+}
+
+/// Writes `data` at `addr` of process `pid` through /proc/PID/mem, which may write to
+/// read-only (code) pages of a traced process.
+pub fn write_memory(pid: u32, addr: u64, data: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))?;
+    f.write_all_at(data, addr)
+}
+
+/// A thread's CPU-time counter: the kernel's sum_exec_runtime from
+/// /proc/PID/task/TID/schedstat (a thread CPU clock of another process cannot be read with
+/// clock_gettime). It advances at scheduler ticks and switches.
+pub struct CpuTime(std::fs::File);
+
+impl CpuTime {
+    pub fn open(pid: u32, tid: u32) -> Option<CpuTime> {
+        std::fs::File::open(format!("/proc/{pid}/task/{tid}/schedstat"))
+            .ok()
+            .map(CpuTime)
+    }
+
+    /// Nanoseconds of CPU time so far.
+    pub fn read(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 64];
+        let n = self.0.read_at(&mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    }
+}
+
+pub fn kill_thread(pid: u32, tid: u32, sig: i32) {
+    // SAFETY: tgkill has no memory-safety preconditions.
+    unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            pid as libc::c_long,
+            tid as libc::c_long,
+            sig as libc::c_long,
+        );
+    }
+}
+
+/// The thread-group id of a thread, from /proc.
+pub fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}

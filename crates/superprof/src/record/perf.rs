@@ -1,0 +1,89 @@
+//! The record loop over the perf_event sampler.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use anyhow::Result;
+use superprof_sample::{parse_record, split_records, PerfSampler, Record};
+
+use super::{LoopResult, Progress, RecordConfig};
+use crate::collect::Collector;
+use crate::sys;
+
+pub(super) fn run(
+    cfg: &RecordConfig,
+    mut sampler: PerfSampler,
+    pid: u32,
+    launched: bool,
+    collector: &mut Collector,
+    progress: &mut Progress,
+) -> Result<LoopResult> {
+    if sampler.kernel_stacks() {
+        collector.expect_kernel_frames();
+    }
+    let layout = sampler.layout();
+    let mut buf = Vec::with_capacity(1 << 20);
+    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector| {
+        buf.clear();
+        sampler.drain(&mut buf);
+        let mut records: Vec<_> = split_records(&buf)
+            .filter_map(|(ty, misc, body)| parse_record(ty, misc, body, layout))
+            .filter(|r| match r {
+                Record::Sample(s) => sampler.accept(s),
+                _ => true,
+            })
+            .collect();
+        // Buffers of different CPUs interleave in time; mmap records must precede the
+        // samples that need them.
+        records.sort_by_key(|r| r.time());
+        for r in &records {
+            collector.handle(r);
+        }
+    };
+    let mut exit = None;
+    let mut stopped_early = false;
+    // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
+    let pidfd = sys::pidfd_open(pid);
+    let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
+    loop {
+        sampler.wait(&extra, 50);
+        drain(&mut sampler, collector);
+        if launched {
+            if let Some(status) = superprof_trace::try_wait(pid) {
+                exit = Some(status);
+                break;
+            }
+        } else if !superprof_trace::process_alive(pid) {
+            break;
+        }
+        if progress.should_stop(cfg) {
+            stopped_early = true;
+            break;
+        }
+        progress.update(collector);
+    }
+    sampler.disable();
+    drain(&mut sampler, collector);
+    let event = sampler.event_name();
+    let kernel = sampler.kernel_stacks();
+    drop(sampler); // closes every event: an attached process runs on untouched
+    if launched && exit.is_none() {
+        // Stopped by Ctrl-C or --duration: end the command as perf record does.
+        if stopped_early {
+            superprof_trace::kill(pid, libc::SIGTERM);
+            exit = superprof_trace::wait_exit_timeout(pid, Duration::from_secs(5));
+            if exit.is_none() {
+                eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
+                superprof_trace::kill(pid, libc::SIGKILL);
+            }
+        }
+        if exit.is_none() {
+            exit = Some(superprof_trace::wait_exit(pid)?);
+        }
+    }
+    Ok(LoopResult {
+        exit,
+        event,
+        kernel,
+    })
+}

@@ -1,0 +1,123 @@
+//! The record loop over the ptrace sampler (where perf_event_open is denied).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use superprof_sample::{Record, SampleRecord};
+use superprof_trace::sampler::{self, Control, PtraceSamplerConfig, SamplerEvent};
+use superprof_trace::{ExitStatus, TraceEvent, Tracer};
+
+use super::{LoopResult, Progress, RecordConfig};
+use crate::collect::Collector;
+
+pub(super) fn run(
+    cfg: &RecordConfig,
+    mut tracer: Tracer,
+    launched: bool,
+    collector: &mut Collector,
+    progress: &mut Progress,
+) -> Result<LoopResult> {
+    let root = tracer.root();
+    let scfg = PtraceSamplerConfig {
+        frequency: cfg.sampler.frequency,
+        stack_size: cfg.sampler.stack_size,
+    };
+    let mut exit: Option<ExitStatus> = None;
+    let mut stopped_early = false;
+    let mut names_read = Instant::now();
+    sampler::run(&mut tracer, &scfg, |event| {
+        match event {
+            SamplerEvent::Sample(s) => {
+                let record = SampleRecord {
+                    id: 0,
+                    time: s.time,
+                    pid: s.pid,
+                    tid: s.tid,
+                    cpu: 0,
+                    period: 1_000_000_000 / scfg.frequency.max(1) as u64,
+                    kernel_ips: Vec::new(),
+                    regs: Some(s.regs),
+                    stack: s.stack,
+                    stack_full: s.stack_full,
+                };
+                collector.handle(&Record::Sample(record));
+            }
+            SamplerEvent::Trace(ev) => on_trace_event(collector, &ev, root, &mut exit),
+            SamplerEvent::Tick => {
+                if progress.should_stop(cfg) {
+                    stopped_early = true;
+                    return Control::Stop;
+                }
+                progress.update(collector);
+                // Threads name themselves after they start: read the names now and then.
+                if names_read.elapsed() >= Duration::from_millis(500) {
+                    names_read = Instant::now();
+                    collector.read_thread_names(root);
+                }
+            }
+        }
+        Control::Continue
+    })?;
+    collector.read_thread_names(root);
+    if launched && exit.is_none() && stopped_early {
+        // Ctrl-C or --duration: end the command as perf record does, signals still forwarded.
+        superprof_trace::kill(root, libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while exit.is_none() && Instant::now() < deadline {
+            if let Some(ev) = tracer.next_event(Duration::from_millis(50))? {
+                on_trace_event(collector, &ev, root, &mut exit);
+            }
+        }
+        if exit.is_none() {
+            eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
+        }
+    }
+    // Detaches an attached process (it runs on); kills a launched one still running.
+    let killed = tracer.finish();
+    Ok(LoopResult {
+        exit: exit.or(killed),
+        event: "cpu-clock (ptrace)",
+        kernel: false,
+    })
+}
+
+fn on_trace_event(
+    collector: &mut Collector,
+    ev: &TraceEvent,
+    root: u32,
+    exit: &mut Option<ExitStatus>,
+) {
+    let now = superprof_sample::monotonic_ns();
+    match *ev {
+        TraceEvent::Exec { pid } => {
+            collector.handle(&Record::Comm {
+                pid,
+                tid: pid,
+                time: now,
+                name: String::new(),
+                exec: true,
+            });
+            collector.read_proc(pid, now);
+        }
+        TraceEvent::NewProcess { pid, parent } => {
+            collector.handle(&Record::Fork {
+                pid,
+                ppid: parent,
+                tid: pid,
+                ptid: parent,
+                time: now,
+            });
+        }
+        TraceEvent::NewThread { tid, pid } => {
+            collector.handle(&Record::Fork {
+                pid,
+                ppid: pid,
+                tid,
+                ptid: pid,
+                time: now,
+            });
+        }
+        TraceEvent::ProcessExited { pid, status } if pid == root => *exit = Some(status),
+        _ => {}
+    }
+}
