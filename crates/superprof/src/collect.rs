@@ -177,6 +177,13 @@ impl Collector {
         target_file_path(pid, path)
     }
 
+    /// Reads one thread's name from /proc.
+    pub fn read_thread_name(&mut self, pid: u32, tid: u32) {
+        if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+            self.threads.insert(tid, (pid, name.trim_end().to_owned()));
+        }
+    }
+
     /// Reads the names of a process's threads from /proc (they may rename themselves).
     pub fn read_thread_names(&mut self, pid: u32) {
         if let Ok(tids) = superprof_sample::list_threads(pid) {

@@ -25,9 +25,15 @@ pub(super) fn run(
     let mut exit: Option<ExitStatus> = None;
     let mut stopped_early = false;
     let mut names_read = Instant::now();
+    // Threads are named at their first sample (short-lived ones may be gone at the next
+    // periodic read), and again every 500 ms.
+    let mut named: std::collections::HashSet<u32> = Default::default();
     sampler::run(&mut tracer, &scfg, |event| {
         match event {
             SamplerEvent::Sample(s) => {
+                if named.insert(s.tid) {
+                    collector.read_thread_name(s.pid, s.tid);
+                }
                 let record = SampleRecord {
                     id: 0,
                     time: s.time,
