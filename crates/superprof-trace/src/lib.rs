@@ -28,6 +28,7 @@
 mod launch;
 pub mod sampler;
 mod sys;
+pub mod syscalls;
 mod tracer;
 
 pub use launch::{

@@ -272,3 +272,37 @@ pub fn tgid_of(tid: u32) -> Option<u32> {
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// What PTRACE_GET_SYSCALL_INFO says about a syscall stop.
+#[derive(Debug, Clone, Copy)]
+pub enum SyscallInfo {
+    Entry { nr: u64, args: [u64; 6] },
+    Exit { rval: i64, is_error: bool },
+    Other,
+}
+
+/// PTRACE_GET_SYSCALL_INFO (Linux 5.3): the syscall number and arguments at entry, the result
+/// at exit, the same on every architecture.
+pub fn syscall_info(tid: u32) -> io::Result<SyscallInfo> {
+    const PTRACE_GET_SYSCALL_INFO: libc::c_uint = 0x420e;
+    let mut buf = [0u64; 12]; // struct ptrace_syscall_info is 88 bytes
+                              // `data` points to a 96-byte buffer and `addr` gives its size: the kernel writes at most it.
+    ptrace(
+        PTRACE_GET_SYSCALL_INFO,
+        tid,
+        std::mem::size_of_val(&buf),
+        buf.as_mut_ptr() as usize,
+    )?;
+    let op = (buf[0] & 0xff) as u8;
+    Ok(match op {
+        1 => SyscallInfo::Entry {
+            nr: buf[3],
+            args: [buf[4], buf[5], buf[6], buf[7], buf[8], buf[9]],
+        },
+        2 => SyscallInfo::Exit {
+            rval: buf[3] as i64,
+            is_error: buf[4] & 0xff != 0,
+        },
+        _ => SyscallInfo::Other,
+    })
+}

@@ -204,6 +204,13 @@ impl Tracer {
         if t.threads.is_empty() {
             return Err(TraceError::NoSuchProcess(pid));
         }
+        if opts.syscalls {
+            // A seized thread runs on freely; syscall stops start once it has been stopped and
+            // resumed with PTRACE_SYSCALL. This stop is resumed as a "first stop".
+            for &tid in t.threads.keys() {
+                let _ = sys::interrupt(tid);
+            }
+        }
         Ok(t)
     }
 

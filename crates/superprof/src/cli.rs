@@ -28,6 +28,8 @@ pub enum Command {
     Record(RecordArgs),
     /// Read a profile file (.parquet) and show or convert it, optionally filtered
     Report(ReportArgs),
+    /// Log every syscall of every thread (strace-like), then a summary (like strace -c)
+    Syscalls(SyscallsArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
     /// The demo's workload (run by `superprof demo`)
@@ -115,4 +117,40 @@ pub struct ReportArgs {
     /// Drop stacks through this function
     #[arg(long, value_name = "FUNC")]
     pub exclude: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SyscallFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct SyscallsArgs {
+    /// Output format
+    #[arg(long, value_enum, default_value_t = SyscallFormat::Table)]
+    pub format: SyscallFormat,
+    /// Write the log to this file instead of stderr
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Only the summary, no line per syscall
+    #[arg(long = "summary-only")]
+    pub summary_only: bool,
+    /// Follow child processes over fork and vfork
+    #[arg(long = "follow-forks")]
+    pub follow_forks: bool,
+    /// Stop after this many seconds
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Attach to this running process and all its threads
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pub pid: Option<u32>,
+    /// The command to launch and trace (after `--`)
+    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    pub command: Vec<String>,
 }

@@ -7,6 +7,7 @@ mod demo;
 mod record;
 mod report;
 mod sys;
+mod syscalls;
 
 use std::process::ExitCode;
 
@@ -37,6 +38,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
+        cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
         cli::Command::DemoWorkload { seconds } => {

@@ -1,0 +1,251 @@
+//! The syscall log: every syscall of every traced thread, with decoded arguments, result and
+//! duration, through PTRACE_O_TRACESYSGOOD stops and PTRACE_GET_SYSCALL_INFO.
+
+mod decode;
+mod names;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+pub use decode::errno_name;
+
+use crate::launch::ExitStatus;
+use crate::sampler::Control;
+use crate::sys::{self, SyscallInfo};
+use crate::tracer::{TraceEvent, Tracer};
+
+/// The architectures whose syscall numbers superprof knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture superprof runs on.
+    pub const NATIVE: Arch = if cfg!(target_arch = "aarch64") {
+        Arch::Aarch64
+    } else {
+        Arch::X86_64
+    };
+}
+
+/// The name of syscall `nr` of `arch`; `syscall_NR` for a number with no name.
+pub fn name_for(arch: Arch, nr: u64) -> String {
+    let table: &[&str] = match arch {
+        Arch::X86_64 => &names::X86_64,
+        Arch::Aarch64 => &names::AARCH64,
+    };
+    table
+        .get(nr as usize)
+        .filter(|n| !n.is_empty())
+        .map_or_else(|| format!("syscall_{nr}"), |n| (*n).to_owned())
+}
+
+/// The name of syscall `nr` on the architecture superprof runs on.
+pub fn name(nr: u64) -> String {
+    name_for(Arch::NATIVE, nr)
+}
+
+/// One finished (or never finished) syscall.
+#[derive(Debug, Clone)]
+pub struct SyscallEvent {
+    /// When it was entered, CLOCK_MONOTONIC nanoseconds.
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub name: String,
+    pub args: Vec<String>,
+    /// The result; None when the syscall never returned (exit, exit_group, a killed thread).
+    pub ret: Option<i64>,
+    /// The errno name when it failed.
+    pub errno: Option<String>,
+    pub duration_ns: u64,
+    /// The result is an address (mmap, brk): print it in hex.
+    pub returns_address: bool,
+}
+
+struct Pending {
+    start: Instant,
+    time_ns: u64,
+    pid: u32,
+    name: String,
+    args: Vec<String>,
+}
+
+/// Traces syscalls until the root process exits or `on` asks to stop. With a launched root,
+/// only syscalls from its exec on are reported (what superprof does before exec is not the
+/// command's). Returns how the root ended, if it did.
+pub fn trace(
+    tracer: &mut Tracer,
+    launched: bool,
+    mut on: impl FnMut(Option<SyscallEvent>) -> Control,
+) -> std::io::Result<Option<ExitStatus>> {
+    let root = tracer.root();
+    let mut armed = !launched;
+    let mut pending: HashMap<u32, Pending> = HashMap::new();
+    let mut next_tick = Instant::now();
+    loop {
+        if Instant::now() >= next_tick {
+            next_tick = Instant::now() + Duration::from_millis(50);
+            if on(None) == Control::Stop {
+                return Ok(None);
+            }
+        }
+        let Some(ev) = tracer.next_event(Duration::from_millis(50))? else {
+            continue;
+        };
+        match ev {
+            TraceEvent::Syscall { tid, pid } => {
+                match sys::syscall_info(tid) {
+                    Ok(SyscallInfo::Entry { nr, args }) => {
+                        let name = name(nr);
+                        let args = decode::args(&name, pid, &args);
+                        pending.insert(
+                            tid,
+                            Pending {
+                                start: Instant::now(),
+                                time_ns: monotonic_ns(),
+                                pid,
+                                name,
+                                args,
+                            },
+                        );
+                    }
+                    Ok(SyscallInfo::Exit { rval, is_error }) => {
+                        if let Some(p) = pending.remove(&tid) {
+                            if armed || p.name == "execve" && pid == root {
+                                armed = true;
+                                let ret_addr = decode::returns_address(&p.name);
+                                let ev = SyscallEvent {
+                                    time_ns: p.time_ns,
+                                    pid: p.pid,
+                                    tid,
+                                    duration_ns: p.start.elapsed().as_nanos() as u64,
+                                    ret: Some(if is_error { -1 } else { rval }),
+                                    errno: is_error.then(|| errno_name(-rval)),
+                                    name: p.name,
+                                    args: p.args,
+                                    returns_address: ret_addr,
+                                };
+                                if on(Some(ev)) == Control::Stop {
+                                    tracer.resume(tid);
+                                    return Ok(None);
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                tracer.resume(tid);
+            }
+            TraceEvent::Exec { pid } => {
+                if pid == root && !armed {
+                    armed = true;
+                    // The launched command's execve began before tracing reached syscall
+                    // stops; its exit stop comes next. Report it like strace does.
+                    if !pending.values().any(|p| p.pid == pid && p.name == "execve") {
+                        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+                            .map(|p| format!("{:?}", p.to_string_lossy()))
+                            .unwrap_or_default();
+                        pending.insert(
+                            pid,
+                            Pending {
+                                start: Instant::now(),
+                                time_ns: monotonic_ns(),
+                                pid,
+                                name: "execve".into(),
+                                args: vec![exe],
+                            },
+                        );
+                    }
+                }
+                // A non-leader thread's exec reports under the leader's tid.
+                if let Some((&old, _)) = pending
+                    .iter()
+                    .find(|(_, p)| p.pid == pid && p.name == "execve")
+                {
+                    if let Some(p) = pending.remove(&old) {
+                        pending.insert(pid, p);
+                    }
+                }
+            }
+            TraceEvent::ThreadExited { tid, .. } => {
+                flush_unfinished(&mut pending, tid, armed, &mut on)
+            }
+            TraceEvent::ProcessExited { pid, status } => {
+                flush_unfinished(&mut pending, pid, armed, &mut on);
+                if pid == root {
+                    return Ok(Some(status));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A thread that ended inside a syscall (exit, exit_group, SIGKILL): report it unfinished.
+fn flush_unfinished(
+    pending: &mut HashMap<u32, Pending>,
+    tid: u32,
+    armed: bool,
+    on: &mut impl FnMut(Option<SyscallEvent>) -> Control,
+) {
+    if let Some(p) = pending.remove(&tid) {
+        if armed {
+            on(Some(SyscallEvent {
+                time_ns: p.time_ns,
+                pid: p.pid,
+                tid,
+                duration_ns: p.start.elapsed().as_nanos() as u64,
+                ret: None,
+                errno: None,
+                returns_address: false,
+                name: p.name,
+                args: p.args,
+            }));
+        }
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{name_for, Arch};
+
+    #[test]
+    fn names_per_architecture() {
+        for (nr, n) in [
+            (0, "read"),
+            (1, "write"),
+            (257, "openat"),
+            (59, "execve"),
+            (231, "exit_group"),
+            (262, "newfstatat"),
+        ] {
+            assert_eq!(name_for(Arch::X86_64, nr), n);
+        }
+        for (nr, n) in [
+            (63, "read"),
+            (64, "write"),
+            (56, "openat"),
+            (221, "execve"),
+            (94, "exit_group"),
+            (79, "newfstatat"),
+            (222, "mmap"),
+            (62, "lseek"),
+        ] {
+            assert_eq!(name_for(Arch::Aarch64, nr), n);
+        }
+        assert_eq!(name_for(Arch::X86_64, 100_000), "syscall_100000");
+    }
+}

@@ -1,0 +1,233 @@
+//! `superprof syscalls`: the strace-like log and summary, on the coordinator.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use serde_json::json;
+use superprof_trace::sampler::Control;
+use superprof_trace::syscalls::{self, SyscallEvent};
+use superprof_trace::{PendingChild, TraceOptions, Tracer};
+
+use crate::cli::{SyscallFormat, SyscallsArgs};
+use crate::sys;
+
+#[derive(Default, Clone)]
+struct Totals {
+    calls: u64,
+    errors: u64,
+    total_ns: u64,
+}
+
+pub fn run(args: &SyscallsArgs) -> Result<i32> {
+    sys::install_stop_handler();
+    if let Some(out) = &args.output {
+        superprof_profile::output::check_writable(out)
+            .with_context(|| format!("cannot write output '{}'", out.display()))?;
+    }
+    let opts = TraceOptions {
+        follow_forks: args.follow_forks,
+        syscalls: true,
+    };
+    let (mut tracer, launched) = match args.pid {
+        Some(pid) => (Tracer::attach(pid, opts)?, false),
+        None => {
+            let program = args
+                .command
+                .first()
+                .ok_or_else(|| anyhow!("no command given after --"))?;
+            let path = superprof_trace::resolve_command(program)
+                .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
+            let mut child = PendingChild::spawn(&path, &args.command)
+                .with_context(|| format!("cannot start '{program}'"))?;
+            let tracer = match Tracer::launch(child.pid, opts) {
+                Ok(t) => t,
+                Err(e) => {
+                    child.abort();
+                    return Err(e.into());
+                }
+            };
+            child
+                .release()
+                .with_context(|| format!("cannot run '{program}'"))?;
+            (tracer, true)
+        }
+    };
+    let start = Instant::now();
+    let start_ns = superprof_sample::monotonic_ns();
+    let start_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+    // The table streams (to stderr, or to the temp file behind -o); JSON is one document.
+    let mut sink = match &args.output {
+        Some(_) => Sink::Buffer(Vec::new()),
+        None => Sink::Stderr(std::io::stderr()),
+    };
+    let stream = args.format == SyscallFormat::Table && !args.summary_only;
+    let mut totals: HashMap<String, Totals> = HashMap::new();
+    let mut events = Vec::new();
+    let mut write_error = None;
+    let mut stopped = false;
+    let mut exit = syscalls::trace(&mut tracer, launched, |ev| {
+        let Some(ev) = ev else {
+            if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
+                stopped = true;
+                return Control::Stop;
+            }
+            return Control::Continue;
+        };
+        let t = totals.entry(ev.name.clone()).or_default();
+        t.calls += 1;
+        t.errors += ev.errno.is_some() as u64;
+        t.total_ns += ev.duration_ns;
+        if stream {
+            if let Err(e) = writeln!(sink, "{}", table_line(&ev, start_ns, start_unix)) {
+                write_error.get_or_insert(e);
+            }
+        } else if args.format == SyscallFormat::Json && !args.summary_only {
+            events.push(ev);
+        }
+        Control::Continue
+    })?;
+    if launched && exit.is_none() && stopped {
+        // Ctrl-C or --duration: end the command as strace's -p detach would not; we started it.
+        superprof_trace::kill(tracer.root(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while exit.is_none() && Instant::now() < deadline {
+            if let Some(superprof_trace::TraceEvent::ProcessExited { pid, status }) =
+                tracer.next_event(Duration::from_millis(50))?
+            {
+                if pid == tracer.root() {
+                    exit = Some(status);
+                }
+            }
+        }
+    }
+    let killed = tracer.finish();
+    let exit = exit.or(killed);
+    if let Some(e) = write_error {
+        return Err(e).context("cannot write the syscall log");
+    }
+    let mut rows: Vec<(String, Totals)> = totals.into_iter().collect();
+    rows.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(&b.0)));
+    match args.format {
+        SyscallFormat::Table => {
+            if stream {
+                writeln!(sink)?;
+            }
+            write_summary(&mut sink, &rows)?;
+        }
+        SyscallFormat::Json => {
+            let doc = json!({
+                "syscalls": rows.iter().map(|(name, t)| json!({
+                    "name": name, "calls": t.calls, "errors": t.errors, "total_ns": t.total_ns,
+                })).collect::<Vec<_>>(),
+                "events": events.iter().map(|e| json!({
+                    "time_ns": e.time_ns.saturating_sub(start_ns),
+                    "pid": e.pid,
+                    "tid": e.tid,
+                    "name": e.name,
+                    "args": e.args,
+                    "ret": e.ret,
+                    "errno": e.errno,
+                    "duration_ns": e.duration_ns,
+                })).collect::<Vec<_>>(),
+            });
+            serde_json::to_writer(&mut sink, &doc)?;
+            writeln!(sink)?;
+        }
+    }
+    if let (Some(out), Sink::Buffer(bytes)) = (&args.output, &sink) {
+        // The log was collected in memory: write it whole, atomically.
+        superprof_profile::write_atomic(out, |w| w.write_all(bytes))
+            .with_context(|| format!("cannot write '{}'", out.display()))?;
+    }
+    Ok(exit.map_or(0, |e| e.shell_code()))
+}
+
+/// Where the log goes: stderr as it happens, or a buffer written to the -o file at the end.
+enum Sink {
+    Stderr(std::io::Stderr),
+    Buffer(Vec<u8>),
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::Stderr(e) => e.write(buf),
+            Sink::Buffer(v) => v.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Stderr(e) => e.flush(),
+            Sink::Buffer(_) => Ok(()),
+        }
+    }
+}
+
+fn table_line(ev: &SyscallEvent, start_ns: u64, start_unix: u64) -> String {
+    let unix = start_unix + ev.time_ns.saturating_sub(start_ns);
+    let secs = unix / 1_000_000_000;
+    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    let us = (unix % 1_000_000_000) / 1000;
+    let ret = match (ev.ret, &ev.errno) {
+        (None, _) => "?".to_owned(),
+        (Some(_), Some(errno)) => format!("-1 {errno}"),
+        (Some(r), None) if ev.returns_address => format!("{r:#x}"),
+        (Some(r), None) => r.to_string(),
+    };
+    format!(
+        "{h:02}:{m:02}:{s:02}.{us:06} [{} {}] {}({}) = {ret} <{:.6}>",
+        ev.pid,
+        ev.tid,
+        ev.name,
+        ev.args.join(", "),
+        ev.duration_ns as f64 / 1e9
+    )
+}
+
+fn write_summary(w: &mut dyn Write, rows: &[(String, Totals)]) -> std::io::Result<()> {
+    let total_ns: u64 = rows.iter().map(|r| r.1.total_ns).sum();
+    let line = "------ ----------- ----------- --------- --------- ----------------";
+    writeln!(
+        w,
+        "% time     seconds  usecs/call     calls    errors syscall"
+    )?;
+    writeln!(w, "{line}")?;
+    for (name, t) in rows {
+        let pct = if total_ns > 0 {
+            100.0 * t.total_ns as f64 / total_ns as f64
+        } else {
+            0.0
+        };
+        let errors = if t.errors > 0 {
+            t.errors.to_string()
+        } else {
+            String::new()
+        };
+        writeln!(
+            w,
+            "{pct:6.2} {:11.6} {:11} {:9} {errors:>9} {name}",
+            t.total_ns as f64 / 1e9,
+            t.total_ns / 1000 / t.calls.max(1),
+            t.calls
+        )?;
+    }
+    writeln!(w, "{line}")?;
+    let calls: u64 = rows.iter().map(|r| r.1.calls).sum();
+    let errors: u64 = rows.iter().map(|r| r.1.errors).sum();
+    let errors = if errors > 0 {
+        errors.to_string()
+    } else {
+        String::new()
+    };
+    writeln!(
+        w,
+        "100.00 {:11.6} {:11} {calls:9} {errors:>9} total",
+        total_ns as f64 / 1e9,
+        total_ns / 1000 / calls.max(1)
+    )
+}
