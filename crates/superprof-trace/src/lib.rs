@@ -26,6 +26,7 @@
 //! ```
 
 mod launch;
+mod locate;
 pub mod sampler;
 mod sys;
 pub mod syscalls;
@@ -35,5 +36,6 @@ pub use launch::{
     kill, process_alive, resolve_command, try_wait, wait_exit, wait_exit_timeout, ExitStatus,
     PendingChild,
 };
+pub use locate::{find_function, FunctionAddress};
 pub use sys::{block_sigchld, read_memory, write_memory};
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

@@ -140,11 +140,26 @@ pub fn run(
                 }
             }
             Some(ev) => {
-                if let TraceEvent::ThreadExited { tid, .. } = ev {
-                    outstanding.remove(&tid);
-                    credits.remove(&tid);
-                }
+                let resume = match ev {
+                    TraceEvent::ThreadExited { tid, .. } => {
+                        outstanding.remove(&tid);
+                        credits.remove(&tid);
+                        None
+                    }
+                    TraceEvent::Exec { pid } => {
+                        outstanding.remove(&pid);
+                        credits.remove(&pid);
+                        Some(pid)
+                    }
+                    TraceEvent::Breakpoint { tid, .. } | TraceEvent::Stepped { tid, .. } => {
+                        Some(tid)
+                    }
+                    _ => None,
+                };
                 on(SamplerEvent::Trace(ev));
+                if let Some(tid) = resume {
+                    tracer.resume(tid);
+                }
             }
             None => {}
         }

@@ -125,11 +125,19 @@ impl WaitStatus {
     }
 }
 
-/// Collects one pending wait status from any traced thread, without blocking.
+/// Collects one pending wait status from any thread this thread traces, without blocking.
 pub fn wait_any_nohang() -> io::Result<Option<(u32, WaitStatus)>> {
     let mut status = 0;
     // SAFETY: waitpid with a valid out-pointer.
-    let rc = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+    // __WNOTHREAD: only this thread's tracees and children; a tracer belongs to one thread,
+    // and another thread of superprof may be tracing other processes.
+    let rc = unsafe {
+        libc::waitpid(
+            -1,
+            &mut status,
+            libc::WNOHANG | libc::__WALL | libc::__WNOTHREAD,
+        )
+    };
     match rc {
         0 => Ok(None),
         r if r > 0 => Ok(Some((r as u32, WaitStatus(status)))),
@@ -306,3 +314,53 @@ pub fn syscall_info(tid: u32) -> io::Result<SyscallInfo> {
         _ => SyscallInfo::Other,
     })
 }
+
+/// Sets the instruction pointer of a stopped thread.
+#[cfg(target_arch = "x86_64")]
+pub fn set_pc(tid: u32, pc: u64) -> io::Result<()> {
+    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
+    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    // `data` points to a user_regs_struct, which PTRACE_GETREGS fills and SETREGS reads.
+    ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize)?;
+    r.rip = pc;
+    ptrace(libc::PTRACE_SETREGS, tid, 0, &mut r as *mut _ as usize).map(drop)
+}
+
+#[cfg(target_arch = "aarch64")]
+pub fn set_pc(tid: u32, pc: u64) -> io::Result<()> {
+    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
+    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: &mut r as *mut _ as *mut libc::c_void,
+        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
+    };
+    // `data` is an iovec over a user_regs_struct for NT_PRSTATUS, read then written back.
+    ptrace(
+        libc::PTRACE_GETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )?;
+    r.pc = pc;
+    ptrace(
+        libc::PTRACE_SETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )
+    .map(drop)
+}
+
+pub fn single_step(tid: u32, sig: i32) -> io::Result<()> {
+    ptrace(libc::PTRACE_SINGLESTEP, tid, 0, sig as usize).map(drop)
+}
+
+/// The breakpoint instruction and where the pc is after it traps.
+#[cfg(target_arch = "x86_64")]
+pub const BREAKPOINT: &[u8] = &[0xcc]; // int3; the pc stops after it
+#[cfg(target_arch = "x86_64")]
+pub const PC_AFTER_BREAKPOINT: u64 = 1;
+#[cfg(target_arch = "aarch64")]
+pub const BREAKPOINT: &[u8] = &[0x00, 0x00, 0x20, 0xd4]; // brk #0; the pc stays on it
+#[cfg(target_arch = "aarch64")]
+pub const PC_AFTER_BREAKPOINT: u64 = 0;

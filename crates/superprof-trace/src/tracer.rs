@@ -3,7 +3,7 @@
 //!
 //! All ptrace calls must come from one thread; a `Tracer` is used from the thread that made it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::time::Duration;
 
@@ -19,8 +19,9 @@ pub struct TraceOptions {
     pub syscalls: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum State {
+    #[default]
     Running,
     /// Stopped for us: the owner of the tracer resumes it.
     Stopped,
@@ -28,18 +29,41 @@ enum State {
     GroupStopped,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Thread {
     pid: u32,
     state: State,
     /// A PTRACE_INTERRUPT was sent and its stop not yet seen.
     interrupting: bool,
+    /// Stopped on the breakpoint at this address (pc already moved back onto it).
+    at_breakpoint: Option<u64>,
+    /// Held stopped while another thread steps over a breakpoint.
+    held: bool,
+    /// A signal that arrived while held, delivered when it is let go.
+    pending_signal: i32,
+    /// A fork child that is not followed: clean its copy of the breakpoints and detach it at
+    /// its first stop.
+    release_at_first_stop: bool,
+    /// Auto-attached and its first stop (PTRACE_EVENT_STOP) not seen yet.
+    fresh: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TraceEvent {
     /// A thread stopped on [`Tracer::interrupt`]; it stays stopped until [`Tracer::resume`].
     Stopped {
+        tid: u32,
+        pid: u32,
+    },
+    /// A thread reached a breakpoint set with [`Tracer::set_breakpoint`]; it stays stopped on
+    /// it until [`Tracer::resume`], which steps over the breakpoint.
+    Breakpoint {
+        tid: u32,
+        pid: u32,
+        addr: u64,
+    },
+    /// A [`Tracer::single_step`] finished.
+    Stepped {
         tid: u32,
         pid: u32,
     },
@@ -57,6 +81,8 @@ pub enum TraceEvent {
         pid: u32,
         parent: u32,
     },
+    /// A process called exec. Its (only remaining) thread `pid` is stopped at the start of
+    /// the new program until [`Tracer::resume`].
     Exec {
         pid: u32,
     },
@@ -110,15 +136,22 @@ pub struct Tracer {
     /// Stops of threads we have not heard of yet (a new thread can report before its parent's
     /// clone event).
     events: VecDeque<TraceEvent>,
+    /// Software breakpoints: (pid, address) -> the original bytes under them.
+    breakpoints: HashMap<(u32, u64), Vec<u8>>,
+    /// Threads in a single-step asked for by the owner.
+    stepping: std::collections::HashSet<u32>,
     done: bool,
 }
 
 impl Tracer {
     fn options(&self) -> usize {
-        let mut o = sys::PTRACE_O_TRACECLONE | sys::PTRACE_O_TRACEEXEC | sys::PTRACE_O_TRACESYSGOOD;
-        if self.opts.follow_forks {
-            o |= sys::PTRACE_O_TRACEFORK | sys::PTRACE_O_TRACEVFORK;
-        }
+        // Forks are always traced: a child's copy of the code carries our breakpoints, which
+        // must be removed (and the child let go) when children are not followed.
+        let mut o = sys::PTRACE_O_TRACECLONE
+            | sys::PTRACE_O_TRACEEXEC
+            | sys::PTRACE_O_TRACESYSGOOD
+            | sys::PTRACE_O_TRACEFORK
+            | sys::PTRACE_O_TRACEVFORK;
         if self.launched {
             o |= sys::PTRACE_O_EXITKILL;
         }
@@ -132,6 +165,8 @@ impl Tracer {
             opts,
             threads: HashMap::new(),
             events: VecDeque::new(),
+            breakpoints: HashMap::new(),
+            stepping: Default::default(),
             done: false,
         }
     }
@@ -148,8 +183,7 @@ impl Tracer {
             pid,
             Thread {
                 pid,
-                state: State::Running,
-                interrupting: false,
+                ..Thread::default()
             },
         );
         Ok(t)
@@ -195,8 +229,7 @@ impl Tracer {
                     tid,
                     Thread {
                         pid,
-                        state: State::Running,
-                        interrupting: false,
+                        ..Thread::default()
                     },
                 );
             }
@@ -242,9 +275,267 @@ impl Tracer {
         }
     }
 
-    /// Resumes a thread stopped for us.
+    /// Resumes a thread stopped for us. A thread on a breakpoint first steps over it, with
+    /// every other thread of its process held stopped, so that none runs past the lifted
+    /// breakpoint.
     pub fn resume(&mut self, tid: u32) {
-        self.resume_with(tid, 0);
+        if self
+            .threads
+            .get(&tid)
+            .and_then(|t| t.at_breakpoint)
+            .is_some()
+            && !self.step_past_breakpoint(tid)
+        {
+            return; // it ended during the step
+        }
+        let sig = self
+            .threads
+            .get_mut(&tid)
+            .map_or(0, |t| std::mem::take(&mut t.pending_signal));
+        self.resume_with(tid, sig);
+    }
+
+    /// Executes one instruction of a stopped thread; a [`TraceEvent::Stepped`] follows.
+    pub fn single_step(&mut self, tid: u32) -> io::Result<()> {
+        let Some(t) = self.threads.get(&tid).copied() else {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        };
+        if t.at_breakpoint.is_some() {
+            if self.step_past_breakpoint(tid) {
+                self.events
+                    .push_back(TraceEvent::Stepped { tid, pid: t.pid });
+            }
+            return Ok(());
+        }
+        self.stepping.insert(tid);
+        sys::single_step(tid, 0)?;
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.state = State::Running;
+        }
+        Ok(())
+    }
+
+    /// The registers of a stopped thread.
+    pub fn regs(&self, tid: u32) -> io::Result<superprof_unwind::UserRegs> {
+        sys::regs(tid)
+    }
+
+    /// Puts a software breakpoint at `addr` in process `pid`.
+    pub fn set_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
+        if self.breakpoints.contains_key(&(pid, addr)) {
+            return Ok(());
+        }
+        let mut orig = vec![0u8; sys::BREAKPOINT.len()];
+        if sys::read_memory(pid, addr, &mut orig) != orig.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot read the code at {addr:#x} of pid {pid}"),
+            ));
+        }
+        sys::write_memory(pid, addr, sys::BREAKPOINT)?;
+        self.breakpoints.insert((pid, addr), orig);
+        Ok(())
+    }
+
+    /// Removes a breakpoint, putting the original code back.
+    pub fn remove_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
+        match self.breakpoints.remove(&(pid, addr)) {
+            Some(orig) => sys::write_memory(pid, addr, &orig),
+            None => Ok(()),
+        }
+    }
+
+    /// Addresses of the breakpoints set in `pid`.
+    pub fn breakpoints(&self, pid: u32) -> impl Iterator<Item = u64> + '_ {
+        self.breakpoints
+            .keys()
+            .filter(move |(p, _)| *p == pid)
+            .map(|(_, a)| *a)
+    }
+
+    /// If a SIGTRAP stop of `tid` comes from one of our breakpoints: moves the pc back onto
+    /// it, marks the thread stopped there, and returns the address.
+    fn hit_breakpoint(&mut self, tid: u32, pid: u32) -> Option<u64> {
+        let pc = sys::regs(tid).ok()?.pc;
+        let addr = pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
+        if !self.breakpoints.contains_key(&(pid, addr)) {
+            return None;
+        }
+        sys::set_pc(tid, addr).ok()?;
+        let t = self.threads.get_mut(&tid)?;
+        t.at_breakpoint = Some(addr);
+        t.state = State::Stopped;
+        t.held = false;
+        Some(addr)
+    }
+
+    /// Steps `tid` over the breakpoint it is stopped on: holds every other thread of its
+    /// process stopped, puts the original code back, single-steps, re-inserts the breakpoint,
+    /// and lets the held threads go. `tid` stays stopped. Returns false if `tid` ended.
+    fn step_past_breakpoint(&mut self, tid: u32) -> bool {
+        let Some(t) = self.threads.get(&tid).copied() else {
+            return false;
+        };
+        let Some(addr) = t.at_breakpoint else {
+            return true;
+        };
+        let pid = t.pid;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // 1. Hold the others.
+        let others: Vec<u32> = self
+            .threads
+            .iter()
+            .filter(|(&o, x)| o != tid && x.pid == pid && x.state == State::Running)
+            .map(|(&o, _)| o)
+            .collect();
+        for o in others {
+            if sys::interrupt(o).is_ok() {
+                if let Some(x) = self.threads.get_mut(&o) {
+                    x.held = true;
+                }
+            }
+        }
+        while self
+            .threads
+            .iter()
+            .any(|(&o, x)| o != tid && x.pid == pid && x.state == State::Running)
+            && std::time::Instant::now() < deadline
+        {
+            match sys::wait_any_nohang() {
+                Ok(Some((t2, st))) => self.handle_while_holding(pid, t2, st),
+                _ => sys::wait_sigchld(Duration::from_millis(10)),
+            }
+        }
+        // 2. Lift, step, put back.
+        let orig = self.breakpoints.get(&(pid, addr)).cloned();
+        if let Some(o) = &orig {
+            let _ = sys::write_memory(pid, addr, o);
+        }
+        let mut alive = true;
+        let mut signal = 0;
+        let mut stepped = sys::single_step(tid, 0).is_ok();
+        while stepped && std::time::Instant::now() < deadline {
+            match sys::wait_any_nohang() {
+                Ok(Some((t2, st))) if t2 == tid => {
+                    if st.exited().is_some() || st.signaled().is_some() {
+                        self.handle(t2, st);
+                        alive = false;
+                        break;
+                    }
+                    match st.stop_sig() {
+                        Some(libc::SIGTRAP) if st.event() == 0 => break, // stepped
+                        Some(sig) => {
+                            // A signal (or a stale interrupt) before the step: keep the signal
+                            // for later and step again.
+                            if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
+                                signal = sig;
+                            }
+                            stepped = sys::single_step(tid, 0).is_ok();
+                        }
+                        None => {}
+                    }
+                }
+                Ok(Some((t2, st))) => self.handle_while_holding(pid, t2, st),
+                _ => sys::wait_sigchld(Duration::from_millis(10)),
+            }
+        }
+        if orig.is_some() && self.breakpoints.contains_key(&(pid, addr)) {
+            let _ = sys::write_memory(pid, addr, sys::BREAKPOINT);
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.at_breakpoint = None;
+            t.state = State::Stopped;
+            if signal != 0 {
+                t.pending_signal = signal;
+            }
+        }
+        // 3. Let the held threads go.
+        let held: Vec<u32> = self
+            .threads
+            .iter()
+            .filter(|(_, x)| x.held)
+            .map(|(&o, _)| o)
+            .collect();
+        for o in held {
+            let sig = match self.threads.get_mut(&o) {
+                Some(x) => {
+                    x.held = false;
+                    std::mem::take(&mut x.pending_signal)
+                }
+                None => continue,
+            };
+            self.resume_with(o, sig);
+        }
+        alive
+    }
+
+    /// A wait status that arrives while the threads of `pid` are being held.
+    fn handle_while_holding(&mut self, pid: u32, tid: u32, st: sys::WaitStatus) {
+        let Some(sig) = st.stop_sig() else {
+            return self.handle(tid, st); // an exit
+        };
+        let known = self.threads.get(&tid).copied();
+        let of_pid = known.map_or_else(|| sys::tgid_of(tid) == Some(pid), |t| t.pid == pid);
+        if !of_pid {
+            return self.handle(tid, st);
+        }
+        if known.is_none() {
+            // A thread born just before the hold: adopt it held, at its first stop.
+            self.threads.insert(
+                tid,
+                Thread {
+                    pid,
+                    state: State::Stopped,
+                    held: true,
+                    ..Thread::default()
+                },
+            );
+            self.events.push_back(TraceEvent::NewThread { tid, pid });
+            return;
+        }
+        let t = self.threads.get_mut(&tid).expect("known");
+        match st.event() {
+            sys::PTRACE_EVENT_STOP => {
+                t.fresh = false;
+                t.state = State::Stopped;
+                t.held = true;
+            }
+            0 if sig == libc::SIGTRAP => {
+                if self.hit_breakpoint(tid, pid).is_some() {
+                    let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
+                    self.events
+                        .push_back(TraceEvent::Breakpoint { tid, pid, addr });
+                } else {
+                    let t = self.threads.get_mut(&tid).expect("known");
+                    t.pending_signal = sig;
+                    t.state = State::Stopped;
+                    t.held = true;
+                }
+            }
+            0 if sig == (libc::SIGTRAP | 0x80) => {
+                t.state = State::Stopped;
+                t.held = false;
+                self.events.push_back(TraceEvent::Syscall { tid, pid });
+            }
+            0 => {
+                t.pending_signal = sig;
+                t.state = State::Stopped;
+                t.held = true;
+            }
+            _ => {
+                // clone/fork/exec events of a held thread: process them normally; the thread
+                // is resumed by that, so hold it again.
+                self.handle(tid, st);
+                if let Some(t) = self.threads.get(&tid) {
+                    if t.state == State::Running {
+                        let _ = sys::interrupt(tid);
+                        if let Some(t) = self.threads.get_mut(&tid) {
+                            t.held = true;
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn resume_with(&mut self, tid: u32, sig: i32) {
@@ -260,6 +551,7 @@ impl Tracer {
         }
     }
 
+    /// Records an auto-attached thread or process whose first stop is still to come.
     fn add_thread(&mut self, tid: u32, pid: u32) -> bool {
         if self.threads.contains_key(&tid) {
             return false;
@@ -268,11 +560,56 @@ impl Tracer {
             tid,
             Thread {
                 pid,
-                state: State::Running,
-                interrupting: false,
+                fresh: true,
+                ..Thread::default()
             },
         );
         true
+    }
+
+    /// A new process from a fork: followed (it inherits the parent's breakpoints, which its
+    /// memory holds too) or not (its copy of the breakpoints is removed at its first stop and
+    /// it is let go). Returns whether it is followed.
+    fn new_process(&mut self, child: u32, parent: u32) -> bool {
+        if self.opts.follow_forks {
+            let copies: Vec<((u32, u64), Vec<u8>)> = self
+                .breakpoints
+                .iter()
+                .filter(|((p, _), _)| *p == parent)
+                .map(|((_, a), b)| ((child, *a), b.clone()))
+                .collect();
+            self.breakpoints.extend(copies);
+            return true;
+        }
+        if let Some(t) = self.threads.get_mut(&child) {
+            t.release_at_first_stop = true;
+        }
+        // Remember what to clean in the child's copy until its first stop.
+        let copies: Vec<((u32, u64), Vec<u8>)> = self
+            .breakpoints
+            .iter()
+            .filter(|((p, _), _)| *p == parent)
+            .map(|((_, a), b)| ((child, *a), b.clone()))
+            .collect();
+        self.breakpoints.extend(copies);
+        false
+    }
+
+    /// Lets an unfollowed child go: restores the code under the breakpoints it inherited, and
+    /// detaches it (it is stopped).
+    fn release_child(&mut self, child: u32) {
+        let mine: Vec<(u64, Vec<u8>)> = self
+            .breakpoints
+            .iter()
+            .filter(|((p, _), _)| *p == child)
+            .map(|((_, a), b)| (*a, b.clone()))
+            .collect();
+        for (addr, orig) in mine {
+            let _ = sys::write_memory(child, addr, &orig);
+            self.breakpoints.remove(&(child, addr));
+        }
+        let _ = sys::detach(child, 0);
+        self.threads.remove(&child);
     }
 
     /// The next event, waiting at most `timeout`. Signals are forwarded, new threads and
@@ -319,14 +656,23 @@ impl Tracer {
         let Some(sig) = st.stop_sig() else { return };
         if !self.threads.contains_key(&tid) {
             // A thread or child auto-attached through TRACECLONE/TRACEFORK that reports
-            // before its parent's event: adopt it; its first stop is just resumed.
+            // before its parent's event: adopt it; this is its first stop.
             let pid = sys::tgid_of(tid).unwrap_or(tid);
             self.add_thread(tid, pid);
-            self.events.push_back(if pid == tid && pid != self.root {
-                TraceEvent::NewProcess { pid, parent: 0 }
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.fresh = false;
+            }
+            if pid == tid && pid != self.root {
+                let parent = parent_of(tid).unwrap_or(0);
+                if !self.new_process(tid, parent) {
+                    self.release_child(tid);
+                    return;
+                }
+                self.events
+                    .push_back(TraceEvent::NewProcess { pid, parent });
             } else {
-                TraceEvent::NewThread { tid, pid }
-            });
+                self.events.push_back(TraceEvent::NewThread { tid, pid });
+            }
             self.resume_with(tid, 0);
             return;
         }
@@ -339,30 +685,48 @@ impl Tracer {
                         && sys::tgid_of(new).is_none_or(|g| g == pid);
                     let new_pid = if is_thread { pid } else { new };
                     if self.add_thread(new, new_pid) {
-                        self.events.push_back(if is_thread {
-                            TraceEvent::NewThread { tid: new, pid }
-                        } else {
-                            TraceEvent::NewProcess {
+                        if is_thread {
+                            self.events
+                                .push_back(TraceEvent::NewThread { tid: new, pid });
+                        } else if self.new_process(new, pid) {
+                            self.events.push_back(TraceEvent::NewProcess {
                                 pid: new,
                                 parent: pid,
-                            }
-                        });
+                            });
+                        }
                     }
                 }
                 self.resume_with(tid, 0);
             }
             sys::PTRACE_EVENT_EXEC => {
                 // Every other thread of the process is gone; the exec'ing one is now `pid`.
+                // The old code, and the breakpoints in it, are gone too.
                 self.threads.retain(|&t2, x| x.pid != pid || t2 == tid);
+                self.breakpoints.retain(|(p, _), _| *p != pid);
                 if tid != pid {
                     if let Some(t) = self.threads.remove(&tid) {
                         self.threads.insert(pid, t);
                     }
                 }
+                // It stays stopped: the owner can read the new image, set breakpoints, and
+                // then resume it.
+                if let Some(t) = self.threads.get_mut(&pid) {
+                    t.state = State::Stopped;
+                }
                 self.events.push_back(TraceEvent::Exec { pid });
-                self.resume_with(pid, 0);
             }
             sys::PTRACE_EVENT_STOP => {
+                let t = self.threads.get_mut(&tid).expect("known thread");
+                if t.fresh {
+                    // The first stop of an auto-attached thread or process.
+                    t.fresh = false;
+                    if t.release_at_first_stop {
+                        self.release_child(tid);
+                    } else {
+                        self.resume_with(tid, 0);
+                    }
+                    return;
+                }
                 if matches!(
                     sig,
                     libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
@@ -391,6 +755,17 @@ impl Tracer {
                     t.state = State::Stopped;
                 }
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
+            }
+            _ if sig == libc::SIGTRAP && self.stepping.remove(&tid) => {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.state = State::Stopped;
+                }
+                self.events.push_back(TraceEvent::Stepped { tid, pid });
+            }
+            _ if sig == libc::SIGTRAP && self.hit_breakpoint(tid, pid).is_some() => {
+                let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
+                self.events
+                    .push_back(TraceEvent::Breakpoint { tid, pid, addr });
             }
             _ => {
                 // A signal on its way to the target: deliver it.
@@ -429,15 +804,25 @@ impl Tracer {
     }
 
     fn detach_all(&mut self) {
+        // The code goes back to what it was before anything else.
+        let removed: Vec<(u32, u64)> = self.breakpoints.keys().copied().collect();
+        for (pid, addr) in &removed {
+            if let Some(orig) = self.breakpoints.remove(&(*pid, *addr)) {
+                let _ = sys::write_memory(*pid, *addr, &orig);
+            }
+        }
+        let removed: HashSet<(u32, u64)> = removed.into_iter().collect();
         // A thread must be stopped to be detached: interrupt the running ones, and detach
         // each as its stop arrives, handing back any signal it was about to receive.
+        let mut swallow: HashSet<u32> = HashSet::new();
         let tids: Vec<u32> = self.threads.keys().copied().collect();
         for tid in tids {
             let t = self.threads[&tid];
             match t.state {
                 State::Stopped | State::GroupStopped => {
-                    let _ = sys::detach(tid, 0);
-                    self.threads.remove(&tid);
+                    if self.detach_one(tid, 0, &removed, &mut swallow) {
+                        self.threads.remove(&tid);
+                    }
                 }
                 State::Running => {
                     if !t.interrupting {
@@ -466,16 +851,74 @@ impl Tracer {
             } else {
                 0
             };
-            let _ = sys::detach(tid, forward);
-            self.threads.remove(&tid);
+            if self.detach_one(tid, forward, &removed, &mut swallow) {
+                self.threads.remove(&tid);
+            }
         }
     }
+
+    /// Detaches one stopped thread, unless a breakpoint trap of ours is still to be dealt with
+    /// (then it is resumed once more to report it, and `false` is returned). A SIGTRAP from a
+    /// breakpoint just removed is not delivered, and the pc is moved back onto the restored
+    /// instruction.
+    fn detach_one(
+        &mut self,
+        tid: u32,
+        mut forward: i32,
+        removed: &HashSet<(u32, u64)>,
+        swallow: &mut HashSet<u32>,
+    ) -> bool {
+        let pid = self.threads.get(&tid).map_or(tid, |t| t.pid);
+        let ours = |pc: u64| {
+            let addr = pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
+            removed.contains(&(pid, addr)).then_some(addr)
+        };
+        let pc = sys::regs(tid).map(|r| r.pc).unwrap_or(0);
+        if forward == libc::SIGTRAP {
+            if let Some(addr) = ours(pc) {
+                let _ = sys::set_pc(tid, addr);
+                forward = 0;
+            } else if swallow.remove(&tid) || self.stepping.contains(&tid) {
+                forward = 0;
+            }
+        } else if let Some(addr) = ours(pc).filter(|_| sigtrap_pending(pid, tid)) {
+            // It trapped on a breakpoint, but stopped for us before the SIGTRAP was reported:
+            // the SIGTRAP is still pending and would kill it once detached. Move it back onto
+            // the instruction and let it report the signal, which is then dropped.
+            let _ = sys::set_pc(tid, addr);
+            swallow.insert(tid);
+            let _ = sys::cont(tid, 0);
+            return false;
+        }
+        let _ = sys::detach(tid, forward);
+        true
+    }
+}
+
+/// Whether a SIGTRAP is pending for one thread (/proc/PID/task/TID/status, SigPnd).
+fn sigtrap_pending(pid: u32, tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            let v = s.lines().find_map(|l| l.strip_prefix("SigPnd:"))?;
+            u64::from_str_radix(v.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
 impl Drop for Tracer {
     fn drop(&mut self) {
         self.finish();
     }
+}
+
+/// The parent process of `pid`, from /proc.
+fn parent_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn list_tasks(pid: u32) -> io::Result<Vec<u32>> {

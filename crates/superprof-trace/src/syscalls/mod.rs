@@ -160,6 +160,7 @@ pub fn trace(
                         );
                     }
                 }
+                tracer.resume(pid);
                 // A non-leader thread's exec reports under the leader's tid.
                 if let Some((&old, _)) = pending
                     .iter()
