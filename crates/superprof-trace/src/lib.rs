@@ -37,5 +37,5 @@ pub use launch::{
     PendingChild,
 };
 pub use locate::{find_function, FunctionAddress};
-pub use sys::{block_sigchld, read_memory, write_memory};
+pub use sys::{block_sigchld, read_memory, write_memory, RawRegs};
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

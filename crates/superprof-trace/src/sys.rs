@@ -364,3 +364,57 @@ pub const PC_AFTER_BREAKPOINT: u64 = 1;
 pub const BREAKPOINT: &[u8] = &[0x00, 0x00, 0x20, 0xd4]; // brk #0; the pc stays on it
 #[cfg(target_arch = "aarch64")]
 pub const PC_AFTER_BREAKPOINT: u64 = 0;
+
+/// The full user register set of a stopped thread (`user_regs_struct` of this architecture).
+pub type RawRegs = libc::user_regs_struct;
+
+#[cfg(target_arch = "x86_64")]
+pub fn raw_regs(tid: u32) -> io::Result<RawRegs> {
+    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
+    let mut r: RawRegs = unsafe { std::mem::zeroed() };
+    // `data` points to a user_regs_struct, which PTRACE_GETREGS fills.
+    ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize)?;
+    Ok(r)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub fn set_raw_regs(tid: u32, r: &RawRegs) -> io::Result<()> {
+    let mut r = *r;
+    // `data` points to a user_regs_struct, which PTRACE_SETREGS reads.
+    ptrace(libc::PTRACE_SETREGS, tid, 0, &mut r as *mut _ as usize).map(drop)
+}
+
+#[cfg(target_arch = "aarch64")]
+pub fn raw_regs(tid: u32) -> io::Result<RawRegs> {
+    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
+    let mut r: RawRegs = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: &mut r as *mut _ as *mut libc::c_void,
+        iov_len: std::mem::size_of::<RawRegs>(),
+    };
+    // `data` is an iovec over a user_regs_struct that NT_PRSTATUS fills.
+    ptrace(
+        libc::PTRACE_GETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )?;
+    Ok(r)
+}
+
+#[cfg(target_arch = "aarch64")]
+pub fn set_raw_regs(tid: u32, r: &RawRegs) -> io::Result<()> {
+    let mut r = *r;
+    let mut iov = libc::iovec {
+        iov_base: &mut r as *mut _ as *mut libc::c_void,
+        iov_len: std::mem::size_of::<RawRegs>(),
+    };
+    // `data` is an iovec over a user_regs_struct that NT_PRSTATUS reads.
+    ptrace(
+        libc::PTRACE_SETREGSET,
+        tid,
+        libc::NT_PRSTATUS as usize,
+        &mut iov as *mut _ as usize,
+    )
+    .map(drop)
+}

@@ -320,6 +320,26 @@ impl Tracer {
         sys::regs(tid)
     }
 
+    /// Every user register of a stopped thread.
+    pub fn raw_regs(&self, tid: u32) -> io::Result<sys::RawRegs> {
+        sys::raw_regs(tid)
+    }
+
+    /// Writes every user register of a stopped thread.
+    pub fn set_raw_regs(&mut self, tid: u32, regs: &sys::RawRegs) -> io::Result<()> {
+        sys::set_raw_regs(tid, regs)
+    }
+
+    /// Reads memory of a traced process; returns the bytes read (fewer at an unmapped page).
+    pub fn read_memory(&self, pid: u32, addr: u64, buf: &mut [u8]) -> usize {
+        sys::read_memory(pid, addr, buf)
+    }
+
+    /// Writes memory of a traced process, code pages included (/proc/PID/mem).
+    pub fn write_memory(&mut self, pid: u32, addr: u64, data: &[u8]) -> io::Result<()> {
+        sys::write_memory(pid, addr, data)
+    }
+
     /// Puts a software breakpoint at `addr` in process `pid`.
     pub fn set_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
         if self.breakpoints.contains_key(&(pid, addr)) {

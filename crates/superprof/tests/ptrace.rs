@@ -221,6 +221,21 @@ fn exit_status_and_output_are_unchanged_under_every_sampler() {
                 "{args:?} under {sampler}: output differs"
             );
         }
+        // And under the syscall log.
+        let out = run_limited(
+            superprof()
+                .args(["syscalls", "--summary-only", "-o"])
+                .arg(dir.path("s.txt"))
+                .arg("--")
+                .arg(&sig)
+                .args(&args),
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.status.code(), Some(code), "{args:?} under syscalls");
+        assert_eq!(
+            out.stdout, bare.stdout,
+            "{args:?} under syscalls: output differs"
+        );
     }
 }
 
