@@ -132,6 +132,18 @@ pub enum ExitStatus {
     Signal(i32),
 }
 
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            ExitStatus::Code(c) => write!(f, "exited with status {c}"),
+            ExitStatus::Signal(s) => match crate::syscalls::signal_name(s) {
+                Some(name) => write!(f, "was killed by {name}"),
+                None => write!(f, "was killed by signal {s}"),
+            },
+        }
+    }
+}
+
 impl ExitStatus {
     /// The status the shell would report: the code, or 128 + signal.
     pub fn shell_code(self) -> i32 {

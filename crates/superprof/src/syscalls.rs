@@ -107,6 +107,9 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     }
     let killed = tracer.finish();
     let exit = exit.or(killed);
+    if let Some(status @ superprof_trace::ExitStatus::Signal(_)) = exit {
+        writeln!(sink, "+++ {status} +++")?;
+    }
     if let Some(e) = write_error {
         return Err(e).context("cannot write the syscall log");
     }

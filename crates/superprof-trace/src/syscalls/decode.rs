@@ -216,7 +216,8 @@ pub fn returns_address(name: &str) -> bool {
     matches!(name, "mmap" | "brk" | "mremap" | "shmat")
 }
 
-fn signal_name(sig: i32) -> Option<&'static str> {
+/// The name of a signal (SIGSEGV...).
+pub fn signal_name(sig: i32) -> Option<&'static str> {
     const NAMES: [&str; 32] = [
         "0",
         "SIGHUP",

@@ -7,7 +7,7 @@ mod names;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-pub use decode::errno_name;
+pub use decode::{errno_name, signal_name};
 
 use crate::launch::ExitStatus;
 use crate::sampler::Control;

@@ -107,6 +107,9 @@ pub fn show(
         bail!("no samples were taken: the target ran too briefly or was idle, so the profile is empty");
     }
     eprintln!("{}", recorded.summary());
+    if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {
+        eprintln!("superprof: the command {status}");
+    }
     if !cfg.quiet {
         let stdout = std::io::stdout();
         let mut lock = stdout.lock();
