@@ -95,7 +95,27 @@ impl PendingChild {
 
     /// Lets the child exec. Returns the exec error, if exec failed.
     pub fn release(&mut self) -> io::Result<()> {
+        self.release_with(|| {})
+    }
+
+    /// Lets the child exec, calling `idle` while waiting for the exec to happen. A traced
+    /// child may stop before its exec (a signal arrives); `idle` is where the tracer handles
+    /// that, or the wait would never end.
+    pub fn release_with(&mut self, mut idle: impl FnMut()) -> io::Result<()> {
         drop(self.go.take());
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: self.exec_status.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let rc = unsafe { libc::poll(&mut pfd, 1, 10) };
+            if rc > 0 {
+                break;
+            }
+            idle();
+        }
         let mut buf = [0u8; 4];
         let n = loop {
             // SAFETY: reading into a 4-byte buffer we own; the write end closes on exec.

@@ -96,13 +96,11 @@ pub fn run(
                 };
                 c.credit += cpu.saturating_sub(c.last_cpu);
                 c.last_cpu = cpu;
-                if c.credit >= period_ns && !outstanding.contains(&tid) {
+                if c.credit >= period_ns && !outstanding.contains(&tid) && tracer.interrupt(tid) {
                     // At most two samples of backlog: a thread that ran while we were slow
                     // does not get a burst.
                     c.credit = (c.credit - period_ns).min(period_ns);
-                    if tracer.interrupt(tid) {
-                        outstanding.insert(tid);
-                    }
+                    outstanding.insert(tid);
                 }
             }
         }

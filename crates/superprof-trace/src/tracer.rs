@@ -46,6 +46,8 @@ struct Thread {
     release_at_first_stop: bool,
     /// Auto-attached and its first stop (PTRACE_EVENT_STOP) not seen yet.
     fresh: bool,
+    /// A vfork child: it shares its parent's memory until it execs.
+    shares_memory: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +142,8 @@ pub struct Tracer {
     breakpoints: HashMap<(u32, u64), Vec<u8>>,
     /// Threads in a single-step asked for by the owner.
     stepping: std::collections::HashSet<u32>,
+    /// Unfollowed children already let go (their fork event may come after their first stop).
+    released: HashSet<u32>,
     done: bool,
 }
 
@@ -167,6 +171,7 @@ impl Tracer {
             events: VecDeque::new(),
             breakpoints: HashMap::new(),
             stepping: Default::default(),
+            released: HashSet::new(),
             done: false,
         }
     }
@@ -515,6 +520,24 @@ impl Tracer {
         }
         let t = self.threads.get_mut(&tid).expect("known");
         match st.event() {
+            sys::PTRACE_EVENT_STOP
+                if matches!(
+                    sig,
+                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+                ) && !t.fresh =>
+            {
+                // Group-stop: it stays stopped anyway; keep it there, not held.
+                t.state = State::GroupStopped;
+                t.held = false;
+                let _ = sys::listen(tid);
+            }
+            sys::PTRACE_EVENT_STOP if t.interrupting => {
+                // The owner's interrupt (the sampler's) answered: report it, the owner resumes.
+                t.interrupting = false;
+                t.state = State::Stopped;
+                t.held = false;
+                self.events.push_back(TraceEvent::Stopped { tid, pid });
+            }
             sys::PTRACE_EVENT_STOP => {
                 t.fresh = false;
                 t.state = State::Stopped;
@@ -573,7 +596,7 @@ impl Tracer {
 
     /// Records an auto-attached thread or process whose first stop is still to come.
     fn add_thread(&mut self, tid: u32, pid: u32) -> bool {
-        if self.threads.contains_key(&tid) {
+        if self.threads.contains_key(&tid) || self.released.contains(&tid) {
             return false;
         }
         self.threads.insert(
@@ -618,6 +641,8 @@ impl Tracer {
     /// Lets an unfollowed child go: restores the code under the breakpoints it inherited, and
     /// detaches it (it is stopped).
     fn release_child(&mut self, child: u32) {
+        self.released.insert(child);
+        let shared = self.threads.get(&child).is_some_and(|t| t.shares_memory);
         let mine: Vec<(u64, Vec<u8>)> = self
             .breakpoints
             .iter()
@@ -625,11 +650,33 @@ impl Tracer {
             .map(|((_, a), b)| (*a, b.clone()))
             .collect();
         for (addr, orig) in mine {
-            let _ = sys::write_memory(child, addr, &orig);
+            // A vfork child shares the parent's memory: restoring would lift the parent's
+            // breakpoints. It execs (or exits) at once, so it is let go as it is.
+            if !shared {
+                let _ = sys::write_memory(child, addr, &orig);
+            }
             self.breakpoints.remove(&(child, addr));
         }
         let _ = sys::detach(child, 0);
         self.threads.remove(&child);
+    }
+
+    /// Handles whatever the traced threads reported, without waiting (events are queued).
+    pub fn pump(&mut self) {
+        let _ = self.drain();
+    }
+
+    /// Resumes the thread of a stop event (a stop the owner does not care about); other
+    /// events need no resume.
+    pub fn resume_after(&mut self, ev: &TraceEvent) {
+        match *ev {
+            TraceEvent::Stopped { tid, .. }
+            | TraceEvent::Syscall { tid, .. }
+            | TraceEvent::Breakpoint { tid, .. }
+            | TraceEvent::Stepped { tid, .. } => self.resume(tid),
+            TraceEvent::Exec { pid } => self.resume(pid),
+            _ => {}
+        }
     }
 
     /// The next event, waiting at most `timeout`. Signals are forwarded, new threads and
@@ -662,9 +709,12 @@ impl Tracer {
             let Some(t) = self.threads.remove(&tid) else {
                 return;
             };
+            self.stepping.remove(&tid);
             if tid == t.pid {
-                // The main thread reports last, once the whole group is gone.
+                // The main thread reports last, once the whole group is gone; its pid may be
+                // reused, so nothing of it is kept.
                 self.threads.retain(|_, x| x.pid != t.pid);
+                self.breakpoints.retain(|(p, _), _| *p != t.pid);
                 self.events
                     .push_back(TraceEvent::ProcessExited { pid: t.pid, status });
             } else {
@@ -705,6 +755,11 @@ impl Tracer {
                         && sys::tgid_of(new).is_none_or(|g| g == pid);
                     let new_pid = if is_thread { pid } else { new };
                     if self.add_thread(new, new_pid) {
+                        if st.event() == sys::PTRACE_EVENT_VFORK {
+                            if let Some(t) = self.threads.get_mut(&new) {
+                                t.shares_memory = true;
+                            }
+                        }
                         if is_thread {
                             self.events
                                 .push_back(TraceEvent::NewThread { tid: new, pid });
@@ -724,9 +779,14 @@ impl Tracer {
                 self.threads.retain(|&t2, x| x.pid != pid || t2 == tid);
                 self.breakpoints.retain(|(p, _), _| *p != pid);
                 if tid != pid {
-                    if let Some(t) = self.threads.remove(&tid) {
-                        self.threads.insert(pid, t);
-                    }
+                    self.threads.remove(&tid);
+                    self.threads.insert(
+                        pid,
+                        Thread {
+                            pid,
+                            ..Thread::default()
+                        },
+                    );
                 }
                 // It stays stopped: the owner can read the new image, set breakpoints, and
                 // then resume it.
@@ -752,9 +812,10 @@ impl Tracer {
                     libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
                 ) {
                     // Group-stop: stay stopped as the signal wants, without us resuming it.
+                    // A pending interrupt stays pending: it is answered when the group-stop
+                    // ends (SIGCONT re-traps with an event stop).
                     if let Some(t) = self.threads.get_mut(&tid) {
                         t.state = State::GroupStopped;
-                        t.interrupting = false;
                     }
                     let _ = sys::listen(tid);
                     return;
@@ -802,19 +863,25 @@ impl Tracer {
         }
         self.done = true;
         if self.launched {
-            if !self.threads.contains_key(&self.root) {
-                return None; // already reaped: its pid may belong to someone else by now
+            // Every traced process still here is ours (the command and the children it
+            // started): end them all. A reaped pid is no longer in the table.
+            let pids: HashSet<u32> = self.threads.values().map(|t| t.pid).collect();
+            if pids.is_empty() {
+                return None;
             }
-            sys::kill_thread(self.root, self.root, libc::SIGKILL);
+            for pid in pids {
+                sys::kill_thread(pid, pid, libc::SIGKILL);
+            }
             let mut status = None;
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while !self.threads.is_empty() && std::time::Instant::now() < deadline {
-                if let Ok(Some(TraceEvent::ProcessExited { pid, status: s })) =
-                    self.next_event(Duration::from_millis(50))
-                {
-                    if pid == self.root {
+                match self.next_event(Duration::from_millis(50)) {
+                    Ok(Some(TraceEvent::ProcessExited { pid, status: s })) if pid == self.root => {
                         status = Some(s);
                     }
+                    Ok(Some(TraceEvent::ProcessExited { .. })) => {}
+                    Ok(Some(ev)) => self.resume_after(&ev),
+                    _ => {}
                 }
             }
             return status;
@@ -839,10 +906,14 @@ impl Tracer {
         for tid in tids {
             let t = self.threads[&tid];
             match t.state {
-                State::Stopped | State::GroupStopped => {
-                    if self.detach_one(tid, 0, &removed, &mut swallow) {
+                State::Stopped => {
+                    if self.detach_one(tid, t.pending_signal, &removed, &mut swallow) {
                         self.threads.remove(&tid);
                     }
+                }
+                State::GroupStopped => {
+                    // PTRACE_DETACH refuses a thread in PTRACE_LISTEN: trap it out first.
+                    let _ = sys::interrupt(tid);
                 }
                 State::Running => {
                     if !t.interrupting {
@@ -866,6 +937,25 @@ impl Tracer {
                 continue;
             }
             let Some(sig) = st.stop_sig() else { continue };
+            if matches!(
+                st.event(),
+                sys::PTRACE_EVENT_CLONE | sys::PTRACE_EVENT_FORK | sys::PTRACE_EVENT_VFORK
+            ) {
+                // A thread or child born as we let go: wait for it too.
+                if let Ok(new) = sys::event_msg(tid) {
+                    let pid = self.threads.get(&tid).map_or(tid, |t| t.pid);
+                    let new_pid = if st.event() == sys::PTRACE_EVENT_CLONE {
+                        pid
+                    } else {
+                        new as u32
+                    };
+                    self.threads.entry(new as u32).or_insert(Thread {
+                        pid: new_pid,
+                        fresh: true,
+                        ..Thread::default()
+                    });
+                }
+            }
             let forward = if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
                 sig
             } else {

@@ -48,8 +48,9 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
                     return Err(e.into());
                 }
             };
+            let mut tracer = tracer;
             child
-                .release()
+                .release_with(|| tracer.pump())
                 .with_context(|| format!("cannot run '{program}'"))?;
             (tracer, true)
         }
@@ -96,12 +97,15 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         superprof_trace::kill(tracer.root(), libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
         while exit.is_none() && Instant::now() < deadline {
-            if let Some(superprof_trace::TraceEvent::ProcessExited { pid, status }) =
-                tracer.next_event(Duration::from_millis(50))?
-            {
-                if pid == tracer.root() {
-                    exit = Some(status);
+            match tracer.next_event(Duration::from_millis(50))? {
+                Some(superprof_trace::TraceEvent::ProcessExited { pid, status }) => {
+                    if pid == tracer.root() {
+                        exit = Some(status);
+                    }
                 }
+                // Stops must be resumed, or the SIGTERM could never be delivered.
+                Some(ev) => tracer.resume_after(&ev),
+                None => {}
             }
         }
     }

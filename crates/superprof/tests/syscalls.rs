@@ -287,3 +287,28 @@ fn table_lines_look_like_strace() {
     assert!(s.starts_with("% time") && !s.contains("AT_FDCWD"));
     assert!(Path::new(&summary_only).exists());
 }
+
+#[test]
+fn duration_ends_a_command_blocked_in_a_syscall_with_sigterm() {
+    // Regression: the syscall-exit stop that SIGTERM causes must be resumed, so that the
+    // signal is delivered (exit 143 at once, not SIGKILL after a 5 s grace).
+    let dir = TempDir::new("sys-duration");
+    let start = std::time::Instant::now();
+    let out = superprof()
+        .args(["syscalls", "--summary-only", "--duration", "1", "-o"])
+        .arg(dir.path("s.txt"))
+        .args(["--", "sleep", "30"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -261,10 +261,14 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                     return Err(e);
                 }
             };
+            let mut source = source;
             let clock = Clock::now();
-            child
-                .release()
-                .with_context(|| format!("cannot run '{program}'"))?;
+            match &mut source {
+                // A traced child may stop on a signal before its exec: the tracer handles it.
+                Source::Ptrace(tracer) => child.release_with(|| tracer.pump()),
+                Source::Perf(_) => child.release(),
+            }
+            .with_context(|| format!("cannot run '{program}'"))?;
             Ok(Started {
                 source,
                 pid: child.pid,

@@ -72,6 +72,8 @@ pub(super) fn run(
         while exit.is_none() && Instant::now() < deadline {
             if let Some(ev) = tracer.next_event(Duration::from_millis(50))? {
                 on_trace_event(collector, &ev, root, &mut exit);
+                // Stops must be resumed, or the SIGTERM could never be delivered.
+                tracer.resume_after(&ev);
             }
         }
         if exit.is_none() {
