@@ -98,11 +98,12 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         let deadline = Instant::now() + Duration::from_secs(5);
         while exit.is_none() && Instant::now() < deadline {
             match tracer.next_event(Duration::from_millis(50))? {
-                Some(superprof_trace::TraceEvent::ProcessExited { pid, status }) => {
-                    if pid == tracer.root() {
-                        exit = Some(status);
-                    }
+                Some(superprof_trace::TraceEvent::ProcessExited { pid, status })
+                    if pid == tracer.root() =>
+                {
+                    exit = Some(status);
                 }
+                Some(superprof_trace::TraceEvent::ProcessExited { .. }) => {}
                 // Stops must be resumed, or the SIGTERM could never be delivered.
                 Some(ev) => tracer.resume_after(&ev),
                 None => {}

@@ -193,7 +193,7 @@ impl Clock {
 /// Where the samples come from, set up and started.
 enum Source {
     Perf(Box<PerfSampler>),
-    Ptrace(Tracer),
+    Ptrace(Box<Tracer>),
 }
 
 /// A started recording, before its loop runs.
@@ -227,7 +227,7 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
         }
     };
     if cfg.sampler_kind == SamplerKind::Ptrace {
-        return Ok(Source::Ptrace(trace()?));
+        return Ok(Source::Ptrace(Box::new(trace()?)));
     }
     match PerfSampler::open(pid, mode, &cfg.sampler) {
         Ok(s) => Ok(Source::Perf(Box::new(s))),
@@ -236,7 +236,7 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
                 eprintln!(
                     "superprof: perf_event_open is not available ({e}); sampling with ptrace instead"
                 );
-                Ok(Source::Ptrace(t))
+                Ok(Source::Ptrace(Box::new(t)))
             }
             Err(te) => Err(anyhow!("{e}; the ptrace sampler cannot stand in: {te}")),
         },
@@ -370,7 +370,13 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
             if cfg.sampler.frequency == 0 {
                 bail!("frequency must be at least 1 Hz");
             }
-            ptrace::run(cfg, tracer, started.launched, &mut collector, &mut progress)?
+            ptrace::run(
+                cfg,
+                *tracer,
+                started.launched,
+                &mut collector,
+                &mut progress,
+            )?
         }
     };
     progress.clear();
