@@ -19,10 +19,12 @@
 //! # Ok::<(), superprof_sample::SampleError>(())
 //! ```
 
+mod counter;
 mod record;
 mod sampler;
 mod sys;
 
+pub use counter::{probe, Counter, EventKind, EventSpec, Reading};
 pub use record::{parse_record, split_records, Layout, Record, SampleRecord};
 pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,

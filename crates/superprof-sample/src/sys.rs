@@ -74,6 +74,16 @@ const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 128);
 
 /// Opens one perf event. `pid` is a thread or process id, `cpu` a CPU number or -1.
 pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+    perf_event_open_group(attr, pid, cpu, None)
+}
+
+/// Opens one perf event, in the group of `group_fd` when given.
+pub fn perf_event_open_group(
+    attr: &PerfEventAttr,
+    pid: i32,
+    cpu: i32,
+    group_fd: Option<RawFd>,
+) -> io::Result<OwnedFd> {
     let mut attr = *attr;
     attr.size = std::mem::size_of::<PerfEventAttr>() as u32;
     // SAFETY: `attr` is a valid, fully initialised perf_event_attr of the size we pass; the
@@ -84,7 +94,7 @@ pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<O
             &mut attr as *mut PerfEventAttr,
             pid as libc::pid_t,
             cpu as libc::c_int,
-            -1 as libc::c_int,
+            group_fd.unwrap_or(-1) as libc::c_int,
             PERF_FLAG_FD_CLOEXEC,
         )
     };

@@ -36,6 +36,6 @@ pub use launch::{
     kill, process_alive, resolve_command, try_wait, wait_exit, wait_exit_timeout, ExitStatus,
     PendingChild,
 };
-pub use locate::{find_function, FunctionAddress};
+pub use locate::{find_function, find_functions_matching, function_names, FunctionAddress};
 pub use sys::{block_sigchld, read_memory, write_memory, RawRegs};
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

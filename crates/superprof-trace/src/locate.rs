@@ -22,6 +22,31 @@ pub struct FunctionAddress {
 /// The functions of process `pid` named `name` (the exact symbol name, or its demangled form),
 /// in every executable file it maps.
 pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddress>> {
+    scan(pid, |raw, demangled| raw == name || demangled == name)
+}
+
+/// Functions for a user's region name: the exact matches if there are any, else those whose
+/// demangled name contains `pattern`.
+pub fn find_functions_matching(pid: u32, pattern: &str) -> std::io::Result<Vec<FunctionAddress>> {
+    let exact = find_function(pid, pattern)?;
+    if !exact.is_empty() {
+        return Ok(exact);
+    }
+    scan(pid, |_, demangled| demangled.contains(pattern))
+}
+
+/// Every function name of the process, for suggestions.
+pub fn function_names(pid: u32) -> std::io::Result<Vec<String>> {
+    let mut names: Vec<String> = scan(pid, |_, _| true)?
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+fn scan(pid: u32, want: impl Fn(&str, &str) -> bool) -> std::io::Result<Vec<FunctionAddress>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     // One executable mapping per file is enough to place it.
     let mut files: BTreeMap<PathBuf, (u64, u64, u64)> = BTreeMap::new();
@@ -65,7 +90,7 @@ pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddres
             }
             let Ok(raw) = sym.name() else { continue };
             let demangled = superprof_symbols::demangle(raw);
-            if raw == name || demangled == name {
+            if want(raw, &demangled) {
                 let f = FunctionAddress {
                     name: demangled,
                     module: path.clone(),

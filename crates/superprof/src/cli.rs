@@ -30,6 +30,8 @@ pub enum Command {
     Report(ReportArgs),
     /// Log every syscall of every thread (strace-like), then a summary (like strace -c)
     Syscalls(SyscallsArgs),
+    /// Count events (page faults, instructions...) inside individual functions or ranges
+    Stat(StatArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
     /// The demo's workload (run by `superprof demo`)
@@ -152,5 +154,57 @@ pub struct SyscallsArgs {
     pub pid: Option<u32>,
     /// The command to launch and trace (after `--`)
     #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// A region: a function name (exact, else a unique substring of the demangled name), or an
+    /// address range 0xSTART-0xEND of the executable (ELF addresses, as objdump prints them)
+    #[arg(short = 'r', long = "region", value_name = "REGION")]
+    pub regions: Vec<String>,
+    /// Events to count, comma-separated (default: the hardware set, else the software set)
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "EVENT,...",
+        value_delimiter = ','
+    )]
+    pub events: Vec<String>,
+    /// Events opened as one group, comma-separated (repeat for several groups)
+    #[arg(short = 'g', long = "group", value_name = "EVENT,...")]
+    pub groups: Vec<String>,
+    /// Print every invocation instead of the summary
+    #[arg(long = "per-call")]
+    pub per_call: bool,
+    #[arg(long, value_enum, default_value_t = StatFormat::Table)]
+    pub format: StatFormat,
+    /// Write the results to this file instead of stdout
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Stop after this many seconds (an attached process runs on, with no breakpoint left)
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// List the events of a kind (hardware, software, cache, tracepoint) and whether this
+    /// machine supports them
+    #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "all")]
+    pub list: Option<String>,
+    /// Attach to this running process and all its threads
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pub pid: Option<u32>,
+    /// The command to launch (after `--`)
+    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "list"])]
     pub command: Vec<String>,
 }

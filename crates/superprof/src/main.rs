@@ -6,6 +6,7 @@ mod collect;
 mod demo;
 mod record;
 mod report;
+mod stat;
 mod sys;
 mod syscalls;
 
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
         cli::Command::Syscalls(args) => syscalls::run(&args),
+        cli::Command::Stat(args) => stat::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
         cli::Command::DemoWorkload { seconds } => {

@@ -1,0 +1,697 @@
+//! `superprof stat`: event counts inside individual functions and address ranges, after
+//! Perforator, on the coordinator's breakpoints.
+//!
+//! A breakpoint at a region's entry; when a thread hits it (and is not already inside the
+//! region: recursion counts once per outermost call), its counters are read, its return address
+//! is read from the stack (x86_64) or the link register (AArch64), and a breakpoint is put
+//! there. When that thread comes back to the return address with its stack popped, the counters
+//! are read again: the differences are the call's counts. Counters stay enabled on every
+//! thread; reading differences is what Perforator's enable/disable achieves, without extra
+//! ioctls, and multiplexing is scaled by the enabled/running times of the same differences.
+
+mod output;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use superprof_sample::{Counter, EventKind, EventSpec, Reading};
+use superprof_trace::{ExitStatus, PendingChild, TraceEvent, TraceOptions, Tracer};
+
+use crate::cli::StatArgs;
+use crate::sys;
+
+/// A region the user asked for.
+#[derive(Debug, Clone)]
+pub enum RegionSpec {
+    Function(String),
+    /// ELF virtual addresses of the executable, END exclusive.
+    Range(u64, u64),
+}
+
+impl RegionSpec {
+    fn parse(s: &str) -> Result<RegionSpec> {
+        if let Some((a, b)) = s.split_once('-') {
+            if let (Some(a), Some(b)) = (a.strip_prefix("0x"), b.strip_prefix("0x")) {
+                let a = u64::from_str_radix(a, 16)
+                    .map_err(|_| anyhow!("bad range '{s}': use 0xSTART-0xEND"))?;
+                let b = u64::from_str_radix(b, 16)
+                    .map_err(|_| anyhow!("bad range '{s}': use 0xSTART-0xEND"))?;
+                if a >= b {
+                    bail!("bad range '{s}': the start must be below the end");
+                }
+                return Ok(RegionSpec::Range(a, b));
+            }
+            if a.starts_with("0x") || b.starts_with("0x") {
+                bail!("bad range '{s}': use 0xSTART-0xEND");
+            }
+        }
+        if s.is_empty() {
+            bail!("empty region name");
+        }
+        Ok(RegionSpec::Function(s.to_owned()))
+    }
+
+    fn label(&self) -> String {
+        match self {
+            RegionSpec::Function(f) => f.clone(),
+            RegionSpec::Range(a, b) => format!("{a:#x}-{b:#x}"),
+        }
+    }
+}
+
+/// Totals of one event over a region's calls.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub total: f64,
+    pub min: f64,
+    pub max: f64,
+    pub scaled: bool,
+}
+
+impl Stats {
+    fn add(&mut self, v: f64, n: u64, scaled: bool) {
+        if n == 0 {
+            self.min = v;
+            self.max = v;
+        } else {
+            self.min = self.min.min(v);
+            self.max = self.max.max(v);
+        }
+        self.total += v;
+        self.scaled |= scaled;
+    }
+}
+
+/// One invocation (for --per-call).
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub region: usize,
+    pub tid: u32,
+    pub values: Vec<f64>,
+}
+
+/// The results of a run.
+pub struct Results {
+    pub regions: Vec<String>,
+    /// Event names, `time-elapsed-ns` last.
+    pub events: Vec<String>,
+    pub calls: Vec<u64>,
+    /// [region][event]
+    pub stats: Vec<Vec<Stats>>,
+    pub per_call: Vec<Call>,
+}
+
+/// A region placed in the process.
+struct Region {
+    name: String,
+    entry: u64,
+    /// For an address range: where it ends (a breakpoint); functions end at their return.
+    end: Option<u64>,
+}
+
+/// A thread inside a region.
+struct Frame {
+    region: usize,
+    /// Where it leaves: the return address, or the range's end.
+    exit: u64,
+    /// Stack pointer at entry (a return pops the stack above it).
+    sp: u64,
+    start: Vec<Reading>,
+    started: Instant,
+}
+
+struct ThreadCounters {
+    counters: Vec<Counter>,
+}
+
+fn default_events() -> (Vec<EventSpec>, Option<String>) {
+    let hw: Vec<EventSpec> = ["instructions", "cycles", "branches", "branch-misses"]
+        .iter()
+        .filter_map(|n| EventSpec::parse(n).ok())
+        .collect();
+    match superprof_sample::probe(&hw[1]) {
+        Ok(()) => (hw, None),
+        Err(e) => {
+            let sw = [
+                "task-clock",
+                "page-faults",
+                "context-switches",
+                "cpu-migrations",
+            ]
+            .iter()
+            .filter_map(|n| EventSpec::parse(n).ok())
+            .collect();
+            (
+                sw,
+                Some(format!(
+                    "superprof: hardware counters are not available here (this CPU or VM exposes no \
+                     PMU: {e}); counting software events"
+                )),
+            )
+        }
+    }
+}
+
+fn unsupported(spec: &EventSpec, e: &std::io::Error) -> anyhow::Error {
+    let why = match e.raw_os_error() {
+        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) | Some(libc::EINVAL) => {
+            "not supported by this CPU or VM (no hardware PMU?)".to_owned()
+        }
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            "permission denied (perf_event_paranoid)".to_owned()
+        }
+        _ => e.to_string(),
+    };
+    anyhow!("event '{}' cannot be counted: {why}", spec.name)
+}
+
+fn list(kind: &str) -> Result<i32> {
+    let kinds: Vec<EventKind> = match kind {
+        "all" => vec![
+            EventKind::Hardware,
+            EventKind::Software,
+            EventKind::Cache,
+            EventKind::Tracepoint,
+        ],
+        "hardware" => vec![EventKind::Hardware],
+        "software" => vec![EventKind::Software],
+        "cache" => vec![EventKind::Cache],
+        "tracepoint" => vec![EventKind::Tracepoint],
+        other => bail!("unknown event kind '{other}': use hardware, software, cache or tracepoint"),
+    };
+    for k in kinds {
+        println!("{k:?} events:");
+        for spec in EventSpec::all(k) {
+            let status = match superprof_sample::probe(&spec) {
+                Ok(()) => "supported".to_owned(),
+                Err(e) => format!("not supported here ({e})"),
+            };
+            println!("  {:<28} {status}", spec.name);
+        }
+    }
+    println!("Raw events: rNNNN (hex event code, e.g. r01c2)");
+    Ok(0)
+}
+
+pub fn run(args: &StatArgs) -> Result<i32> {
+    if let Some(kind) = &args.list {
+        return list(kind);
+    }
+    sys::install_stop_handler();
+    if args.regions.is_empty() {
+        bail!("give at least one region with -r FUNCTION or -r 0xSTART-0xEND");
+    }
+    let specs: Vec<RegionSpec> = args
+        .regions
+        .iter()
+        .map(|r| RegionSpec::parse(r))
+        .collect::<Result<_>>()?;
+    // Events: -e, then each -g group; default set when none.
+    let mut events: Vec<EventSpec> = Vec::new();
+    let mut groups: Vec<(usize, usize)> = Vec::new(); // [start, end) of each group in `events`
+    for e in &args.events {
+        events.push(EventSpec::parse(e).map_err(|m| anyhow!(m))?);
+        groups.push((events.len() - 1, events.len()));
+    }
+    for g in &args.groups {
+        let start = events.len();
+        for e in g.split(',').filter(|e| !e.is_empty()) {
+            events.push(EventSpec::parse(e).map_err(|m| anyhow!(m))?);
+        }
+        groups.push((start, events.len()));
+    }
+    if events.is_empty() {
+        let (def, notice) = default_events();
+        if let Some(n) = notice {
+            eprintln!("{n}");
+        }
+        for e in def {
+            events.push(e);
+            groups.push((events.len() - 1, events.len()));
+        }
+    }
+    // Each event must be countable here; kernel counts where allowed, else user space only.
+    let mut user_only = false;
+    for spec in &events {
+        if let Err(e) = Counter::open(spec, 0, false, None) {
+            match Counter::open(spec, 0, true, None) {
+                Ok(_) => user_only = true,
+                Err(_) => return Err(unsupported(spec, &e)),
+            }
+        }
+    }
+    if let Some(out) = &args.output {
+        superprof_profile::output::check_writable(out)
+            .with_context(|| format!("cannot write output '{}'", out.display()))?;
+    }
+    let mut session = Session {
+        events,
+        groups,
+        user_only,
+        counters: HashMap::new(),
+        regions: Vec::new(),
+        entries: HashMap::new(),
+        returns: HashMap::new(),
+        frames: HashMap::new(),
+        results: None,
+        specs,
+    };
+    let (exit, signal_in_region) = session.trace(args)?;
+    let results = session.results.take().expect("results");
+    let text = output::render(&results, args.format, args.per_call)?;
+    match &args.output {
+        Some(out) => {
+            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
+                .with_context(|| format!("cannot write '{}'", out.display()))?
+        }
+        None => print!("{text}"),
+    }
+    if let Some(status @ ExitStatus::Signal(_)) = exit {
+        eprintln!(
+            "superprof: the command {status}{}",
+            if signal_in_region {
+                " inside a region; the counts above are those of the calls that returned"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(exit.map_or(0, |e| e.shell_code()))
+}
+
+struct Session {
+    events: Vec<EventSpec>,
+    groups: Vec<(usize, usize)>,
+    user_only: bool,
+    counters: HashMap<u32, ThreadCounters>,
+    regions: Vec<Region>,
+    /// entry address -> region
+    entries: HashMap<u64, usize>,
+    /// exit address -> how many frames wait there
+    returns: HashMap<u64, usize>,
+    /// tid -> frames (outermost calls only)
+    frames: HashMap<u32, Vec<Frame>>,
+    results: Option<Results>,
+    specs: Vec<RegionSpec>,
+}
+
+impl Session {
+    fn open_counters(&mut self, tid: u32) {
+        if self.counters.contains_key(&tid) {
+            return;
+        }
+        let mut counters = Vec::with_capacity(self.events.len());
+        for &(start, end) in &self.groups {
+            let mut leader: Option<usize> = None;
+            for i in start..end {
+                let group = leader.map(|l| &counters[l]);
+                match Counter::open(&self.events[i], tid, self.user_only, group) {
+                    Ok(c) => {
+                        counters.push(c);
+                        if leader.is_none() {
+                            leader = Some(counters.len() - 1);
+                        }
+                    }
+                    Err(_) => return, // the thread is gone
+                }
+            }
+        }
+        self.counters.insert(tid, ThreadCounters { counters });
+    }
+
+    fn read(&self, tid: u32) -> Vec<Reading> {
+        self.counters.get(&tid).map_or_else(
+            || vec![Reading::default(); self.events.len()],
+            |t| {
+                t.counters
+                    .iter()
+                    .map(|c| c.read().unwrap_or_default())
+                    .collect()
+            },
+        )
+    }
+
+    /// Places the regions in process `pid`. Functions not found yet (in a library ld.so has not
+    /// loaded) stay pending: Ok(false).
+    fn place(&mut self, tracer: &mut Tracer, pid: u32, final_try: bool) -> Result<bool> {
+        let mut all = true;
+        for (i, spec) in self.specs.clone().iter().enumerate() {
+            if self.regions.len() > i && self.regions[i].entry != 0 {
+                continue;
+            }
+            let region = match spec {
+                RegionSpec::Function(name) => {
+                    let found = superprof_trace::find_functions_matching(pid, name)?;
+                    let mut names: Vec<String> = found.iter().map(|f| f.name.clone()).collect();
+                    names.sort();
+                    names.dedup();
+                    if names.len() > 1 {
+                        bail!(
+                            "region '{name}' is ambiguous: it matches {}",
+                            names
+                                .iter()
+                                .take(10)
+                                .cloned()
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    match found.first() {
+                        Some(f) => Region {
+                            name: f.name.clone(),
+                            entry: f.addr,
+                            end: None,
+                        },
+                        None if final_try => {
+                            let near = suggestions(pid, name);
+                            bail!(
+                                "no function '{name}' in the program or its libraries{}",
+                                if near.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!("; did you mean {}?", near.join(", "))
+                                }
+                            );
+                        }
+                        None => {
+                            all = false;
+                            Region {
+                                name: name.clone(),
+                                entry: 0,
+                                end: None,
+                            }
+                        }
+                    }
+                }
+                RegionSpec::Range(a, b) => {
+                    let bias =
+                        exe_bias(pid).context("cannot find the executable's load address")?;
+                    Region {
+                        name: spec.label(),
+                        entry: a + bias,
+                        end: Some(b + bias),
+                    }
+                }
+            };
+            if region.entry != 0 {
+                tracer.set_breakpoint(pid, region.entry).with_context(|| {
+                    format!("cannot place a breakpoint for region '{}'", region.name)
+                })?;
+                self.entries.insert(region.entry, i);
+            }
+            if self.regions.len() > i {
+                self.regions[i] = region;
+            } else {
+                self.regions.push(region);
+            }
+        }
+        Ok(all)
+    }
+
+    fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
+        // A return (or range end) first: a thread leaving one region may enter another at once.
+        if self.returns.contains_key(&addr) {
+            let sp = tracer.regs(tid).map(|r| r.sp).unwrap_or(0);
+            let frames = self.frames.entry(tid).or_default();
+            if let Some(pos) = frames.iter().rposition(|f| {
+                f.exit == addr && (self.regions[f.region].end.is_some() || sp > f.sp)
+            }) {
+                let frame = frames.remove(pos);
+                let end = self.read(tid);
+                let elapsed = frame.started.elapsed().as_nanos() as f64;
+                self.record(tid, &frame, &end, elapsed);
+                let n = self.returns.get_mut(&addr).expect("counted");
+                *n -= 1;
+                if *n == 0 {
+                    self.returns.remove(&addr);
+                    if !self.entries.contains_key(&addr) {
+                        let _ = tracer.remove_breakpoint(pid, addr);
+                    }
+                }
+            }
+        }
+        if let Some(&region) = self.entries.get(&addr) {
+            let inside = self
+                .frames
+                .get(&tid)
+                .is_some_and(|f| f.iter().any(|f| f.region == region));
+            if !inside {
+                let Ok(regs) = tracer.regs(tid) else { return };
+                let exit = match self.regions[region].end {
+                    Some(end) => end,
+                    None => return_address(tracer, pid, &regs),
+                };
+                if exit == 0 {
+                    return;
+                }
+                self.open_counters(tid);
+                let start = self.read(tid);
+                if tracer.set_breakpoint(pid, exit).is_ok() {
+                    *self.returns.entry(exit).or_default() += 1;
+                    self.frames.entry(tid).or_default().push(Frame {
+                        region,
+                        exit,
+                        sp: regs.sp,
+                        start,
+                        started: Instant::now(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, tid: u32, frame: &Frame, end: &[Reading], elapsed: f64) {
+        let res = self.results.as_mut().expect("results");
+        let r = frame.region;
+        let n = res.calls[r];
+        let mut values = Vec::with_capacity(end.len() + 1);
+        for (i, (a, b)) in frame.start.iter().zip(end).enumerate() {
+            let dv = b.value.saturating_sub(a.value) as f64;
+            let de = b.enabled.saturating_sub(a.enabled);
+            let dr = b.running.saturating_sub(a.running);
+            let (v, scaled) = if dr > 0 && dr < de {
+                (dv * de as f64 / dr as f64, true)
+            } else {
+                (dv, false)
+            };
+            res.stats[r][i].add(v, n, scaled);
+            values.push(v);
+        }
+        let last = res.stats[r].len() - 1;
+        res.stats[r][last].add(elapsed, n, false);
+        values.push(elapsed);
+        res.calls[r] += 1;
+        res.per_call.push(Call {
+            region: r,
+            tid,
+            values,
+        });
+    }
+
+    /// Runs the target to its end (or --duration / Ctrl-C). Returns its exit status and
+    /// whether it died inside a region.
+    fn trace(&mut self, args: &StatArgs) -> Result<(Option<ExitStatus>, bool)> {
+        let opts = TraceOptions::default();
+        let (mut tracer, launched) = match args.pid {
+            Some(pid) => (Tracer::attach(pid, opts)?, false),
+            None => {
+                let program = args
+                    .command
+                    .first()
+                    .ok_or_else(|| anyhow!("no command given after --"))?;
+                let path = superprof_trace::resolve_command(program)
+                    .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
+                let mut child = PendingChild::spawn(&path, &args.command)
+                    .with_context(|| format!("cannot start '{program}'"))?;
+                let mut tracer = match Tracer::launch(child.pid, opts) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        child.abort();
+                        return Err(e.into());
+                    }
+                };
+                child
+                    .release_with(|| tracer.pump())
+                    .with_context(|| format!("cannot run '{program}'"))?;
+                (tracer, true)
+            }
+        };
+        let root = tracer.root();
+        let mut names: Vec<String> = self.events.iter().map(|e| e.name.clone()).collect();
+        names.push("time-elapsed-ns".into());
+        self.results = Some(Results {
+            regions: Vec::new(),
+            events: names.clone(),
+            calls: vec![0; self.specs.len()],
+            stats: vec![vec![Stats::default(); names.len()]; self.specs.len()],
+            per_call: Vec::new(),
+        });
+        let mut entry_bp: Option<u64> = None;
+        if !launched {
+            for tid in superprof_sample::list_threads(root).unwrap_or_default() {
+                self.open_counters(tid);
+            }
+            // Stop everything while the breakpoints go in? Writing int3 is atomic per byte;
+            // threads run on.
+            self.place(&mut tracer, root, true)?;
+        }
+        let start = Instant::now();
+        let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+        let mut exit = None;
+        let mut died_inside = false;
+        loop {
+            if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
+                break;
+            }
+            let Some(ev) = tracer.next_event(Duration::from_millis(50))? else {
+                continue;
+            };
+            match ev {
+                TraceEvent::Exec { pid } if pid == root => {
+                    self.open_counters(pid);
+                    match self.place(&mut tracer, pid, false) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // Libraries are loaded by ld.so after exec: look again at the
+                            // program's entry point, when they are all mapped.
+                            if let Some(e) = superprof_trace::find_function(pid, "_start")?.first()
+                            {
+                                tracer.set_breakpoint(pid, e.addr)?;
+                                entry_bp = Some(e.addr);
+                            } else {
+                                self.place(&mut tracer, pid, true)?;
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    tracer.resume(pid);
+                }
+                TraceEvent::Breakpoint { tid, pid, addr } => {
+                    if Some(addr) == entry_bp && !self.entries.contains_key(&addr) {
+                        entry_bp = None;
+                        let _ = tracer.remove_breakpoint(pid, addr);
+                        self.place(&mut tracer, pid, true)?;
+                    } else {
+                        self.on_breakpoint(&mut tracer, tid, pid, addr);
+                    }
+                    tracer.resume(tid);
+                }
+                TraceEvent::NewThread { tid, .. } => self.open_counters(tid),
+                TraceEvent::ThreadExited { tid, .. } => {
+                    self.counters.remove(&tid);
+                    if let Some(frames) = self.frames.remove(&tid) {
+                        for f in frames {
+                            if let Some(n) = self.returns.get_mut(&f.exit) {
+                                *n = n.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+                TraceEvent::ProcessExited { pid, status } if pid == root => {
+                    died_inside = matches!(status, ExitStatus::Signal(_))
+                        && self.frames.values().any(|f| !f.is_empty());
+                    exit = Some(status);
+                    break;
+                }
+                other => tracer.resume_after(&other),
+            }
+        }
+        if launched && exit.is_none() {
+            superprof_trace::kill(root, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while exit.is_none() && Instant::now() < deadline {
+                match tracer.next_event(Duration::from_millis(50))? {
+                    Some(TraceEvent::ProcessExited { pid, status }) if pid == root => {
+                        exit = Some(status)
+                    }
+                    Some(TraceEvent::Breakpoint { tid, .. }) => tracer.resume(tid),
+                    Some(other) => tracer.resume_after(&other),
+                    None => {}
+                }
+            }
+        }
+        // Every breakpoint is removed and an attached process let go here.
+        let killed = tracer.finish();
+        let res = self.results.as_mut().expect("results");
+        res.regions = self
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                self.regions
+                    .get(i)
+                    .filter(|r| r.entry != 0)
+                    .map_or_else(|| s.label(), |r| r.name.clone())
+            })
+            .collect();
+        Ok((exit.or(killed), died_inside))
+    }
+}
+
+/// The return address of a thread stopped at a function's first instruction.
+fn return_address(tracer: &Tracer, pid: u32, regs: &superprof_unwind::UserRegs) -> u64 {
+    if cfg!(target_arch = "aarch64") {
+        return regs.lr;
+    }
+    let mut buf = [0u8; 8];
+    if tracer.read_memory(pid, regs.sp, &mut buf) == 8 {
+        u64::from_ne_bytes(buf)
+    } else {
+        0
+    }
+}
+
+/// The load bias of the main executable.
+fn exe_bias(pid: u32) -> Option<u64> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let exe_s = exe.to_str()?;
+    let line = maps
+        .lines()
+        .find(|l| l.contains("r-xp") && l.ends_with(exe_s))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let (a, b) = f[0].split_once('-')?;
+    let (a, b) = (
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    );
+    let off = u64::from_str_radix(f[2], 16).ok()?;
+    let image = superprof_unwind::ElfImage::open(&exe)?;
+    Some(image.bias_for_mapping(a, b - a, off))
+}
+
+/// Function names close to `name` (by edit distance), for an error message.
+fn suggestions(pid: u32, name: &str) -> Vec<String> {
+    let names = superprof_trace::function_names(pid).unwrap_or_default();
+    let mut scored: Vec<(usize, String)> = names
+        .into_iter()
+        .map(|n| (edit_distance(&n, name), n))
+        .filter(|(d, n)| *d <= name.len().max(3) / 2 || n.contains(name))
+        .collect();
+    scored.sort();
+    scored.into_iter().take(3).map(|(_, n)| n).collect()
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push(
+                (prev[j] + (ca != *cb) as usize)
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1),
+            );
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {:#x}", self.name, self.entry)
+    }
+}

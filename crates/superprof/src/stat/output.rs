@@ -1,0 +1,128 @@
+//! Rendering `stat` results: table, CSV, JSON.
+
+use std::fmt::Write;
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::Results;
+use crate::cli::StatFormat;
+
+pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String> {
+    let mut out = String::new();
+    match (format, per_call) {
+        (StatFormat::Json, _) => {
+            let regions: Vec<_> = r
+                .regions
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let n = r.calls[i];
+                    let events: serde_json::Map<String, serde_json::Value> = r
+                        .events
+                        .iter()
+                        .enumerate()
+                        .map(|(e, ev)| {
+                            let s = &r.stats[i][e];
+                            let mean = if n > 0 { s.total / n as f64 } else { 0.0 };
+                            (
+                                ev.clone(),
+                                json!({"total": s.total, "mean": mean, "min": s.min, "max": s.max, "scaled": s.scaled}),
+                            )
+                        })
+                        .collect();
+                    let mut v = json!({"region": name, "calls": n, "events": events});
+                    if per_call {
+                        v["invocations"] = r
+                            .per_call
+                            .iter()
+                            .filter(|c| c.region == i)
+                            .map(|c| json!({"tid": c.tid, "values": c.values}))
+                            .collect();
+                    }
+                    v
+                })
+                .collect();
+            writeln!(out, "{}", json!({ "regions": regions }))?;
+        }
+        (StatFormat::Csv, false) => {
+            writeln!(out, "region,calls,event,total,mean,min,max,scaled")?;
+            for (i, name) in r.regions.iter().enumerate() {
+                let n = r.calls[i];
+                for (e, ev) in r.events.iter().enumerate() {
+                    let s = &r.stats[i][e];
+                    let mean = if n > 0 { s.total / n as f64 } else { 0.0 };
+                    writeln!(
+                        out,
+                        "{},{n},{ev},{:.0},{mean:.1},{:.0},{:.0},{}",
+                        csv(name),
+                        s.total,
+                        s.min,
+                        s.max,
+                        s.scaled
+                    )?;
+                }
+            }
+        }
+        (StatFormat::Csv, true) => {
+            writeln!(out, "region,tid,{}", r.events.join(","))?;
+            for c in &r.per_call {
+                let vals: Vec<String> = c.values.iter().map(|v| format!("{v:.0}")).collect();
+                writeln!(
+                    out,
+                    "{},{},{}",
+                    csv(&r.regions[c.region]),
+                    c.tid,
+                    vals.join(",")
+                )?;
+            }
+        }
+        (StatFormat::Table, true) => {
+            writeln!(
+                out,
+                "{:<30} {:>8}  {}",
+                "region",
+                "tid",
+                r.events
+                    .iter()
+                    .map(|e| format!("{e:>16}"))
+                    .collect::<String>()
+            )?;
+            for c in &r.per_call {
+                let vals: String = c.values.iter().map(|v| format!("{v:>16.0}")).collect();
+                writeln!(out, "{:<30} {:>8}  {vals}", r.regions[c.region], c.tid)?;
+            }
+        }
+        (StatFormat::Table, false) => {
+            for (i, name) in r.regions.iter().enumerate() {
+                let n = r.calls[i];
+                writeln!(out, "Region {name}: {n} calls")?;
+                writeln!(
+                    out,
+                    "  {:<24} {:>16} {:>16} {:>16} {:>16}",
+                    "event", "total", "mean", "min", "max"
+                )?;
+                for (e, ev) in r.events.iter().enumerate() {
+                    let s = &r.stats[i][e];
+                    let mean = if n > 0 { s.total / n as f64 } else { 0.0 };
+                    let mark = if s.scaled { " (scaled)" } else { "" };
+                    writeln!(
+                        out,
+                        "  {:<24} {:>16.0} {:>16.1} {:>16.0} {:>16.0}{mark}",
+                        ev, s.total, mean, s.min, s.max
+                    )?;
+                }
+                writeln!(out)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn csv(s: &str) -> String {
+    if s.contains([',', '"']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}

@@ -1,0 +1,312 @@
+//! `superprof stat`: counts inside functions and ranges, with software events (this machine
+//! has no hardware PMU).
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+/// Region -> (calls, event -> total).
+type Counts = BTreeMap<String, (u64, BTreeMap<String, f64>)>;
+
+/// Runs `superprof stat --format json` and returns (region -> (calls, event -> total)), stderr
+/// and the exit code.
+fn stat_json(
+    dir: &TempDir,
+    args: &[&str],
+    cmd: &[&std::ffi::OsStr],
+) -> (Counts, String, Option<i32>) {
+    let out_file = dir.path("stat.json");
+    let out = superprof()
+        .args(["stat", "--format", "json", "-o"])
+        .arg(&out_file)
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let parsed = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import json, sys\n\
+             d = json.load(open(sys.argv[1]))\n\
+             for r in d['regions']:\n\
+             \x20   for e, v in r['events'].items(): print(r['region'], r['calls'], e, v['total'], v['mean'], v['min'], v['max'])",
+        )
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    assert!(parsed.status.success(), "no JSON: {stderr}");
+    let mut m = std::collections::BTreeMap::new();
+    for l in String::from_utf8_lossy(&parsed.stdout).lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let e = m
+            .entry(w[0].to_owned())
+            .or_insert((w[1].parse().unwrap(), std::collections::BTreeMap::new()));
+        e.1.insert(w[2].to_owned(), w[3].parse::<f64>().unwrap());
+    }
+    (m, stderr, out.status.code())
+}
+
+fn perforator(dir: &TempDir, flags: &[&str]) -> std::path::PathBuf {
+    let mut all = vec!["-O2", "-g", "-pthread"];
+    all.extend_from_slice(flags);
+    compile(dir, "perforator", &["perforator.c"], &all)
+}
+
+#[test]
+fn page_faults_of_fill_and_sum_as_in_perforators_readme() {
+    let dir = TempDir::new("stat-readme");
+    for flags in [&["-pie", "-fPIE"][..], &["-no-pie", "-fno-pie"][..]] {
+        let exe = perforator(&dir, flags);
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &["-r", "fill", "-r", "sum", "-r", "main", "-e", "page-faults"],
+            &[exe.as_os_str()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        let fill = m["fill"].1["page-faults"];
+        let sum = m["sum"].1["page-faults"];
+        let main = m["main"].1["page-faults"];
+        // 40 MB of fresh 4 KiB pages: 9766 faults; a few more or less for the runtime.
+        assert!(
+            (9000.0..=10600.0).contains(&fill),
+            "fill: {fill} page faults ({flags:?})"
+        );
+        assert!(sum < 50.0, "sum: {sum}");
+        assert!(main >= fill + sum, "main {main} < fill {fill} + sum {sum}");
+        assert_eq!((m["fill"].0, m["sum"].0, m["main"].0), (1, 1, 1));
+        assert!(m["fill"].1["time-elapsed-ns"] > 0.0);
+    }
+}
+
+#[test]
+fn exact_calls_from_four_threads() {
+    let dir = TempDir::new("stat-threads");
+    let exe = perforator(&dir, &[]);
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "tenfold"],
+        &[exe.as_os_str(), "threads".as_ref()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(m["tenfold"].0, 40);
+    // Without a PMU the default is the software set, and superprof says so.
+    assert!(stderr.contains("counting software events"), "{stderr}");
+    assert!(m["tenfold"].1.contains_key("task-clock"));
+}
+
+#[test]
+fn recursion_counts_each_outermost_call_once() {
+    let dir = TempDir::new("stat-rec");
+    let exe = perforator(&dir, &[]);
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "rec", "-e", "page-faults"],
+        &[exe.as_os_str(), "recurse".as_ref()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(m["rec"].0, 5);
+}
+
+#[test]
+fn a_function_in_a_shared_library() {
+    let dir = TempDir::new("stat-lib");
+    let exe = perforator(&dir, &[]);
+    // pthread_create lives in libc, mapped by ld.so after exec.
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "pthread_create", "-e", "page-faults"],
+        &[exe.as_os_str(), "threads".as_ref()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let (calls, _) = m
+        .iter()
+        .find(|(k, _)| k.contains("pthread_create"))
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    assert_eq!(calls, 4);
+}
+
+#[test]
+fn an_address_range_counts_the_code_between() {
+    let dir = TempDir::new("stat-range");
+    let exe = perforator(&dir, &["-no-pie", "-fno-pie"]);
+    // The range from main's call of fill to the instruction after it.
+    let dis = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dis.stdout);
+    let main_start = text.find("<main>:").unwrap();
+    let lines: Vec<&str> = text[main_start..].lines().collect();
+    let i = lines
+        .iter()
+        .position(|l| l.contains("call") && l.contains("<fill>"))
+        .unwrap();
+    let addr = |l: &str| u64::from_str_radix(l.trim().split(':').next().unwrap(), 16).unwrap();
+    let range = format!("{:#x}-{:#x}", addr(lines[i]), addr(lines[i + 1]));
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", &range, "-e", "page-faults"],
+        &[exe.as_os_str()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let (calls, ev) = &m[&range];
+    assert_eq!(*calls, 1);
+    assert!((9000.0..=10600.0).contains(&ev["page-faults"]), "{ev:?}");
+}
+
+#[test]
+fn attach_then_the_process_runs_on_without_breakpoints() {
+    let dir = TempDir::new("stat-attach");
+    let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
+    let mut child = Command::new(&exe)
+        .args(["0", "2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let pid = child.id();
+    let out_file = dir.path("a.json");
+    let out = superprof()
+        .args([
+            "stat",
+            "--format",
+            "json",
+            "-r",
+            "counted",
+            "-e",
+            "page-faults",
+            "--duration",
+            "1",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let alive = child.try_wait().unwrap().is_none();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let nm = Command::new("nm").arg(&exe).output().unwrap();
+    let sym = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .find(|l| l.ends_with(" counted"))
+        .map(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).unwrap())
+        .unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.contains("r-xp") && l.ends_with(exe.to_str().unwrap()))
+        .unwrap();
+    let base = u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
+    let off = u64::from_str_radix(line.split_whitespace().nth(2).unwrap(), 16).unwrap();
+    use std::os::unix::fs::FileExt;
+    let mut byte = [0u8; 1];
+    std::fs::File::open(format!("/proc/{pid}/mem"))
+        .unwrap()
+        .read_exact_at(&mut byte, base + (sym - off))
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(alive && status.contains("TracerPid:\t0"), "{status}");
+    assert_ne!(byte[0], 0xcc, "a breakpoint is left in the code");
+    let text = std::fs::read_to_string(&out_file).unwrap();
+    assert!(text.contains("\"region\":\"counted\""), "{text}");
+    assert!(!text.contains("\"calls\":0"), "{text}");
+}
+
+#[test]
+fn a_crash_inside_a_region_keeps_the_results_and_the_status() {
+    let dir = TempDir::new("stat-crash");
+    let exe = perforator(&dir, &[]);
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "crashing", "-r", "tenfold", "-e", "page-faults"],
+        &[exe.as_os_str(), "crash".as_ref()],
+    );
+    assert_eq!(code, Some(128 + 11), "{stderr}");
+    assert!(stderr.contains("SIGSEGV"), "{stderr}");
+    assert_eq!(m["tenfold"].0, 1);
+    assert_eq!(m["crashing"].0, 0);
+}
+
+#[test]
+fn list_says_what_this_machine_supports() {
+    let out = run_ok(superprof().args(["stat", "--list"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |e: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{e} ")))
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(line("page-faults").contains("supported") && !line("page-faults").contains("not"));
+    // This machine has no hardware PMU; the device machine may.
+    let hw_ok = std::fs::read_dir("/sys/bus/event_source/devices/cpu").is_ok();
+    if !hw_ok {
+        assert!(
+            line("cycles").contains("not supported"),
+            "{}",
+            line("cycles")
+        );
+    }
+    let sw = run_ok(superprof().args(["stat", "--list", "software"]));
+    assert!(!String::from_utf8_lossy(&sw.stdout).contains("cycles"));
+}
+
+fn assert_one_line_error(out: &std::process::Output, mention: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(mention), "{}", lines[0]);
+}
+
+#[test]
+fn bad_input_is_refused_with_one_line() {
+    let dir = TempDir::new("stat-bad");
+    let exe = perforator(&dir, &[]);
+    let run = |args: &[&str]| {
+        superprof()
+            .arg("stat")
+            .args(args)
+            .arg("--")
+            .arg(&exe)
+            .output()
+            .unwrap()
+    };
+    // An unknown function, with a suggestion.
+    assert_one_line_error(&run(&["-r", "flil", "-e", "page-faults"]), "fill?");
+    // An event this machine cannot count (no PMU here), or an unknown one.
+    if std::fs::read_dir("/sys/bus/event_source/devices/cpu").is_err() {
+        assert_one_line_error(&run(&["-r", "fill", "-e", "cycles"]), "cannot be counted");
+    }
+    assert_one_line_error(
+        &run(&["-r", "fill", "-e", "no-such-event"]),
+        "unknown event",
+    );
+    assert_one_line_error(&run(&["-r", "0x20-0x10", "-e", "page-faults"]), "bad range");
+    // A stripped binary has no such symbol.
+    let stripped = dir.path("stripped");
+    std::fs::copy(&exe, &stripped).unwrap();
+    run_ok(Command::new("strip").arg(&stripped));
+    let out = superprof()
+        .args(["stat", "-r", "fill", "-e", "page-faults", "--"])
+        .arg(&stripped)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "no function 'fill'");
+}
