@@ -405,6 +405,13 @@ impl Tracer {
             return true;
         };
         let pid = t.pid;
+        if !self.breakpoints.contains_key(&(pid, addr)) {
+            // Removed while the thread sat on it: the original code is back, nothing to step.
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.at_breakpoint = None;
+            }
+            return true;
+        }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         // 1. Hold the others.
         let others: Vec<u32> = self
