@@ -68,41 +68,22 @@ pub fn event_msg(tid: u32) -> io::Result<u64> {
 }
 
 /// The registers unwinding needs.
-#[cfg(target_arch = "x86_64")]
 pub fn regs(tid: u32) -> io::Result<UserRegs> {
-    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
-    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    // `data` points to a user_regs_struct, which PTRACE_GETREGS fills.
-    ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize)?;
-    Ok(UserRegs {
+    let r = raw_regs(tid)?;
+    #[cfg(target_arch = "x86_64")]
+    return Ok(UserRegs {
         pc: r.rip,
         sp: r.rsp,
         fp: r.rbp,
         lr: 0,
-    })
-}
-
-#[cfg(target_arch = "aarch64")]
-pub fn regs(tid: u32) -> io::Result<UserRegs> {
-    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
-    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    let mut iov = libc::iovec {
-        iov_base: &mut r as *mut _ as *mut libc::c_void,
-        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
-    };
-    // `data` is an iovec over a user_regs_struct; NT_PRSTATUS fills at most its length.
-    ptrace(
-        libc::PTRACE_GETREGSET,
-        tid,
-        libc::NT_PRSTATUS as usize,
-        &mut iov as *mut _ as usize,
-    )?;
-    Ok(UserRegs {
+    });
+    #[cfg(target_arch = "aarch64")]
+    return Ok(UserRegs {
         pc: r.pc,
         sp: r.sp,
         fp: r.regs[29],
         lr: r.regs[30],
-    })
+    });
 }
 
 /// A raw wait status.
@@ -316,39 +297,17 @@ pub fn syscall_info(tid: u32) -> io::Result<SyscallInfo> {
 }
 
 /// Sets the instruction pointer of a stopped thread.
-#[cfg(target_arch = "x86_64")]
 pub fn set_pc(tid: u32, pc: u64) -> io::Result<()> {
-    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
-    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    // `data` points to a user_regs_struct, which PTRACE_GETREGS fills and SETREGS reads.
-    ptrace(libc::PTRACE_GETREGS, tid, 0, &mut r as *mut _ as usize)?;
-    r.rip = pc;
-    ptrace(libc::PTRACE_SETREGS, tid, 0, &mut r as *mut _ as usize).map(drop)
-}
-
-#[cfg(target_arch = "aarch64")]
-pub fn set_pc(tid: u32, pc: u64) -> io::Result<()> {
-    // SAFETY: user_regs_struct is plain old data; zero is a valid value.
-    let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-    let mut iov = libc::iovec {
-        iov_base: &mut r as *mut _ as *mut libc::c_void,
-        iov_len: std::mem::size_of::<libc::user_regs_struct>(),
-    };
-    // `data` is an iovec over a user_regs_struct for NT_PRSTATUS, read then written back.
-    ptrace(
-        libc::PTRACE_GETREGSET,
-        tid,
-        libc::NT_PRSTATUS as usize,
-        &mut iov as *mut _ as usize,
-    )?;
-    r.pc = pc;
-    ptrace(
-        libc::PTRACE_SETREGSET,
-        tid,
-        libc::NT_PRSTATUS as usize,
-        &mut iov as *mut _ as usize,
-    )
-    .map(drop)
+    let mut r = raw_regs(tid)?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        r.rip = pc;
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        r.pc = pc;
+    }
+    set_raw_regs(tid, &r)
 }
 
 pub fn single_step(tid: u32, sig: i32) -> io::Result<()> {

@@ -101,6 +101,10 @@ pub enum TraceEvent {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    #[error("no command given after --")]
+    NoCommand,
+    #[error("cannot run '{0}': command not found")]
+    CommandNotFound(String),
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
     #[error("permission denied tracing pid {pid}: {why}")]
@@ -144,6 +148,9 @@ pub struct Tracer {
     stepping: std::collections::HashSet<u32>,
     /// Unfollowed children already let go (their fork event may come after their first stop).
     released: HashSet<u32>,
+    /// Breakpoints removed while the process runs: a thread may have trapped on one just
+    /// before, and its SIGTRAP must not reach the program.
+    tombstones: HashSet<(u32, u64)>,
     done: bool,
 }
 
@@ -172,6 +179,7 @@ impl Tracer {
             breakpoints: HashMap::new(),
             stepping: Default::default(),
             released: HashSet::new(),
+            tombstones: HashSet::new(),
             done: false,
         }
     }
@@ -192,6 +200,27 @@ impl Tracer {
             },
         );
         Ok(t)
+    }
+
+    /// Starts `cmd` (argv; the program is looked up on PATH), traced from its exec on.
+    pub fn spawn(cmd: &[String], opts: TraceOptions) -> Result<Tracer, TraceError> {
+        let program = cmd.first().ok_or(TraceError::NoCommand)?;
+        let path = crate::launch::resolve_command(program)
+            .ok_or_else(|| TraceError::CommandNotFound(program.clone()))?;
+        let io = |what: &str| {
+            let context = format!("cannot {what} '{program}'");
+            move |source| TraceError::Io { context, source }
+        };
+        let mut child = crate::PendingChild::spawn(&path, cmd).map_err(io("start"))?;
+        let mut tracer = match Tracer::launch(child.pid, opts) {
+            Ok(t) => t,
+            Err(e) => {
+                child.abort();
+                return Err(e);
+            }
+        };
+        child.release_with(|| tracer.pump()).map_err(io("run"))?;
+        Ok(tracer)
     }
 
     /// Seizes every thread of a running process; it keeps running.
@@ -359,13 +388,17 @@ impl Tracer {
         }
         sys::write_memory(pid, addr, sys::BREAKPOINT)?;
         self.breakpoints.insert((pid, addr), orig);
+        self.tombstones.remove(&(pid, addr));
         Ok(())
     }
 
     /// Removes a breakpoint, putting the original code back.
     pub fn remove_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
         match self.breakpoints.remove(&(pid, addr)) {
-            Some(orig) => sys::write_memory(pid, addr, &orig),
+            Some(orig) => {
+                self.tombstones.insert((pid, addr));
+                sys::write_memory(pid, addr, &orig)
+            }
             None => Ok(()),
         }
     }
@@ -392,6 +425,14 @@ impl Tracer {
         t.state = State::Stopped;
         t.held = false;
         Some(addr)
+    }
+
+    /// Whether a SIGTRAP of `tid` comes from a breakpoint removed since; if so the pc is moved
+    /// back onto the restored instruction.
+    fn trapped_on_tombstone(&mut self, tid: u32, pid: u32) -> bool {
+        let Ok(r) = sys::regs(tid) else { return false };
+        let addr = r.pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
+        self.tombstones.contains(&(pid, addr)) && sys::set_pc(tid, addr).is_ok()
     }
 
     /// Steps `tid` over the breakpoint it is stopped on: holds every other thread of its
@@ -555,6 +596,10 @@ impl Tracer {
                     let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
                     self.events
                         .push_back(TraceEvent::Breakpoint { tid, pid, addr });
+                } else if self.trapped_on_tombstone(tid, pid) {
+                    let t = self.threads.get_mut(&tid).expect("known");
+                    t.state = State::Stopped;
+                    t.held = true;
                 } else {
                     let t = self.threads.get_mut(&tid).expect("known");
                     t.pending_signal = sig;
@@ -722,6 +767,7 @@ impl Tracer {
                 // reused, so nothing of it is kept.
                 self.threads.retain(|_, x| x.pid != t.pid);
                 self.breakpoints.retain(|(p, _), _| *p != t.pid);
+                self.tombstones.retain(|(p, _)| *p != t.pid);
                 self.events
                     .push_back(TraceEvent::ProcessExited { pid: t.pid, status });
             } else {
@@ -785,6 +831,7 @@ impl Tracer {
                 // The old code, and the breakpoints in it, are gone too.
                 self.threads.retain(|&t2, x| x.pid != pid || t2 == tid);
                 self.breakpoints.retain(|(p, _), _| *p != pid);
+                self.tombstones.retain(|(p, _)| *p != pid);
                 if tid != pid {
                     self.threads.remove(&tid);
                     self.threads.insert(
@@ -855,6 +902,10 @@ impl Tracer {
                 self.events
                     .push_back(TraceEvent::Breakpoint { tid, pid, addr });
             }
+            _ if sig == libc::SIGTRAP && self.trapped_on_tombstone(tid, pid) => {
+                // It trapped on a breakpoint removed since: back onto the restored code.
+                self.resume_with(tid, 0);
+            }
             _ => {
                 // A signal on its way to the target: deliver it.
                 self.resume_with(tid, sig);
@@ -905,7 +956,8 @@ impl Tracer {
                 let _ = sys::write_memory(*pid, *addr, &orig);
             }
         }
-        let removed: HashSet<(u32, u64)> = removed.into_iter().collect();
+        let mut removed: HashSet<(u32, u64)> = removed.into_iter().collect();
+        removed.extend(self.tombstones.iter().copied());
         // A thread must be stopped to be detached: interrupt the running ones, and detach
         // each as its stop arrives, handing back any signal it was about to receive.
         let mut swallow: HashSet<u32> = HashSet::new();

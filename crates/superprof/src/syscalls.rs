@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::json;
 use superprof_trace::sampler::Control;
 use superprof_trace::syscalls::{self, SyscallEvent};
-use superprof_trace::{PendingChild, TraceOptions, Tracer};
+use superprof_trace::{TraceOptions, Tracer};
 
 use crate::cli::{SyscallFormat, SyscallsArgs};
 use crate::sys;
@@ -32,28 +32,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     };
     let (mut tracer, launched) = match args.pid {
         Some(pid) => (Tracer::attach(pid, opts)?, false),
-        None => {
-            let program = args
-                .command
-                .first()
-                .ok_or_else(|| anyhow!("no command given after --"))?;
-            let path = superprof_trace::resolve_command(program)
-                .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
-            let mut child = PendingChild::spawn(&path, &args.command)
-                .with_context(|| format!("cannot start '{program}'"))?;
-            let tracer = match Tracer::launch(child.pid, opts) {
-                Ok(t) => t,
-                Err(e) => {
-                    child.abort();
-                    return Err(e.into());
-                }
-            };
-            let mut tracer = tracer;
-            child
-                .release_with(|| tracer.pump())
-                .with_context(|| format!("cannot run '{program}'"))?;
-            (tracer, true)
-        }
+        None => (Tracer::spawn(&args.command, opts)?, true),
     };
     let start = Instant::now();
     let start_ns = superprof_sample::monotonic_ns();

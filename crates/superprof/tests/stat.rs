@@ -173,6 +173,7 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
     let pid = child.id();
+    let before = code_bytes(pid, &exe);
     let out_file = dir.path("a.json");
     let out = superprof()
         .args([
@@ -183,37 +184,20 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
             "counted",
             "-e",
             "page-faults",
-            "--duration",
-            "1",
-            "-p",
-            &pid.to_string(),
-            "-o",
         ])
+        .args(["--duration", "1", "-p", &pid.to_string(), "-o"])
         .arg(&out_file)
         .output()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let alive = child.try_wait().unwrap().is_none();
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let nm = Command::new("nm").arg(&exe).output().unwrap();
-    let sym = String::from_utf8_lossy(&nm.stdout)
-        .lines()
-        .find(|l| l.ends_with(" counted"))
-        .map(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).unwrap())
-        .unwrap();
-    let line = maps
-        .lines()
-        .find(|l| l.contains("r-xp") && l.ends_with(exe.to_str().unwrap()))
-        .unwrap();
-    let base = u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
-    let off = u64::from_str_radix(line.split_whitespace().nth(2).unwrap(), 16).unwrap();
-    use std::os::unix::fs::FileExt;
-    let mut byte = [0u8; 1];
-    std::fs::File::open(format!("/proc/{pid}/mem"))
-        .unwrap()
-        .read_exact_at(&mut byte, base + (sym - off))
-        .unwrap();
+    if let Some(st) = child.try_wait().unwrap() {
+        panic!(
+            "the process ended: {st:?}; superprof said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_running_untraced(pid);
+    let after = code_bytes(pid, &exe);
     let _ = child.kill();
     let _ = child.wait();
     assert!(
@@ -221,8 +205,10 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(alive && status.contains("TracerPid:\t0"), "{status}");
-    assert_ne!(byte[0], 0xcc, "a breakpoint is left in the code");
+    assert!(
+        before == after,
+        "the code differs after detach (a breakpoint left?)"
+    );
     let text = std::fs::read_to_string(&out_file).unwrap();
     assert!(text.contains("\"region\":\"counted\""), "{text}");
     assert!(!text.contains("\"calls\":0"), "{text}");

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_sample::{Counter, EventKind, EventSpec, Reading};
-use superprof_trace::{ExitStatus, PendingChild, TraceEvent, TraceOptions, Tracer};
+use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use crate::cli::StatArgs;
 use crate::sys;
@@ -495,27 +495,7 @@ impl Session {
         let opts = TraceOptions::default();
         let (mut tracer, launched) = match args.pid {
             Some(pid) => (Tracer::attach(pid, opts)?, false),
-            None => {
-                let program = args
-                    .command
-                    .first()
-                    .ok_or_else(|| anyhow!("no command given after --"))?;
-                let path = superprof_trace::resolve_command(program)
-                    .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
-                let mut child = PendingChild::spawn(&path, &args.command)
-                    .with_context(|| format!("cannot start '{program}'"))?;
-                let mut tracer = match Tracer::launch(child.pid, opts) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        child.abort();
-                        return Err(e.into());
-                    }
-                };
-                child
-                    .release_with(|| tracer.pump())
-                    .with_context(|| format!("cannot run '{program}'"))?;
-                (tracer, true)
-            }
+            None => (Tracer::spawn(&args.command, opts)?, true),
         };
         let root = tracer.root();
         let mut names: Vec<String> = self.events.iter().map(|e| e.name.clone()).collect();

@@ -194,3 +194,37 @@ pub fn assert_close(what: &str, measured: f64, truth: f64, points: f64) {
         truth * 100.0
     );
 }
+
+/// The bytes of the executable's code in a running process.
+pub fn code_bytes(pid: u32, exe: &std::path::Path) -> Vec<u8> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.contains("r-xp") && l.ends_with(exe.to_str().unwrap()))
+        .expect("code mapping");
+    let (a, b) = line
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .split_once('-')
+        .unwrap();
+    let (a, b) = (
+        u64::from_str_radix(a, 16).unwrap(),
+        u64::from_str_radix(b, 16).unwrap(),
+    );
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; (b - a) as usize];
+    mem.read_exact_at(&mut buf, a).unwrap();
+    buf
+}
+
+/// The /proc status of a process that superprof has let go: it must be alive, untraced and
+/// not stopped.
+pub fn assert_running_untraced(pid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(status.contains("TracerPid:\t0"), "still traced:\n{status}");
+    for stopped in ["State:\tt", "State:\tT", "State:\tZ"] {
+        assert!(!status.contains(stopped), "left stopped or dead:\n{status}");
+    }
+}
