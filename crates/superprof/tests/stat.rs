@@ -296,3 +296,35 @@ fn bad_input_is_refused_with_one_line() {
         .unwrap();
     assert_one_line_error(&out, "no function 'fill'");
 }
+
+#[test]
+fn a_function_in_a_library_loaded_later_with_dlopen() {
+    let dir = TempDir::new("stat-dlopen");
+    let lib = compile(
+        &dir,
+        "libhot.so",
+        &["libhot.c"],
+        &["-O2", "-g", "-shared", "-fPIC"],
+    );
+    let exe = compile(
+        &dir,
+        "dlopen_main",
+        &["dlopen_main.c"],
+        &["-O2", "-g", "-ldl"],
+    );
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "lib_hot", "-g", "task-clock,page-faults"],
+        &[exe.as_os_str(), lib.as_os_str(), "0.3".as_ref()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let (calls, ev) = &m["lib_hot"];
+    assert_eq!(*calls, 1);
+    // The group's events are both there; lib_hot burns 0.3 s of CPU.
+    let task_clock_s = ev["task-clock"] / 1e9;
+    assert!(
+        (0.25..0.6).contains(&task_clock_s),
+        "task-clock {task_clock_s} s"
+    );
+    assert!(ev.contains_key("page-faults"));
+}

@@ -256,6 +256,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
         frames: HashMap::new(),
         results: None,
         specs,
+        missing: HashMap::new(),
     };
     let (exit, signal_in_region) = session.trace(args)?;
     let results = session.results.take().expect("results");
@@ -294,9 +295,20 @@ struct Session {
     frames: HashMap<u32, Vec<Frame>>,
     results: Option<Results>,
     specs: Vec<RegionSpec>,
+    /// Regions not found yet, with the error to give if they never are.
+    missing: HashMap<usize, String>,
 }
 
 impl Session {
+    fn first_missing(&self) -> String {
+        let mut keys: Vec<&usize> = self.missing.keys().collect();
+        keys.sort();
+        keys.first().map_or_else(
+            || "a region was not found".to_owned(),
+            |k| self.missing[k].clone(),
+        )
+    }
+
     fn open_counters(&mut self, tid: u32) {
         if self.counters.contains_key(&tid) {
             return;
@@ -334,7 +346,9 @@ impl Session {
 
     /// Places the regions in process `pid`. Functions not found yet (in a library ld.so has not
     /// loaded) stay pending: Ok(false).
-    fn place(&mut self, tracer: &mut Tracer, pid: u32, final_try: bool) -> Result<bool> {
+    /// With `explain`, a region not found gets its error message (with near names) kept in
+    /// `missing`, for when it is still not found at the end.
+    fn place(&mut self, tracer: &mut Tracer, pid: u32, explain: bool) -> Result<bool> {
         let mut all = true;
         for (i, spec) in self.specs.clone().iter().enumerate() {
             if self.regions.len() > i && self.regions[i].entry != 0 {
@@ -363,19 +377,22 @@ impl Session {
                             entry: f.addr,
                             end: None,
                         },
-                        None if final_try => {
-                            let near = suggestions(pid, name);
-                            bail!(
-                                "no function '{name}' in the program or its libraries{}",
-                                if near.is_empty() {
-                                    String::new()
-                                } else {
-                                    format!("; did you mean {}?", near.join(", "))
-                                }
-                            );
-                        }
                         None => {
                             all = false;
+                            if explain {
+                                let near = suggestions(pid, name);
+                                self.missing.insert(
+                                    i,
+                                    format!(
+                                        "no function '{name}' in the program or its libraries{}",
+                                        if near.is_empty() {
+                                            String::new()
+                                        } else {
+                                            format!("; did you mean {}?", near.join(", "))
+                                        }
+                                    ),
+                                );
+                            }
                             Region {
                                 name: name.clone(),
                                 entry: 0,
@@ -395,6 +412,7 @@ impl Session {
                 }
             };
             if region.entry != 0 {
+                self.missing.remove(&i);
                 tracer.set_breakpoint(pid, region.entry).with_context(|| {
                     format!("cannot place a breakpoint for region '{}'", region.name)
                 })?;
@@ -508,13 +526,16 @@ impl Session {
             per_call: Vec::new(),
         });
         let mut entry_bp: Option<u64> = None;
+        let mut dl_bp: Option<u64> = None;
         if !launched {
             for tid in superprof_sample::list_threads(root).unwrap_or_default() {
                 self.open_counters(tid);
             }
             // Stop everything while the breakpoints go in? Writing int3 is atomic per byte;
             // threads run on.
-            self.place(&mut tracer, root, true)?;
+            if !self.place(&mut tracer, root, true)? {
+                bail!("{}", self.first_missing());
+            }
         }
         let start = Instant::now();
         let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
@@ -539,8 +560,8 @@ impl Session {
                             {
                                 tracer.set_breakpoint(pid, e.addr)?;
                                 entry_bp = Some(e.addr);
-                            } else {
-                                self.place(&mut tracer, pid, true)?;
+                            } else if !self.place(&mut tracer, pid, true)? {
+                                bail!("{}", self.first_missing());
                             }
                         }
                         Err(e) => return Err(e),
@@ -549,9 +570,25 @@ impl Session {
                 }
                 TraceEvent::Breakpoint { tid, pid, addr } => {
                     if Some(addr) == entry_bp && !self.entries.contains_key(&addr) {
+                        // At the entry point every library ld.so maps at start is there.
                         entry_bp = None;
                         let _ = tracer.remove_breakpoint(pid, addr);
-                        self.place(&mut tracer, pid, true)?;
+                        if !self.place(&mut tracer, pid, true)? {
+                            // Perhaps in a library loaded later (dlopen): look again each
+                            // time ld.so reports a change of its link map.
+                            match superprof_trace::find_function(pid, "_dl_debug_state")?.first() {
+                                Some(f) => {
+                                    tracer.set_breakpoint(pid, f.addr)?;
+                                    dl_bp = Some(f.addr);
+                                }
+                                None => bail!("{}", self.first_missing()),
+                            }
+                        }
+                    } else if Some(addr) == dl_bp && !self.entries.contains_key(&addr) {
+                        if self.place(&mut tracer, pid, false)? {
+                            dl_bp = None;
+                            let _ = tracer.remove_breakpoint(pid, addr);
+                        }
                     } else {
                         self.on_breakpoint(&mut tracer, tid, pid, addr);
                     }
@@ -593,6 +630,9 @@ impl Session {
         }
         // Every breakpoint is removed and an attached process let go here.
         let killed = tracer.finish();
+        if !self.missing.is_empty() {
+            bail!("{}", self.first_missing());
+        }
         let res = self.results.as_mut().expect("results");
         res.regions = self
             .specs
