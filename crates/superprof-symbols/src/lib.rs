@@ -63,6 +63,38 @@ impl Symbolizer {
         }
     }
 
+    /// The code of source lines `lines` of a file whose path ends with `file`, in the module
+    /// known as `path`: (ELF virtual address, length) of each line-table row, sorted.
+    pub fn line_rows(
+        &mut self,
+        path: &Path,
+        open_path: &Path,
+        file: &str,
+        lines: std::ops::RangeInclusive<u32>,
+    ) -> Vec<(u64, u64)> {
+        let entry = self
+            .modules
+            .entry(path.to_owned())
+            .or_insert_with(|| load_module(open_path));
+        let Some(m) = entry else {
+            return Vec::new();
+        };
+        let loader = m.debug.as_ref().unwrap_or(&m.code);
+        let mut rows = Vec::new();
+        if let Ok(iter) = loader.find_location_range(0, u64::MAX) {
+            for (addr, len, loc) in iter {
+                let same_file = loc.file.is_some_and(|f| {
+                    f == file || f.ends_with(&format!("/{}", file.trim_start_matches("./")))
+                });
+                if same_file && loc.line.is_some_and(|l| lines.contains(&l)) {
+                    rows.push((addr, len));
+                }
+            }
+        }
+        rows.sort_unstable();
+        rows
+    }
+
     /// Frames for the ELF virtual address `svma` of the module known as `path` (readable at
     /// `open_path`), outermost first: the function, then each inlined call inside it.
     /// Empty when nothing is known about the address.

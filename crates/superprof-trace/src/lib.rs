@@ -36,6 +36,9 @@ pub use launch::{
     kill, process_alive, resolve_command, try_wait, wait_exit, wait_exit_timeout, ExitStatus,
     PendingChild,
 };
-pub use locate::{find_function, find_functions_matching, function_names, FunctionAddress};
+pub use locate::{
+    find_function, find_functions_matching, function_at, function_names, mapped_files,
+    FunctionAddress, MappedFile,
+};
 pub use sys::{block_sigchld, read_memory, write_memory, RawRegs};
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

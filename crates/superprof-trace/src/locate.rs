@@ -22,7 +22,12 @@ pub struct FunctionAddress {
 /// The functions of process `pid` named `name` (the exact symbol name, or its demangled form),
 /// in every executable file it maps.
 pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddress>> {
-    scan(pid, |raw, demangled| raw == name || demangled == name)
+    scan(pid, |raw, demangled, _| raw == name || demangled == name)
+}
+
+/// The function that starts exactly at runtime address `addr`, if any.
+pub fn function_at(pid: u32, addr: u64) -> std::io::Result<Option<FunctionAddress>> {
+    Ok(scan(pid, |_, _, a| a == addr)?.into_iter().next())
 }
 
 /// Functions for a user's region name: the exact matches if there are any, else those whose
@@ -32,12 +37,12 @@ pub fn find_functions_matching(pid: u32, pattern: &str) -> std::io::Result<Vec<F
     if !exact.is_empty() {
         return Ok(exact);
     }
-    scan(pid, |_, demangled| demangled.contains(pattern))
+    scan(pid, |_, demangled, _| demangled.contains(pattern))
 }
 
 /// Every function name of the process, for suggestions.
 pub fn function_names(pid: u32) -> std::io::Result<Vec<String>> {
-    let mut names: Vec<String> = scan(pid, |_, _| true)?
+    let mut names: Vec<String> = scan(pid, |_, _, _| true)?
         .into_iter()
         .map(|f| f.name)
         .collect();
@@ -46,9 +51,20 @@ pub fn function_names(pid: u32) -> std::io::Result<Vec<String>> {
     Ok(names)
 }
 
-fn scan(pid: u32, want: impl Fn(&str, &str) -> bool) -> std::io::Result<Vec<FunctionAddress>> {
+/// A file a process maps with execute permission: where, and how superprof can open it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedFile {
+    /// The path as the process names it.
+    pub path: PathBuf,
+    /// Where superprof reads it (through /proc/PID/root when that differs).
+    pub open_path: PathBuf,
+    /// Load bias: runtime address minus ELF virtual address.
+    pub bias: u64,
+}
+
+/// The executable files of a process (its program and libraries), each once.
+pub fn mapped_files(pid: u32) -> std::io::Result<Vec<MappedFile>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    // One executable mapping per file is enough to place it.
     let mut files: BTreeMap<PathBuf, (u64, u64, u64)> = BTreeMap::new();
     for line in maps.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -67,18 +83,33 @@ fn scan(pid: u32, want: impl Fn(&str, &str) -> bool) -> std::io::Result<Vec<Func
         };
         files.entry(PathBuf::from(f[5])).or_insert((a, b - a, off));
     }
-    let mut found = Vec::new();
+    let mut out = Vec::new();
     for (path, (start, len, pgoff)) in files {
-        let open = Path::new("/proc")
+        let via_root = Path::new("/proc")
             .join(pid.to_string())
             .join("root")
             .join(path.strip_prefix("/").unwrap_or(&path));
-        let open = if open.exists() { open } else { path.clone() };
-        let Some(image) = ElfImage::open(&open) else {
+        let open_path = if via_root.exists() {
+            via_root
+        } else {
+            path.clone()
+        };
+        let Some(image) = ElfImage::open(&open_path) else {
             continue;
         };
-        let bias = image.bias_for_mapping(start, len, pgoff);
-        let Ok(data) = std::fs::read(&open) else {
+        out.push(MappedFile {
+            bias: image.bias_for_mapping(start, len, pgoff),
+            path,
+            open_path,
+        });
+    }
+    Ok(out)
+}
+
+fn scan(pid: u32, want: impl Fn(&str, &str, u64) -> bool) -> std::io::Result<Vec<FunctionAddress>> {
+    let mut found = Vec::new();
+    for file in mapped_files(pid)? {
+        let Ok(data) = std::fs::read(&file.open_path) else {
             continue;
         };
         let Ok(obj) = object::File::parse(&*data) else {
@@ -89,12 +120,13 @@ fn scan(pid: u32, want: impl Fn(&str, &str) -> bool) -> std::io::Result<Vec<Func
                 continue;
             }
             let Ok(raw) = sym.name() else { continue };
+            let addr = sym.address().wrapping_add(file.bias);
             let demangled = superprof_symbols::demangle(raw);
-            if want(raw, &demangled) {
+            if want(raw, &demangled, addr) {
                 let f = FunctionAddress {
                     name: demangled,
-                    module: path.clone(),
-                    addr: sym.address().wrapping_add(bias),
+                    module: file.path.clone(),
+                    addr,
                     size: sym.size(),
                 };
                 if !found.contains(&f) {

@@ -328,3 +328,56 @@ fn a_function_in_a_library_loaded_later_with_dlopen() {
     );
     assert!(ev.contains_key("page-faults"));
 }
+
+#[test]
+fn source_line_ranges() {
+    let dir = TempDir::new("stat-lines");
+    let exe = perforator(&dir, &[]);
+    let src = std::fs::read_to_string(fixtures_dir().join("perforator.c")).unwrap();
+    let line_of = |text: &str| src.lines().position(|l| l.contains(text)).unwrap() + 1;
+    let fill_loop = line_of("a[i] = (int)i");
+    let sum_first = line_of("long s = 0;");
+    let sum_last = line_of("return s;");
+    let fill_range = format!("perforator.c:{fill_loop}-{fill_loop}");
+    let sum_range = format!("perforator.c:{sum_first}-{sum_last}");
+    let two_files = format!("perforator.c:{fill_loop}-perforator.c:{fill_loop}");
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &[
+            "-r",
+            &fill_range,
+            "-r",
+            &sum_range,
+            "-r",
+            &two_files,
+            "-e",
+            "page-faults",
+        ],
+        &[exe.as_os_str()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let fill = &m[&fill_range];
+    assert_eq!(fill.0, 1);
+    assert!(
+        (9000.0..=10600.0).contains(&fill.1["page-faults"]),
+        "{fill:?}"
+    );
+    // The sum's lines end at its return as well as at the end of its code.
+    let sum = &m[&sum_range];
+    assert_eq!(sum.0, 1);
+    assert!(sum.1["page-faults"] < 50.0);
+    // FILE:LINE-FILE:LINE, here within one file (shown as FILE:LINE-LINE).
+    let (m, _, _) = stat_json(
+        &dir,
+        &["-r", &two_files, "-e", "page-faults"],
+        &[exe.as_os_str()],
+    );
+    assert_eq!(m[&fill_range].0, 1);
+    // A range of lines with no code at all is refused.
+    let out = superprof()
+        .args(["stat", "-r", "perforator.c:1-2", "-e", "page-faults", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "no code for perforator.c:1-2");
+}

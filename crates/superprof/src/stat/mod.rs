@@ -27,6 +27,8 @@ pub enum RegionSpec {
     Function(String),
     /// ELF virtual addresses of the executable, END exclusive.
     Range(u64, u64),
+    /// Source lines: from the first code of FILE1:LINE1 to the end of the code of FILE2:LINE2.
+    Lines(String, u32, String, u32),
 }
 
 impl RegionSpec {
@@ -49,6 +51,9 @@ impl RegionSpec {
         if s.is_empty() {
             bail!("empty region name");
         }
+        if let Some(lines) = parse_lines(s) {
+            return lines;
+        }
         Ok(RegionSpec::Function(s.to_owned()))
     }
 
@@ -56,8 +61,39 @@ impl RegionSpec {
         match self {
             RegionSpec::Function(f) => f.clone(),
             RegionSpec::Range(a, b) => format!("{a:#x}-{b:#x}"),
+            RegionSpec::Lines(f1, l1, f2, l2) if f1 == f2 => format!("{f1}:{l1}-{l2}"),
+            RegionSpec::Lines(f1, l1, f2, l2) => format!("{f1}:{l1}-{f2}:{l2}"),
         }
     }
+}
+
+/// `FILE:LINE-LINE` or `FILE:LINE-FILE:LINE` (a C++ name such as `ns::f` is not one).
+fn parse_lines(s: &str) -> Option<Result<RegionSpec>> {
+    let (first, second) = s.split_once('-')?;
+    let (f1, l1) = first.rsplit_once(':')?;
+    if f1.is_empty()
+        || f1.ends_with(':')
+        || !l1.chars().all(|c| c.is_ascii_digit())
+        || l1.is_empty()
+    {
+        return None;
+    }
+    let (f2, l2) = match second.rsplit_once(':') {
+        Some((f, l)) => (f, l),
+        None => (f1, second),
+    };
+    let bad = || {
+        Some(Err(anyhow!(
+            "bad range '{s}': use FILE:LINE-LINE or FILE:LINE-FILE:LINE"
+        )))
+    };
+    let (Ok(l1), Ok(l2)) = (l1.parse::<u32>(), l2.parse::<u32>()) else {
+        return bad();
+    };
+    if f1 == f2 && l1 > l2 {
+        return bad();
+    }
+    Some(Ok(RegionSpec::Lines(f1.to_owned(), l1, f2.to_owned(), l2)))
 }
 
 /// Totals of one event over a region's calls.
@@ -108,13 +144,16 @@ struct Region {
     entry: u64,
     /// For an address range: where it ends (a breakpoint); functions end at their return.
     end: Option<u64>,
+    /// The region starts at a function's entry: its return ends it too.
+    ends_at_return: bool,
 }
 
 /// A thread inside a region.
 struct Frame {
     region: usize,
-    /// Where it leaves: the return address, or the range's end.
-    exit: u64,
+    /// Where it leaves: the range's end, and the return address when the region starts at a
+    /// function's entry (`true`: a return, valid only with the stack popped).
+    exits: Vec<(u64, bool)>,
     /// Stack pointer at entry (a return pops the stack above it).
     sp: u64,
     start: Vec<Reading>,
@@ -288,7 +327,7 @@ struct Session {
     counters: HashMap<u32, ThreadCounters>,
     regions: Vec<Region>,
     /// entry address -> region
-    entries: HashMap<u64, usize>,
+    entries: HashMap<u64, Vec<usize>>,
     /// exit address -> how many frames wait there
     returns: HashMap<u64, usize>,
     /// tid -> frames (outermost calls only)
@@ -376,6 +415,7 @@ impl Session {
                             name: f.name.clone(),
                             entry: f.addr,
                             end: None,
+                            ends_at_return: true,
                         },
                         None => {
                             all = false;
@@ -397,10 +437,32 @@ impl Session {
                                 name: name.clone(),
                                 entry: 0,
                                 end: None,
+                                ends_at_return: true,
                             }
                         }
                     }
                 }
+                RegionSpec::Lines(f1, l1, f2, l2) => match line_range(pid, f1, *l1, f2, *l2) {
+                    Some((start, end)) => Region {
+                        name: spec.label(),
+                        entry: start,
+                        end: Some(end),
+                        ends_at_return: superprof_trace::function_at(pid, start)?.is_some(),
+                    },
+                    None if explain => bail!(
+                        "no code for {} (is the program built with -g, and is the file name right?)",
+                        spec.label()
+                    ),
+                    None => {
+                        all = false;
+                        Region {
+                            name: spec.label(),
+                            entry: 0,
+                            end: None,
+                            ends_at_return: false,
+                        }
+                    }
+                },
                 RegionSpec::Range(a, b) => {
                     let bias =
                         exe_bias(pid).context("cannot find the executable's load address")?;
@@ -408,6 +470,7 @@ impl Session {
                         name: spec.label(),
                         entry: a + bias,
                         end: Some(b + bias),
+                        ends_at_return: superprof_trace::function_at(pid, a + bias)?.is_some(),
                     }
                 }
             };
@@ -416,7 +479,7 @@ impl Session {
                 tracer.set_breakpoint(pid, region.entry).with_context(|| {
                     format!("cannot place a breakpoint for region '{}'", region.name)
                 })?;
-                self.entries.insert(region.entry, i);
+                self.entries.entry(region.entry).or_default().push(i);
             }
             if self.regions.len() > i {
                 self.regions[i] = region;
@@ -433,48 +496,75 @@ impl Session {
             let sp = tracer.regs(tid).map(|r| r.sp).unwrap_or(0);
             let frames = self.frames.entry(tid).or_default();
             if let Some(pos) = frames.iter().rposition(|f| {
-                f.exit == addr && (self.regions[f.region].end.is_some() || sp > f.sp)
+                f.exits
+                    .iter()
+                    .any(|&(a, is_return)| a == addr && (!is_return || sp > f.sp))
             }) {
                 let frame = frames.remove(pos);
                 let end = self.read(tid);
                 let elapsed = frame.started.elapsed().as_nanos() as f64;
                 self.record(tid, &frame, &end, elapsed);
-                let n = self.returns.get_mut(&addr).expect("counted");
-                *n -= 1;
-                if *n == 0 {
-                    self.returns.remove(&addr);
-                    if !self.entries.contains_key(&addr) {
-                        let _ = tracer.remove_breakpoint(pid, addr);
-                    }
+                for &(exit, _) in &frame.exits {
+                    self.release_exit(tracer, pid, exit);
                 }
             }
         }
-        if let Some(&region) = self.entries.get(&addr) {
+        let regions = self.entries.get(&addr).cloned().unwrap_or_default();
+        for region in regions {
             let inside = self
                 .frames
                 .get(&tid)
                 .is_some_and(|f| f.iter().any(|f| f.region == region));
-            if !inside {
-                let Ok(regs) = tracer.regs(tid) else { return };
-                let exit = match self.regions[region].end {
-                    Some(end) => end,
-                    None => return_address(tracer, pid, &regs),
-                };
-                if exit == 0 {
-                    return;
+            if inside {
+                continue;
+            }
+            let Ok(regs) = tracer.regs(tid) else { return };
+            let r = &self.regions[region];
+            let mut exits = Vec::new();
+            if let Some(end) = r.end {
+                exits.push((end, false));
+            }
+            if r.ends_at_return {
+                let ret = return_address(tracer, pid, &regs);
+                if ret != 0 {
+                    exits.push((ret, true));
                 }
-                self.open_counters(tid);
-                let start = self.read(tid);
+            }
+            if exits.is_empty() {
+                continue;
+            }
+            self.open_counters(tid);
+            let start = self.read(tid);
+            let mut placed = Vec::new();
+            for (exit, is_return) in exits {
                 if tracer.set_breakpoint(pid, exit).is_ok() {
                     *self.returns.entry(exit).or_default() += 1;
-                    self.frames.entry(tid).or_default().push(Frame {
-                        region,
-                        exit,
-                        sp: regs.sp,
-                        start,
-                        started: Instant::now(),
-                    });
+                    placed.push((exit, is_return));
                 }
+            }
+            if !placed.is_empty() {
+                self.frames.entry(tid).or_default().push(Frame {
+                    region,
+                    exits: placed,
+                    sp: regs.sp,
+                    start,
+                    started: Instant::now(),
+                });
+            }
+        }
+    }
+
+    /// One frame less waits at `exit`; the last one out removes the breakpoint (unless a region
+    /// starts there).
+    fn release_exit(&mut self, tracer: &mut Tracer, pid: u32, exit: u64) {
+        let Some(n) = self.returns.get_mut(&exit) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.returns.remove(&exit);
+            if !self.entries.contains_key(&exit) {
+                let _ = tracer.remove_breakpoint(pid, exit);
             }
         }
     }
@@ -599,8 +689,10 @@ impl Session {
                     self.counters.remove(&tid);
                     if let Some(frames) = self.frames.remove(&tid) {
                         for f in frames {
-                            if let Some(n) = self.returns.get_mut(&f.exit) {
-                                *n = n.saturating_sub(1);
+                            for (exit, _) in f.exits {
+                                if let Some(n) = self.returns.get_mut(&exit) {
+                                    *n = n.saturating_sub(1);
+                                }
                             }
                         }
                     }
@@ -660,6 +752,36 @@ fn return_address(tracer: &Tracer, pid: u32, regs: &superprof_unwind::UserRegs) 
     } else {
         0
     }
+}
+
+/// Runtime addresses [start, end) of a source range: all the code its lines compile to, from
+/// the lowest address to the end of the highest (in one file: every line of the range that has
+/// code; across two files: the first line's code to the last line's), in the first module whose
+/// DWARF has them.
+fn line_range(pid: u32, f1: &str, l1: u32, f2: &str, l2: u32) -> Option<(u64, u64)> {
+    let mut symbolizer = superprof_symbols::Symbolizer::default();
+    for file in superprof_trace::mapped_files(pid).ok()? {
+        let rows = |sym: &mut superprof_symbols::Symbolizer, f: &str, lines| {
+            sym.line_rows(&file.path, &file.open_path, f, lines)
+        };
+        let (first, last) = if f1 == f2 {
+            let all = rows(&mut symbolizer, f1, l1..=l2);
+            (all.clone(), all)
+        } else {
+            (
+                rows(&mut symbolizer, f1, l1..=l1),
+                rows(&mut symbolizer, f2, l2..=l2),
+            )
+        };
+        let (Some(&(start, _)), Some(end)) = (first.first(), last.iter().map(|(a, n)| a + n).max())
+        else {
+            continue;
+        };
+        if end > start {
+            return Some((start + file.bias, end + file.bias));
+        }
+    }
+    None
 }
 
 /// The load bias of the main executable.
