@@ -26,6 +26,9 @@ use addr2line::Loader;
 pub use kallsyms::Kallsyms;
 pub use service::{Answer, Query, SymbolService};
 
+/// Where an inlined copy was made: the calling function and the call's file, line and column.
+type CallSite = (Option<String>, Option<String>, Option<u32>, Option<u32>);
+
 /// One source-level frame. An address gives one or more: the inlined calls, then the function
 /// that contains them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -93,6 +96,60 @@ impl Symbolizer {
         }
         rows.sort_unstable();
         rows
+    }
+
+    /// Where copies of function `name` were inlined in the module known as `path`: one
+    /// [start, end) ELF virtual address range per inlined instance (per call site), from the
+    /// lowest to the end of the highest code DWARF attributes to it.
+    pub fn inlined_sites(&mut self, path: &Path, open_path: &Path, name: &str) -> Vec<(u64, u64)> {
+        let entry = self
+            .modules
+            .entry(path.to_owned())
+            .or_insert_with(|| load_module(open_path));
+        let Some(m) = entry else {
+            return Vec::new();
+        };
+        let loader = m.debug.as_ref().unwrap_or(&m.code);
+        // Call site (caller, file, line, column) -> [min, max).
+        let mut instances: HashMap<CallSite, (u64, u64)> = HashMap::new();
+        let Ok(rows) = loader.find_location_range(0, u64::MAX) else {
+            return Vec::new();
+        };
+        for (addr, len, _) in rows {
+            let Ok(mut frames) = loader.find_frames(addr) else {
+                continue;
+            };
+            // Innermost first: (function name, location) of each frame.
+            let mut chain = Vec::new();
+            while let Ok(Some(f)) = frames.next() {
+                let fname = f
+                    .function
+                    .as_ref()
+                    .and_then(|f| f.demangle().ok().map(|n| n.into_owned()));
+                let loc = f
+                    .location
+                    .as_ref()
+                    .map(|l| (l.file.map(str::to_owned), l.line, l.column));
+                chain.push((fname, loc));
+            }
+            // An inlined frame of `name` (not the outermost); its caller's location is the call.
+            let Some(k) = chain[..chain.len().saturating_sub(1)]
+                .iter()
+                .position(|(n, _)| n.as_deref() == Some(name))
+            else {
+                continue;
+            };
+            let (caller, call) = &chain[k + 1];
+            let (file, line, column) = call.clone().unwrap_or((None, None, None));
+            let e = instances
+                .entry((caller.clone(), file, line, column))
+                .or_insert((addr, addr + len));
+            e.0 = e.0.min(addr);
+            e.1 = e.1.max(addr + len);
+        }
+        let mut sites: Vec<(u64, u64)> = instances.into_values().collect();
+        sites.sort_unstable();
+        sites
     }
 
     /// Frames for the ELF virtual address `svma` of the module known as `path` (readable at

@@ -381,3 +381,17 @@ fn source_line_ranges() {
         .unwrap();
     assert_one_line_error(&out, "no code for perforator.c:1-2");
 }
+
+#[test]
+fn inlined_copies_are_sites_of_the_same_region() {
+    let dir = TempDir::new("stat-inline");
+    let exe = compile(&dir, "inlined_calls", &["inlined_calls.c"], &["-O2", "-g"]);
+    // `mix` has no symbol at all (always inlined); two inlined copies run 300 times each.
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "mix", "-e", "page-faults"],
+        &[exe.as_os_str(), "300".as_ref()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(m["mix"].0, 600);
+}

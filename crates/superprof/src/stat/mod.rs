@@ -138,13 +138,22 @@ pub struct Results {
     pub per_call: Vec<Call>,
 }
 
-/// A region placed in the process.
+/// A region placed in the process (`entry` 0: not found yet).
 struct Region {
     name: String,
     entry: u64,
-    /// For an address range: where it ends (a breakpoint); functions end at their return.
+    /// Where it starts and how it ends: a function has its entry; an inlined copy of it, or a
+    /// range, its code's start.
+    sites: Vec<(u64, Site)>,
+}
+
+/// How a frame opened at a site ends.
+#[derive(Debug, Clone, Copy)]
+struct Site {
+    /// Reaching this address (a range's end, an inlined copy's end).
     end: Option<u64>,
-    /// The region starts at a function's entry: its return ends it too.
+    /// Returning from the function the site starts (a function region, a range that starts at
+    /// a function's entry).
     ends_at_return: bool,
 }
 
@@ -327,7 +336,7 @@ struct Session {
     counters: HashMap<u32, ThreadCounters>,
     regions: Vec<Region>,
     /// entry address -> region
-    entries: HashMap<u64, Vec<usize>>,
+    entries: HashMap<u64, Vec<(usize, Site)>>,
     /// exit address -> how many frames wait there
     returns: HashMap<u64, usize>,
     /// tid -> frames (outermost calls only)
@@ -410,12 +419,30 @@ impl Session {
                                 .join(", ")
                         );
                     }
-                    match found.first() {
-                        Some(f) => Region {
-                            name: f.name.clone(),
-                            entry: f.addr,
-                            end: None,
-                            ends_at_return: true,
+                    let mut sites: Vec<(u64, Site)> = found
+                        .first()
+                        .map(|f| {
+                            let site = Site {
+                                end: None,
+                                ends_at_return: true,
+                            };
+                            vec![(f.addr, site)]
+                        })
+                        .unwrap_or_default();
+                    // Its inlined copies are sites of the same region.
+                    let target = found.first().map_or(name.as_str(), |f| f.name.as_str());
+                    for (start, end) in inlined_sites(pid, target, found.first().map(|f| &f.module)) {
+                        let site = Site {
+                            end: Some(end),
+                            ends_at_return: false,
+                        };
+                        sites.push((start, site));
+                    }
+                    match sites.first() {
+                        Some(&(entry, _)) => Region {
+                            name: target.to_owned(),
+                            entry,
+                            sites,
                         },
                         None => {
                             all = false;
@@ -436,19 +463,23 @@ impl Session {
                             Region {
                                 name: name.clone(),
                                 entry: 0,
-                                end: None,
-                                ends_at_return: true,
+                                sites: Vec::new(),
                             }
                         }
                     }
                 }
                 RegionSpec::Lines(f1, l1, f2, l2) => match line_range(pid, f1, *l1, f2, *l2) {
-                    Some((start, end)) => Region {
-                        name: spec.label(),
-                        entry: start,
-                        end: Some(end),
-                        ends_at_return: superprof_trace::function_at(pid, start)?.is_some(),
-                    },
+                    Some((start, end)) => {
+                        let site = Site {
+                            end: Some(end),
+                            ends_at_return: superprof_trace::function_at(pid, start)?.is_some(),
+                        };
+                        Region {
+                            name: spec.label(),
+                            entry: start,
+                            sites: vec![(start, site)],
+                        }
+                    }
                     None if explain => bail!(
                         "no code for {} (is the program built with -g, and is the file name right?)",
                         spec.label()
@@ -458,28 +489,32 @@ impl Session {
                         Region {
                             name: spec.label(),
                             entry: 0,
-                            end: None,
-                            ends_at_return: false,
+                            sites: Vec::new(),
                         }
                     }
                 },
                 RegionSpec::Range(a, b) => {
                     let bias =
                         exe_bias(pid).context("cannot find the executable's load address")?;
+                    let site = Site {
+                        end: Some(b + bias),
+                        ends_at_return: superprof_trace::function_at(pid, a + bias)?.is_some(),
+                    };
                     Region {
                         name: spec.label(),
                         entry: a + bias,
-                        end: Some(b + bias),
-                        ends_at_return: superprof_trace::function_at(pid, a + bias)?.is_some(),
+                        sites: vec![(a + bias, site)],
                     }
                 }
             };
             if region.entry != 0 {
                 self.missing.remove(&i);
-                tracer.set_breakpoint(pid, region.entry).with_context(|| {
-                    format!("cannot place a breakpoint for region '{}'", region.name)
-                })?;
-                self.entries.entry(region.entry).or_default().push(i);
+                for &(at, site) in &region.sites {
+                    tracer.set_breakpoint(pid, at).with_context(|| {
+                        format!("cannot place a breakpoint for region '{}'", region.name)
+                    })?;
+                    self.entries.entry(at).or_default().push((i, site));
+                }
             }
             if self.regions.len() > i {
                 self.regions[i] = region;
@@ -509,8 +544,8 @@ impl Session {
                 }
             }
         }
-        let regions = self.entries.get(&addr).cloned().unwrap_or_default();
-        for region in regions {
+        let sites = self.entries.get(&addr).cloned().unwrap_or_default();
+        for (region, site) in sites {
             let inside = self
                 .frames
                 .get(&tid)
@@ -519,12 +554,11 @@ impl Session {
                 continue;
             }
             let Ok(regs) = tracer.regs(tid) else { return };
-            let r = &self.regions[region];
             let mut exits = Vec::new();
-            if let Some(end) = r.end {
+            if let Some(end) = site.end {
                 exits.push((end, false));
             }
-            if r.ends_at_return {
+            if site.ends_at_return {
                 let ret = return_address(tracer, pid, &regs);
                 if ret != 0 {
                     exits.push((ret, true));
@@ -752,6 +786,23 @@ fn return_address(tracer: &Tracer, pid: u32, regs: &superprof_unwind::UserRegs) 
     } else {
         0
     }
+}
+
+/// Runtime [start, end) ranges of the copies of function `name` inlined in the main executable
+/// and in `module` (where the function itself is).
+fn inlined_sites(pid: u32, name: &str, module: Option<&std::path::PathBuf>) -> Vec<(u64, u64)> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let mut symbolizer = superprof_symbols::Symbolizer::default();
+    let mut out = Vec::new();
+    for file in superprof_trace::mapped_files(pid).unwrap_or_default() {
+        if Some(&file.path) != exe.as_ref() && Some(&file.path) != module {
+            continue;
+        }
+        for (a, b) in symbolizer.inlined_sites(&file.path, &file.open_path, name) {
+            out.push((a + file.bias, b + file.bias));
+        }
+    }
+    out
 }
 
 /// Runtime addresses [start, end) of a source range: all the code its lines compile to, from
