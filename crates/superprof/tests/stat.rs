@@ -395,3 +395,33 @@ fn inlined_copies_are_sites_of_the_same_region() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(m["mix"].0, 600);
 }
+
+#[test]
+fn per_call_prints_every_invocation() {
+    let dir = TempDir::new("stat-percall");
+    let exe = perforator(&dir, &[]);
+    let out = run_ok(
+        superprof()
+            .args([
+                "stat",
+                "--per-call",
+                "--format",
+                "csv",
+                "-r",
+                "tenfold",
+                "-e",
+                "page-faults",
+                "--",
+            ])
+            .arg(&exe)
+            .arg("threads"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("region,tid,page-faults,time-elapsed-ns"));
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 40, "{text}");
+    let tids: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
+    assert_eq!(tids.len(), 4);
+}
