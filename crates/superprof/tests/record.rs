@@ -207,13 +207,7 @@ fn attach_by_pid_then_process_keeps_running() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("attach");
     let exe = compile(&dir, "attach", &["attach.c"], &["-O2", "-g", "-pthread"]);
-    let mut child = Command::new(&exe)
-        .args(["30", "1.0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let (mut child, _stdout) = spawn_ready(&exe, &["30", "1.0"]);
     let pid = child.id();
     let folded = dir.path("a.folded");
     let out = superprof()

@@ -5,8 +5,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Region -> (calls, event -> total).
 type Counts = BTreeMap<String, (u64, BTreeMap<String, f64>)>;
@@ -165,13 +164,7 @@ fn an_address_range_counts_the_code_between() {
 fn attach_then_the_process_runs_on_without_breakpoints() {
     let dir = TempDir::new("stat-attach");
     let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
-    let mut child = Command::new(&exe)
-        .args(["0", "2"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let (mut child, _stdout) = spawn_ready(&exe, &["0", "2"]);
     let pid = child.id();
     let before = code_bytes(pid, &exe);
     let out_file = dir.path("a.json");
@@ -251,14 +244,6 @@ fn list_says_what_this_machine_supports() {
     }
     let sw = run_ok(superprof().args(["stat", "--list", "software"]));
     assert!(!String::from_utf8_lossy(&sw.stdout).contains("cycles"));
-}
-
-fn assert_one_line_error(out: &std::process::Output, mention: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].contains(mention), "{}", lines[0]);
 }
 
 #[test]

@@ -228,3 +228,33 @@ pub fn assert_running_untraced(pid: u32) {
         assert!(!status.contains(stopped), "left stopped or dead:\n{status}");
     }
 }
+
+/// Starts a fixture that prints "ready" once it runs, and waits for that line. The child's
+/// stdout stays open (in the returned reader) so that the fixture never sees a closed pipe.
+pub fn spawn_ready(
+    exe: &Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    (child, lines)
+}
+
+/// A failure with one line on stderr that mentions `mention`.
+pub fn assert_one_line_error(out: &Output, mention: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "succeeded: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(mention), "{}", lines[0]);
+}
