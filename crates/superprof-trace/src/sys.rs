@@ -265,8 +265,16 @@ pub fn tgid_of(tid: u32) -> Option<u32> {
 /// What PTRACE_GET_SYSCALL_INFO says about a syscall stop.
 #[derive(Debug, Clone, Copy)]
 pub enum SyscallInfo {
-    Entry { nr: u64, args: [u64; 6] },
-    Exit { rval: i64, is_error: bool },
+    /// `arch` is the AUDIT_ARCH_* of the syscall's ABI (an x86_64 process can make ia32 calls).
+    Entry {
+        arch: u32,
+        nr: u64,
+        args: [u64; 6],
+    },
+    Exit {
+        rval: i64,
+        is_error: bool,
+    },
     Other,
 }
 
@@ -285,6 +293,7 @@ pub fn syscall_info(tid: u32) -> io::Result<SyscallInfo> {
     let op = (buf[0] & 0xff) as u8;
     Ok(match op {
         1 => SyscallInfo::Entry {
+            arch: (buf[0] >> 32) as u32,
             nr: buf[3],
             args: [buf[4], buf[5], buf[6], buf[7], buf[8], buf[9]],
         },

@@ -42,6 +42,19 @@ pub fn name_for(arch: Arch, nr: u64) -> String {
         .map_or_else(|| format!("syscall_{nr}"), |n| (*n).to_owned())
 }
 
+/// The name of syscall `nr` of the ABI that PTRACE_GET_SYSCALL_INFO reports (AUDIT_ARCH_*).
+/// A 32-bit call (ia32 `int 0x80`) has no table here: `ia32:syscall_NR`.
+pub fn name_for_audit_arch(audit_arch: u32, nr: u64) -> String {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
+    match audit_arch {
+        AUDIT_ARCH_X86_64 => name_for(Arch::X86_64, nr),
+        AUDIT_ARCH_AARCH64 => name_for(Arch::Aarch64, nr),
+        0x4000_0003 => format!("ia32:syscall_{nr}"),
+        _ => name(nr),
+    }
+}
+
 /// The name of syscall `nr` on the architecture superprof runs on.
 pub fn name(nr: u64) -> String {
     name_for(Arch::NATIVE, nr)
@@ -98,8 +111,8 @@ pub fn trace(
         match ev {
             TraceEvent::Syscall { tid, pid } => {
                 match sys::syscall_info(tid) {
-                    Ok(SyscallInfo::Entry { nr, args }) => {
-                        let name = name(nr);
+                    Ok(SyscallInfo::Entry { arch, nr, args }) => {
+                        let name = name_for_audit_arch(arch, nr);
                         let args = decode::args(&name, pid, &args);
                         pending.insert(
                             tid,
@@ -248,5 +261,15 @@ mod tests {
             assert_eq!(name_for(Arch::Aarch64, nr), n);
         }
         assert_eq!(name_for(Arch::X86_64, 100_000), "syscall_100000");
+    }
+
+    #[test]
+    fn names_follow_the_abi_of_the_call() {
+        assert_eq!(super::name_for_audit_arch(0xc000_003e, 39), "getpid");
+        assert_eq!(super::name_for_audit_arch(0xc000_00b7, 172), "getpid");
+        assert_eq!(
+            super::name_for_audit_arch(0x4000_0003, 20),
+            "ia32:syscall_20"
+        );
     }
 }
