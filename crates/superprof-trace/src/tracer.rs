@@ -151,6 +151,9 @@ pub struct Tracer {
     /// Breakpoints removed while the process runs: a thread may have trapped on one just
     /// before, and its SIGTRAP must not reach the program.
     tombstones: HashSet<(u32, u64)>,
+    /// Signals beyond a thread's `pending_signal` that arrived while it was held or stepping;
+    /// sent to it again (tgkill) when it is let go, so none is lost.
+    deferred: HashMap<u32, Vec<i32>>,
     done: bool,
 }
 
@@ -180,6 +183,7 @@ impl Tracer {
             stepping: Default::default(),
             released: HashSet::new(),
             tombstones: HashSet::new(),
+            deferred: HashMap::new(),
             done: false,
         }
     }
@@ -322,11 +326,31 @@ impl Tracer {
         {
             return; // it ended during the step
         }
-        let sig = self
-            .threads
-            .get_mut(&tid)
-            .map_or(0, |t| std::mem::take(&mut t.pending_signal));
+        self.let_go(tid);
+    }
+
+    /// Keeps a signal that arrived while `tid` could not take it, to deliver on resume.
+    fn defer_signal(&mut self, tid: u32, sig: i32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            if t.pending_signal == 0 {
+                t.pending_signal = sig;
+            } else {
+                self.deferred.entry(tid).or_default().push(sig);
+            }
+        }
+    }
+
+    /// Resumes a thread with its kept signal; further kept signals are sent to it again.
+    fn let_go(&mut self, tid: u32) {
+        let Some(t) = self.threads.get_mut(&tid) else {
+            return;
+        };
+        let sig = std::mem::take(&mut t.pending_signal);
+        let pid = t.pid;
         self.resume_with(tid, sig);
+        for s in self.deferred.remove(&tid).unwrap_or_default() {
+            sys::kill_thread(pid, tid, s);
+        }
     }
 
     /// Executes one instruction of a stopped thread; a [`TraceEvent::Stepped`] follows.
@@ -485,7 +509,6 @@ impl Tracer {
             let _ = sys::write_memory(pid, addr, o);
         }
         let mut alive = true;
-        let mut signal = 0;
         let mut stepped = sys::single_step(tid, 0).is_ok();
         while stepped && std::time::Instant::now() < deadline {
             match sys::wait_any_nohang() {
@@ -501,7 +524,7 @@ impl Tracer {
                             // A signal (or a stale interrupt) before the step: keep the signal
                             // for later and step again.
                             if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
-                                signal = sig;
+                                self.defer_signal(tid, sig);
                             }
                             stepped = sys::single_step(tid, 0).is_ok();
                         }
@@ -518,9 +541,6 @@ impl Tracer {
         if let Some(t) = self.threads.get_mut(&tid) {
             t.at_breakpoint = None;
             t.state = State::Stopped;
-            if signal != 0 {
-                t.pending_signal = signal;
-            }
         }
         // 3. Let the held threads go.
         let held: Vec<u32> = self
@@ -530,14 +550,10 @@ impl Tracer {
             .map(|(&o, _)| o)
             .collect();
         for o in held {
-            let sig = match self.threads.get_mut(&o) {
-                Some(x) => {
-                    x.held = false;
-                    std::mem::take(&mut x.pending_signal)
-                }
-                None => continue,
-            };
-            self.resume_with(o, sig);
+            if let Some(x) = self.threads.get_mut(&o) {
+                x.held = false;
+            }
+            self.let_go(o);
         }
         alive
     }
@@ -601,8 +617,8 @@ impl Tracer {
                     t.state = State::Stopped;
                     t.held = true;
                 } else {
+                    self.defer_signal(tid, sig);
                     let t = self.threads.get_mut(&tid).expect("known");
-                    t.pending_signal = sig;
                     t.state = State::Stopped;
                     t.held = true;
                 }
@@ -613,9 +629,9 @@ impl Tracer {
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
             }
             0 => {
-                t.pending_signal = sig;
                 t.state = State::Stopped;
                 t.held = true;
+                self.defer_signal(tid, sig);
             }
             _ => {
                 // clone/fork/exec events of a held thread: process them normally; the thread

@@ -410,3 +410,34 @@ fn per_call_prints_every_invocation() {
         rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
     assert_eq!(tids.len(), 4);
 }
+
+#[test]
+fn signals_the_target_sends_itself_all_arrive_while_a_region_is_counted() {
+    let dir = TempDir::new("stat-signals");
+    let sig = compile(&dir, "signals", &["signals.c"], &["-O2", "-g"]);
+    // `usr1` sends itself SIGUSR1 100 times, each followed by a call of `burn`, and counts
+    // the signals in its handler.
+    let out = run_ok(
+        superprof()
+            .args([
+                "stat",
+                "-r",
+                "burn",
+                "-e",
+                "page-faults",
+                "--format",
+                "csv",
+                "-o",
+            ])
+            .arg(dir.path("s.csv"))
+            .arg("--")
+            .arg(&sig)
+            .arg("usr1"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "usr1 count=100"
+    );
+    let csv = std::fs::read_to_string(dir.path("s.csv")).unwrap();
+    assert!(csv.lines().any(|l| l.starts_with("burn,100,")), "{csv}");
+}
