@@ -31,9 +31,18 @@ fn main() -> ExitCode {
             }
             // clap's errors span several lines; keep the first, which says what is wrong.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("superprof: {first} (see superprof --help)");
+            let mut lines = text.lines();
+            let first = lines.next().unwrap_or("invalid arguments");
+            let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+            // "...were not provided:" is followed by the missing arguments, indented.
+            if message.ends_with(':') {
+                let items: Vec<&str> = lines
+                    .take_while(|l| l.starts_with("  "))
+                    .map(str::trim)
+                    .collect();
+                message = format!("{} {}", message, items.join(", "));
+            }
+            eprintln!("superprof: {} (see superprof --help)", message.trim_end());
             return ExitCode::from(2);
         }
     };

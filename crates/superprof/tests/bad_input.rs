@@ -59,7 +59,7 @@ fn unknown_option() {
 #[test]
 fn record_needs_a_target() {
     let out = superprof().args(["record"]).output().unwrap();
-    assert_clean_error(&out, &[], None);
+    assert_clean_error(&out, &["<CMD>"], None);
 }
 
 #[test]
