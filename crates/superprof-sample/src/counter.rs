@@ -202,17 +202,7 @@ impl Counter {
 
     pub fn read(&self) -> io::Result<Reading> {
         let mut buf = [0u64; 3];
-        // SAFETY: reading 24 bytes into a buffer of 24 bytes from a perf counter fd.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr() as *mut libc::c_void,
-                std::mem::size_of_val(&buf),
-            )
-        };
-        if n != std::mem::size_of_val(&buf) as isize {
-            return Err(io::Error::last_os_error());
-        }
+        sys::read_u64s(&self.fd, &mut buf)?;
         Ok(Reading {
             value: buf[0],
             enabled: buf[1],

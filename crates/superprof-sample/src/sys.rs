@@ -279,3 +279,15 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// Reads a perf counter's value block (value, time enabled, time running...).
+pub fn read_u64s(fd: &OwnedFd, buf: &mut [u64]) -> io::Result<()> {
+    let want = std::mem::size_of_val(buf);
+    // SAFETY: reading at most `want` bytes into `buf`, which is exactly that large.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, want) };
+    if n == want as isize {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

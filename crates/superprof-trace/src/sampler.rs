@@ -114,7 +114,7 @@ pub fn run(
                 if outstanding.remove(&tid) {
                     if let Ok(regs) = sys::regs(tid) {
                         let n = sys::read_memory(pid, regs.sp, &mut stack);
-                        let time = now_ns();
+                        let time = sys::monotonic_ns();
                         on(SamplerEvent::Sample(PtraceSample {
                             time,
                             pid,
@@ -162,14 +162,4 @@ pub fn run(
             None => {}
         }
     }
-}
-
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -68,25 +68,15 @@ pub fn workload(seconds: f64) {
     }
 }
 
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 // Each hot function checks the clock only every few thousand steps, so its own loop (not the
 // clock) is what the profile shows.
 const STEPS: u32 = 4096;
 
 #[inline(never)]
 fn crunch_numbers(budget: Duration) {
-    let end = thread_cpu_time() + budget;
+    let end = crate::sys::thread_cpu_time() + budget;
     let mut x = 1.0f64;
-    while thread_cpu_time() < end {
+    while crate::sys::thread_cpu_time() < end {
         for _ in 0..STEPS {
             x = (x * 1.000_001 + 0.5).sqrt();
         }
@@ -96,10 +86,10 @@ fn crunch_numbers(budget: Duration) {
 
 #[inline(never)]
 fn hash_strings(budget: Duration) {
-    let end = thread_cpu_time() + budget;
+    let end = crate::sys::thread_cpu_time() + budget;
     let text = black_box(b"superprof samples stacks");
     let mut h = 0xcbf2_9ce4_8422_2325u64;
-    while thread_cpu_time() < end {
+    while crate::sys::thread_cpu_time() < end {
         for _ in 0..STEPS / 16 {
             for b in text {
                 h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
@@ -111,12 +101,12 @@ fn hash_strings(budget: Duration) {
 
 #[inline(never)]
 fn walk_list(budget: Duration) {
-    let end = thread_cpu_time() + budget;
+    let end = crate::sys::thread_cpu_time() + budget;
     let next: Vec<usize> = (0..4096)
         .map(|i| (i * 2_654_435_761usize + 1) % 4096)
         .collect();
     let mut i = 0;
-    while thread_cpu_time() < end {
+    while crate::sys::thread_cpu_time() < end {
         for _ in 0..STEPS {
             i = next[i];
         }

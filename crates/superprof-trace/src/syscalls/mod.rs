@@ -118,7 +118,7 @@ pub fn trace(
                             tid,
                             Pending {
                                 start: Instant::now(),
-                                time_ns: monotonic_ns(),
+                                time_ns: sys::monotonic_ns(),
                                 pid,
                                 name,
                                 args,
@@ -165,7 +165,7 @@ pub fn trace(
                             pid,
                             Pending {
                                 start: Instant::now(),
-                                time_ns: monotonic_ns(),
+                                time_ns: sys::monotonic_ns(),
                                 pid,
                                 name: "execve".into(),
                                 args: vec![exe],
@@ -220,16 +220,6 @@ fn flush_unfinished(
             }));
         }
     }
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]
