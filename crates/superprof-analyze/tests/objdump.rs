@@ -1,0 +1,132 @@
+//! The decoder against objdump on real compiled code, and on hand-picked encodings.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use object::{Object, ObjectSection, ObjectSymbol};
+use superprof_analyze::{blocks, classify, decode_all, Flow};
+
+/// (address, mnemonic, direct target) of each instruction of `func`, from objdump.
+fn objdump(exe: &Path, func: &str) -> Vec<(u64, String, Option<u64>)> {
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", &format!("--disassemble={func}")])
+        .arg(exe)
+        .output()
+        .expect("objdump runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter_map(|l| {
+            let (addr, rest) = l.trim().split_once(":\t")?;
+            let addr = u64::from_str_radix(addr, 16).ok()?;
+            let mut w = rest.split_whitespace();
+            let mnemonic = w.next()?.to_owned();
+            let target = w.next().and_then(|t| u64::from_str_radix(t, 16).ok());
+            Some((addr, mnemonic, target))
+        })
+        .collect()
+}
+
+fn function_bytes(exe: &Path, func: &str) -> (Vec<u8>, u64) {
+    let data = std::fs::read(exe).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    let sym = obj.symbols().find(|s| s.name() == Ok(func)).unwrap();
+    let text = obj.section_by_name(".text").unwrap();
+    let off = (sym.address() - text.address()) as usize;
+    let bytes = text.data().unwrap()[off..off + sym.size() as usize].to_vec();
+    (bytes, sym.address())
+}
+
+#[test]
+fn blocks_agree_with_objdump_on_compiled_code() {
+    let dir = std::env::temp_dir().join(format!("superprof-analyze-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("branches");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/branches.c");
+    for opt in ["-O0", "-O2"] {
+        let st = Command::new("gcc")
+            .args([opt, "-g", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        for func in ["pick", "zigzag", "main"] {
+            let (bytes, base) = function_bytes(&exe, func);
+            let theirs = objdump(&exe, func);
+            let ours = decode_all(&bytes, base);
+            // Same instruction boundaries.
+            let a: Vec<u64> = ours.iter().map(|i| i.addr).collect();
+            let b: Vec<u64> = theirs.iter().map(|i| i.0).collect();
+            assert_eq!(a, b, "{func} {opt}: instruction boundaries differ");
+            // Same control flow, instruction by instruction.
+            for (i, (_, m, target)) in ours.iter().zip(&theirs) {
+                let expect_end = m.starts_with('j')
+                    || m.starts_with("call")
+                    || m.starts_with("ret")
+                    || m == "ud2"
+                    || m == "hlt"
+                    || m == "syscall"
+                    || m.starts_with("int");
+                assert_eq!(
+                    i.flow.ends_block(),
+                    expect_end,
+                    "{func} {opt} at {:#x}: {m} vs {:?}",
+                    i.addr,
+                    i.flow
+                );
+                if m.starts_with('j') && m != "jmp" {
+                    assert!(
+                        matches!(i.flow, Flow::Conditional { .. }),
+                        "{m} at {:#x}",
+                        i.addr
+                    );
+                }
+                if let (Some(t), Some(expect)) = (i.flow.target(), target) {
+                    assert_eq!(t, *expect, "{m} at {:#x}", i.addr);
+                }
+            }
+            // Every branch target inside the function starts a block; blocks tile the code.
+            let bl = blocks(&bytes, base);
+            let starts: BTreeSet<u64> = bl.iter().map(|b| b.start).collect();
+            let end = base + bytes.len() as u64;
+            for (_, m, target) in &theirs {
+                if let Some(t) = target.filter(|t| (base..end).contains(t)) {
+                    if m.starts_with('j') {
+                        assert!(
+                            starts.contains(&t),
+                            "{func} {opt}: target {t:#x} of {m} is not a block start"
+                        );
+                    }
+                }
+            }
+            assert_eq!(bl.first().unwrap().start, base);
+            for w in bl.windows(2) {
+                assert_eq!(w[0].end, w[1].start, "{func} {opt}: gap between blocks");
+            }
+            assert_eq!(
+                bl.iter().map(|b| b.instructions as usize).sum::<usize>(),
+                ours.len()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hand_picked_encodings() {
+    let c = |bytes: &[u8]| classify(bytes, 0x1000).unwrap().flow;
+    assert_eq!(c(&[0xf3, 0xa4]), Flow::Repeat); // rep movsb
+    assert_eq!(c(&[0xa4]), Flow::Next); // movsb
+    assert_eq!(c(&[0x0f, 0x05]), Flow::Syscall);
+    assert_eq!(c(&[0xcd, 0x80]), Flow::Syscall); // int 0x80
+    assert_eq!(c(&[0xcc]), Flow::Trap); // int3
+    assert_eq!(c(&[0x0f, 0x0b]), Flow::Trap); // ud2
+    assert_eq!(c(&[0xc3]), Flow::Return);
+    assert_eq!(c(&[0xff, 0xe0]), Flow::IndirectJump); // jmp rax
+    assert_eq!(c(&[0xff, 0xd0]), Flow::IndirectCall); // call rax
+    assert_eq!(c(&[0xe8, 0x10, 0, 0, 0]), Flow::Call { target: 0x1015 });
+    assert_eq!(c(&[0xeb, 0xfe]), Flow::Jump { target: 0x1000 }); // jmp $
+    assert_eq!(c(&[0x90]), Flow::Next);
+    assert!(classify(&[0x0f], 0x1000).is_none());
+}
