@@ -64,24 +64,14 @@ pub struct MappedFile {
 
 /// The executable files of a process (its program and libraries), each once.
 pub fn mapped_files(pid: u32) -> std::io::Result<Vec<MappedFile>> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    // One executable mapping per file is enough to place it.
     let mut files: BTreeMap<PathBuf, (u64, u64, u64)> = BTreeMap::new();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-            continue;
+    for m in superprof_unwind::maps::executable_mappings(pid)? {
+        if m.path.is_absolute() {
+            files
+                .entry(m.path)
+                .or_insert((m.start, m.end - m.start, m.offset));
         }
-        let Some((a, b)) = f[0].split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b), Ok(off)) = (
-            u64::from_str_radix(a, 16),
-            u64::from_str_radix(b, 16),
-            u64::from_str_radix(f[2], 16),
-        ) else {
-            continue;
-        };
-        files.entry(PathBuf::from(f[5])).or_insert((a, b - a, off));
     }
     let mut out = Vec::new();
     for (path, (start, len, pgoff)) in files {

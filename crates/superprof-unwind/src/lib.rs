@@ -21,6 +21,7 @@
 //! ```
 
 mod elf;
+pub mod maps;
 mod process;
 mod regs;
 mod sys;

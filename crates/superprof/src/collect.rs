@@ -102,33 +102,10 @@ impl Collector {
     /// sample lands outside every known mapping).
     pub fn read_proc(&mut self, pid: u32, now: u64) {
         self.maps_read_at.insert(pid, now);
-        if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
-            for line in maps.lines() {
-                let mut f = line.split_whitespace();
-                let (Some(range), Some(perms), Some(off), _, _) =
-                    (f.next(), f.next(), f.next(), f.next(), f.next())
-                else {
-                    continue;
-                };
-                let path = f.collect::<Vec<_>>().join(" ");
-                if !perms.contains('x') || path.is_empty() {
-                    continue;
-                }
-                let Some((a, b)) = range.split_once('-') else {
-                    continue;
-                };
-                let (Ok(a), Ok(b), Ok(off)) = (
-                    u64::from_str_radix(a, 16),
-                    u64::from_str_radix(b, 16),
-                    u64::from_str_radix(off, 16),
-                ) else {
-                    continue;
-                };
-                let known = self.processes.get(&pid).and_then(|p| p.lookup(a));
-                if known.is_some_and(|m| m.start == a && m.end == b) {
-                    continue;
-                }
-                self.add_mapping(pid, a, b - a, off, Path::new(&path));
+        for m in superprof_unwind::maps::executable_mappings(pid).unwrap_or_default() {
+            let known = self.processes.get(&pid).and_then(|p| p.lookup(m.start));
+            if !known.is_some_and(|k| k.start == m.start && k.end == m.end) {
+                self.add_mapping(pid, m.start, m.end - m.start, m.offset, &m.path);
             }
         }
         self.read_thread_names(pid);

@@ -838,20 +838,11 @@ fn line_range(pid: u32, f1: &str, l1: u32, f2: &str, l2: u32) -> Option<(u64, u6
 /// The load bias of the main executable.
 fn exe_bias(pid: u32) -> Option<u64> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let exe_s = exe.to_str()?;
-    let line = maps
-        .lines()
-        .find(|l| l.contains("r-xp") && l.ends_with(exe_s))?;
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let (a, b) = f[0].split_once('-')?;
-    let (a, b) = (
-        u64::from_str_radix(a, 16).ok()?,
-        u64::from_str_radix(b, 16).ok()?,
-    );
-    let off = u64::from_str_radix(f[2], 16).ok()?;
-    let image = superprof_unwind::ElfImage::open(&exe)?;
-    Some(image.bias_for_mapping(a, b - a, off))
+    superprof_trace::mapped_files(pid)
+        .ok()?
+        .into_iter()
+        .find(|f| f.path == exe)
+        .map(|f| f.bias)
 }
 
 /// Function names close to `name` (by edit distance), for an error message.
