@@ -44,6 +44,7 @@ pub struct Collector {
     nodes: Vec<(Option<u32>, u32)>,
     node_ids: HashMap<(Option<u32>, u32), u32>,
     samples: Vec<PendingSample>,
+    sampled_threads: std::collections::HashSet<u32>,
     /// Last time /proc/PID/maps was read for a pid (monotonic ns).
     maps_read_at: HashMap<u32, u64>,
     pub lost: u64,
@@ -91,11 +92,9 @@ impl Collector {
         self.samples.len()
     }
 
+    /// Threads that have samples (kept as samples arrive: the progress line asks often).
     pub fn thread_count(&self) -> usize {
-        let mut tids: Vec<u32> = self.samples.iter().map(|s| s.tid).collect();
-        tids.sort_unstable();
-        tids.dedup();
-        tids.len()
+        self.sampled_threads.len()
     }
 
     /// Seeds a process's modules and thread names from /proc (attach mode, or a fallback when a
@@ -315,6 +314,7 @@ impl Collector {
             }
             node = Some(id);
         }
+        self.sampled_threads.insert(s.tid);
         self.samples.push(PendingSample {
             time: s.time,
             tid: s.tid,
