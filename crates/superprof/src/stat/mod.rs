@@ -305,6 +305,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
         results: None,
         specs,
         missing: HashMap::new(),
+        symbols: superprof_symbols::Symbolizer::default(),
     };
     let (exit, signal_in_region) = session.trace(args)?;
     let results = session.results.take().expect("results");
@@ -345,6 +346,8 @@ struct Session {
     specs: Vec<RegionSpec>,
     /// Regions not found yet, with the error to give if they never are.
     missing: HashMap<usize, String>,
+    /// DWARF of the process's files, parsed once for every region that needs it.
+    symbols: superprof_symbols::Symbolizer,
 }
 
 impl Session {
@@ -431,7 +434,12 @@ impl Session {
                         .unwrap_or_default();
                     // Its inlined copies are sites of the same region.
                     let target = found.first().map_or(name.as_str(), |f| f.name.as_str());
-                    for (start, end) in inlined_sites(pid, target, found.first().map(|f| &f.module)) {
+                    for (start, end) in inlined_sites(
+                        &mut self.symbols,
+                        pid,
+                        target,
+                        found.first().map(|f| &f.module),
+                    ) {
                         let site = Site {
                             end: Some(end),
                             ends_at_return: false,
@@ -468,7 +476,7 @@ impl Session {
                         }
                     }
                 }
-                RegionSpec::Lines(f1, l1, f2, l2) => match line_range(pid, f1, *l1, f2, *l2) {
+                RegionSpec::Lines(f1, l1, f2, l2) => match line_range(&mut self.symbols, pid, (f1, *l1), (f2, *l2)) {
                     Some((start, end)) => {
                         let site = Site {
                             end: Some(end),
@@ -790,9 +798,13 @@ fn return_address(tracer: &Tracer, pid: u32, regs: &superprof_unwind::UserRegs) 
 
 /// Runtime [start, end) ranges of the copies of function `name` inlined in the main executable
 /// and in `module` (where the function itself is).
-fn inlined_sites(pid: u32, name: &str, module: Option<&std::path::PathBuf>) -> Vec<(u64, u64)> {
+fn inlined_sites(
+    symbolizer: &mut superprof_symbols::Symbolizer,
+    pid: u32,
+    name: &str,
+    module: Option<&std::path::PathBuf>,
+) -> Vec<(u64, u64)> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let mut symbolizer = superprof_symbols::Symbolizer::default();
     let mut out = Vec::new();
     for file in superprof_trace::mapped_files(pid).unwrap_or_default() {
         if Some(&file.path) != exe.as_ref() && Some(&file.path) != module {
@@ -809,20 +821,21 @@ fn inlined_sites(pid: u32, name: &str, module: Option<&std::path::PathBuf>) -> V
 /// the lowest address to the end of the highest (in one file: every line of the range that has
 /// code; across two files: the first line's code to the last line's), in the first module whose
 /// DWARF has them.
-fn line_range(pid: u32, f1: &str, l1: u32, f2: &str, l2: u32) -> Option<(u64, u64)> {
-    let mut symbolizer = superprof_symbols::Symbolizer::default();
+fn line_range(
+    symbolizer: &mut superprof_symbols::Symbolizer,
+    pid: u32,
+    (f1, l1): (&str, u32),
+    (f2, l2): (&str, u32),
+) -> Option<(u64, u64)> {
     for file in superprof_trace::mapped_files(pid).ok()? {
         let rows = |sym: &mut superprof_symbols::Symbolizer, f: &str, lines| {
             sym.line_rows(&file.path, &file.open_path, f, lines)
         };
         let (first, last) = if f1 == f2 {
-            let all = rows(&mut symbolizer, f1, l1..=l2);
+            let all = rows(symbolizer, f1, l1..=l2);
             (all.clone(), all)
         } else {
-            (
-                rows(&mut symbolizer, f1, l1..=l1),
-                rows(&mut symbolizer, f2, l2..=l2),
-            )
+            (rows(symbolizer, f1, l1..=l1), rows(symbolizer, f2, l2..=l2))
         };
         let (Some(&(start, _)), Some(end)) = (first.first(), last.iter().map(|(a, n)| a + n).max())
         else {
