@@ -18,9 +18,75 @@
 //! assert_eq!(b[0].flow, Flow::Conditional { target: 0x1006 });
 //! ```
 
+mod aarch64;
+mod analyzer;
+mod learn;
 mod x86;
 
-pub use x86::classify;
+pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode};
+pub use learn::Learn;
+
+/// An instruction set the analyzers know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture superprof runs on.
+    pub const HOST: Arch = if cfg!(target_arch = "aarch64") {
+        Arch::Aarch64
+    } else {
+        Arch::X86_64
+    };
+
+    /// The longest instruction: how many bytes to read to decode one.
+    pub fn max_insn_len(self) -> usize {
+        match self {
+            Arch::X86_64 => 15,
+            Arch::Aarch64 => 4,
+        }
+    }
+
+    /// Decodes the instruction at the start of `code` (at address `addr`); None if invalid.
+    pub fn classify(self, code: &[u8], addr: u64) -> Option<Insn> {
+        match self {
+            Arch::X86_64 => x86::classify(code, addr),
+            Arch::Aarch64 => aarch64::classify(code, addr),
+        }
+    }
+
+    /// The instruction at the start of `code` as assembly text, and its length.
+    pub fn disassemble(self, code: &[u8], addr: u64) -> Option<(String, u32)> {
+        match self {
+            Arch::X86_64 => x86::disassemble(code, addr),
+            Arch::Aarch64 => aarch64::disassemble(code, addr),
+        }
+    }
+
+    /// The learning analyzer's key for an instruction (its opcode bits, prefixes left out),
+    /// and the instruction's length.
+    pub(crate) fn encoding_key(self, code: &[u8], addr: u64) -> Option<(u32, u32)> {
+        match self {
+            Arch::X86_64 => x86::encoding_key(code, addr),
+            Arch::Aarch64 => aarch64::encoding_key(code),
+        }
+    }
+
+    /// Where the opcode part of a key starts (the bits above are the "head").
+    pub(crate) fn key_head_shift(self) -> u32 {
+        match self {
+            Arch::X86_64 => x86::KEY_HEAD_SHIFT,
+            Arch::Aarch64 => aarch64::KEY_HEAD_SHIFT,
+        }
+    }
+}
+
+/// Classifies one instruction of the host architecture (see [`Arch::classify`]).
+pub fn classify(code: &[u8], addr: u64) -> Option<Insn> {
+    Arch::HOST.classify(code, addr)
+}
 
 /// How an instruction moves the pc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +139,8 @@ pub struct Insn {
     pub addr: u64,
     pub len: u32,
     pub flow: Flow,
+    /// A no-op (or int3) of the kind compilers put between functions and before jump targets.
+    pub filler: bool,
 }
 
 /// A basic block: `start..end`, its instruction count, and how its last instruction leaves.
@@ -88,25 +156,48 @@ pub struct Block {
 
 /// Splits `code` (starting at address `base`) into basic blocks: ends after control flow,
 /// splits at every direct branch target inside the code. Undecodable bytes end the run.
+/// Filler (no-ops, int3) after a return or jump belongs to no block.
 pub fn blocks(code: &[u8], base: u64) -> Vec<Block> {
-    let insns = decode_all(code, base);
+    blocks_for(Arch::HOST, code, base)
+}
+
+/// [`blocks`] for a given architecture.
+pub fn blocks_for(arch: Arch, code: &[u8], base: u64) -> Vec<Block> {
+    let insns = decode_all_for(arch, code, base);
     let end = insns.last().map_or(base, |i| i.addr + i.len as u64);
     let mut leaders: std::collections::BTreeSet<u64> = std::collections::BTreeSet::new();
+    let mut targets: std::collections::HashSet<u64> = std::collections::HashSet::new();
     leaders.insert(base);
     for i in &insns {
         if let Some(t) = i.flow.target() {
             // A call's target starts another function's block; a jump's, one of ours.
             if (base..end).contains(&t) {
                 leaders.insert(t);
+                targets.insert(t);
             }
         }
         if i.flow.ends_block() {
             leaders.insert(i.addr + i.len as u64);
         }
+        // A repeated string instruction loops on itself: it is a block of its own.
+        if i.flow == Flow::Repeat {
+            leaders.insert(i.addr);
+        }
     }
     let mut out: Vec<Block> = Vec::new();
+    // Filler after an instruction that never goes straight on is never run: it belongs to
+    // no block, and the code after it starts one.
+    let mut after_end = false;
     for i in &insns {
-        let starts_here = leaders.contains(&i.addr);
+        let unconditional = matches!(
+            i.flow,
+            Flow::Return | Flow::Jump { .. } | Flow::IndirectJump | Flow::Trap
+        );
+        if after_end && i.filler && !targets.contains(&i.addr) && i.addr != base {
+            continue;
+        }
+        let starts_here = leaders.contains(&i.addr) || after_end;
+        after_end = unconditional;
         match out.last_mut() {
             Some(b) if !starts_here && !b.flow.ends_block() => {
                 b.end = i.addr + i.len as u64;
@@ -126,10 +217,15 @@ pub fn blocks(code: &[u8], base: u64) -> Vec<Block> {
 
 /// Decodes a run of instructions.
 pub fn decode_all(code: &[u8], base: u64) -> Vec<Insn> {
+    decode_all_for(Arch::HOST, code, base)
+}
+
+/// [`decode_all`] for a given architecture.
+pub fn decode_all_for(arch: Arch, code: &[u8], base: u64) -> Vec<Insn> {
     let mut out = Vec::new();
     let mut off = 0usize;
     while off < code.len() {
-        let Some(insn) = classify(&code[off..], base + off as u64) else {
+        let Some(insn) = arch.classify(&code[off..], base + off as u64) else {
             break;
         };
         off += insn.len as usize;

@@ -393,6 +393,26 @@ impl Tracer {
         sys::read_memory(pid, addr, buf)
     }
 
+    /// Reads code of a traced process as the program sees it: the original bytes where
+    /// breakpoints are set. Returns the bytes read.
+    pub fn read_code(&self, pid: u32, addr: u64, buf: &mut [u8]) -> usize {
+        let n = sys::read_memory(pid, addr, buf);
+        let end = addr + n as u64;
+        let bp_len = sys::BREAKPOINT.len() as u64;
+        for ((p, at), orig) in &self.breakpoints {
+            if *p != pid || *at + bp_len <= addr || *at >= end {
+                continue;
+            }
+            for (k, &b) in orig.iter().enumerate() {
+                let a = at + k as u64;
+                if (addr..end).contains(&a) {
+                    buf[(a - addr) as usize] = b;
+                }
+            }
+        }
+        n
+    }
+
     /// Writes memory of a traced process, code pages included (/proc/PID/mem).
     pub fn write_memory(&mut self, pid: u32, addr: u64, data: &[u8]) -> io::Result<()> {
         sys::write_memory(pid, addr, data)

@@ -32,6 +32,8 @@ pub enum Command {
     Syscalls(SyscallsArgs),
     /// Count events (page faults, instructions...) inside individual functions or ranges
     Stat(StatArgs),
+    /// Which basic blocks run most: exact counts, coverage, or sampled heat
+    Blocks(BlocksArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
     /// The demo's workload (run by `superprof demo`)
@@ -206,5 +208,69 @@ pub struct StatArgs {
     pub pid: Option<u32>,
     /// The command to launch (after `--`)
     #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "list"])]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BlocksMode {
+    /// Exact execution count of every block of the region (breakpoints)
+    Count,
+    /// Which blocks ever ran (one-shot breakpoints)
+    Coverage,
+    /// Samples per block (the perf sampler; no breakpoints)
+    Sample,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AnalyzerArg {
+    /// Decode each instruction (iced-x86, yaxpeax-arm)
+    Decode,
+    /// Learn which encodings are branches by single-stepping
+    Learn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BlocksFormat {
+    Table,
+    Json,
+    Csv,
+}
+
+#[derive(Debug, Args)]
+pub struct BlocksArgs {
+    /// A region: a function name, 0xSTART-0xEND of the executable (ELF addresses), or
+    /// FILE:LINE-LINE. Repeat for several. Required for count; default for coverage and
+    /// sample: the whole executable
+    #[arg(short = 'r', long = "region", value_name = "REGION")]
+    pub regions: Vec<String>,
+    #[arg(long, value_enum, default_value_t = BlocksMode::Count)]
+    pub mode: BlocksMode,
+    /// How block ends are found: decode instructions, or learn them by single-stepping
+    #[arg(long, value_enum, default_value_t = AnalyzerArg::Decode)]
+    pub analyzer: AnalyzerArg,
+    #[arg(long, value_enum, default_value_t = BlocksFormat::Table)]
+    pub format: BlocksFormat,
+    /// Print the regions' disassembly with the counts in the margin
+    #[arg(long)]
+    pub annotate: bool,
+    /// Write the results to this file instead of stdout
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Sampling frequency for --mode sample
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
+    pub frequency: u32,
+    /// Stop after this many seconds (an attached process runs on, with no breakpoint left)
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Attach to this running process and all its threads
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pub pid: Option<u32>,
+    /// The command to launch (after `--`)
+    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
     pub command: Vec<String>,
 }

@@ -1,10 +1,12 @@
 //! superprof: a sampling profiler for Linux. This file maps arguments to the library crates and
 //! errors to one line and an exit code; the work happens in `record` and the crates.
 
+mod blocks;
 mod cli;
 mod collect;
 mod demo;
 mod record;
+mod region;
 mod report;
 mod stat;
 mod sys;
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
         cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Stat(args) => stat::run(&args),
+        cli::Command::Blocks(args) => blocks::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
         cli::Command::DemoWorkload { seconds } => {

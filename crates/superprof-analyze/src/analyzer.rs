@@ -1,0 +1,140 @@
+//! The analyzers' common interface, and the `decode` analyzer.
+
+use crate::{Arch, Flow};
+
+/// Where a block that runs from some pc ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockEnd {
+    /// The block's last instruction is at `addr`: it may send the pc elsewhere.
+    Last {
+        addr: u64,
+        len: u32,
+        instructions: u32,
+    },
+    /// No block end before `end` (the limit, or code that cannot be read or decoded).
+    Open { end: u64, instructions: u32 },
+    /// The analyzer cannot tell whether the instruction at `addr` ends the block yet:
+    /// single-step it and tell the analyzer where the pc went ([`Analyzer::observe`]).
+    Unknown { addr: u64 },
+}
+
+/// What an analyzer did, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AnalyzerStats {
+    /// Instructions single-stepped to learn from.
+    pub single_steps: u64,
+    /// Blocks whose end was predicted from the table.
+    pub predictions: u64,
+    /// Of those, how many the decoder agrees with (when checked).
+    pub predictions_right: Option<u64>,
+    /// Entries of the learned table (exact encodings and generalized patterns).
+    pub table_entries: usize,
+}
+
+/// Reads the traced program's code: fills `buf` from `addr`, returns how many bytes it read.
+pub type ReadCode<'a> = dyn FnMut(u64, &mut [u8]) -> usize + 'a;
+
+/// The dynamic code analyzer: where does the block that runs from `pc` end?
+pub trait Analyzer {
+    fn name(&self) -> &'static str;
+    /// Where the block that runs from `pc` ends, looking no further than `limit`.
+    fn block_end(&mut self, pc: u64, limit: u64, read: &mut ReadCode) -> BlockEnd;
+    /// The instruction at `addr` (whose bytes start `code`) ran and the pc went to `next`.
+    fn observe(&mut self, addr: u64, code: &[u8], next: u64);
+    fn stats(&self) -> AnalyzerStats;
+    /// Whether the instruction at `addr` (whose bytes start `code`) ends a block, as far as
+    /// the analyzer knows now.
+    fn ends_block(&self, code: &[u8], addr: u64) -> bool;
+    /// Whether an answer for a pc stays true (a decoder's does; a learner's can change).
+    fn answers_are_final(&self) -> bool {
+        true
+    }
+}
+
+/// Code read in chunks, for walking instruction by instruction.
+pub(crate) struct CodeWindow {
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl CodeWindow {
+    pub(crate) fn new() -> CodeWindow {
+        CodeWindow {
+            start: 0,
+            bytes: Vec::new(),
+        }
+    }
+
+    /// The bytes from `addr` (at least `want` of them where readable, never past `limit`).
+    pub(crate) fn at(&mut self, addr: u64, want: usize, limit: u64, read: &mut ReadCode) -> &[u8] {
+        let have = addr >= self.start && addr + want as u64 <= self.start + self.bytes.len() as u64;
+        if !have {
+            let n = (limit.saturating_sub(addr)).min(512) as usize;
+            self.bytes.resize(n, 0);
+            let got = read(addr, &mut self.bytes);
+            self.bytes.truncate(got);
+            self.start = addr;
+        }
+        let off = (addr - self.start) as usize;
+        let end = self.bytes.len().min((limit - self.start) as usize);
+        &self.bytes[off.min(end)..end]
+    }
+}
+
+/// The decoder: classifies each instruction's control flow (iced-x86, bad64).
+pub struct Decode {
+    arch: Arch,
+    window: CodeWindow,
+}
+
+impl Decode {
+    pub fn new(arch: Arch) -> Decode {
+        Decode {
+            arch,
+            window: CodeWindow::new(),
+        }
+    }
+}
+
+impl Analyzer for Decode {
+    fn name(&self) -> &'static str {
+        "decode"
+    }
+
+    fn block_end(&mut self, pc: u64, limit: u64, read: &mut ReadCode) -> BlockEnd {
+        let mut at = pc;
+        let mut n = 0u32;
+        let max = self.arch.max_insn_len();
+        while at < limit {
+            let code = self.window.at(at, max, limit, read);
+            let Some(insn) = self.arch.classify(code, at) else {
+                break;
+            };
+            n += 1;
+            if insn.flow != Flow::Next {
+                return BlockEnd::Last {
+                    addr: at,
+                    len: insn.len,
+                    instructions: n,
+                };
+            }
+            at += insn.len as u64;
+        }
+        BlockEnd::Open {
+            end: at,
+            instructions: n,
+        }
+    }
+
+    fn observe(&mut self, _addr: u64, _code: &[u8], _next: u64) {}
+
+    fn ends_block(&self, code: &[u8], addr: u64) -> bool {
+        self.arch
+            .classify(code, addr)
+            .is_some_and(|i| i.flow != Flow::Next)
+    }
+
+    fn stats(&self) -> AnalyzerStats {
+        AnalyzerStats::default()
+    }
+}

@@ -1,0 +1,258 @@
+//! The learning analyzer: it learns which encodings are branches by watching single steps.
+//!
+//! Each single-stepped instruction is an observation: its encoding key (opcode bits, see
+//! [`Arch::encoding_key`]) and whether the pc went straight on or somewhere else. Keys seen
+//! going elsewhere are branches; two branch keys are generalized into one pattern (value and
+//! mask: the bits they share) when the pattern keeps enough of the opcode and covers no opcode
+//! seen only going straight on. A key is predicted straight once its opcode has gone straight
+//! on often enough with no branch seen for it. Anything else is unknown, and is stepped.
+//!
+//! Its limit is that of learning: a conditional branch never seen taken looks like a straight
+//! instruction. On x86_64 the length decoder gives instruction lengths (that is not control
+//! flow); on AArch64 every instruction is 4 bytes and nothing is decoded. An optional
+//! [`Decode`] checks each prediction, for the report.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::analyzer::{CodeWindow, ReadCode};
+use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode};
+
+/// Distinct addresses where an opcode must have gone straight on before it is predicted
+/// straight: a conditional branch not taken yet looks straight at its one address, while
+/// ordinary instructions of the same opcode are all over the code.
+const CONFIDENT: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pattern {
+    value: u32,
+    mask: u32,
+}
+
+impl Pattern {
+    fn covers(&self, key: u32) -> bool {
+        key & self.mask == self.value
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prediction {
+    Branch,
+    Straight,
+    Unknown,
+}
+
+pub struct Learn {
+    arch: Arch,
+    /// Keys seen sending the pc elsewhere.
+    branched: HashSet<u32>,
+    /// Generalized branch encodings.
+    patterns: Vec<Pattern>,
+    /// Heads (opcode parts of keys) of the branch keys.
+    branch_heads: HashSet<u32>,
+    /// x86_64: rows of the opcode map (map and high nibble) that are all branches: two
+    /// opcodes of the row branched, and none of the others is known to go straight on.
+    branch_rows: HashSet<u32>,
+    /// Addresses (up to [`CONFIDENT`]) where each head and each exact key went straight on.
+    straight_heads: HashMap<u32, Vec<u64>>,
+    straight_keys: HashMap<u32, Vec<u64>>,
+    window: CodeWindow,
+    check: Option<Decode>,
+    stats: AnalyzerStats,
+}
+
+impl Learn {
+    /// An empty table. With `check`, every prediction is compared with the decoder's.
+    pub fn new(arch: Arch, check: bool) -> Learn {
+        Learn {
+            arch,
+            branched: HashSet::new(),
+            patterns: Vec::new(),
+            branch_heads: HashSet::new(),
+            branch_rows: HashSet::new(),
+            straight_heads: HashMap::new(),
+            straight_keys: HashMap::new(),
+            window: CodeWindow::new(),
+            check: check.then(|| Decode::new(arch)),
+            stats: AnalyzerStats {
+                predictions_right: check.then_some(0),
+                ..AnalyzerStats::default()
+            },
+        }
+    }
+
+    fn head(&self, key: u32) -> u32 {
+        key >> self.arch.key_head_shift()
+    }
+
+    /// Head bits a pattern must keep fixed, so that it stays one family of opcodes: on
+    /// x86_64 the map and the opcode's high nibble (a row of the opcode map) and one more
+    /// bit; on AArch64 the top six bits of the word.
+    fn family_ok(&self, mask: u32) -> bool {
+        let head = mask >> self.arch.key_head_shift();
+        match self.arch {
+            Arch::X86_64 => head & 0x3f0 == 0x3f0 && head.count_ones() >= 7,
+            Arch::Aarch64 => head & 0xfc == 0xfc,
+        }
+    }
+
+    fn predict(&self, key: u32) -> Prediction {
+        if self.branched.contains(&key) || self.patterns.iter().any(|p| p.covers(key)) {
+            return Prediction::Branch;
+        }
+        if self.arch == Arch::X86_64 && self.branch_rows.contains(&(self.head(key) >> 4)) {
+            return Prediction::Branch;
+        }
+        let head = self.head(key);
+        let straight = if self.branch_heads.contains(&head) {
+            self.straight_keys.get(&key).map_or(0, Vec::len)
+        } else {
+            self.straight_heads.get(&head).map_or(0, Vec::len)
+        };
+        if straight >= CONFIDENT {
+            Prediction::Straight
+        } else {
+            Prediction::Unknown
+        }
+    }
+
+    /// Adds a branch key to the table, merged into the pattern it generalizes best.
+    fn learn_branch(&mut self, key: u32) {
+        if !self.branched.insert(key) {
+            return;
+        }
+        let head = self.head(key);
+        self.branch_heads.insert(head);
+        if self.arch == Arch::X86_64 {
+            let row = head >> 4;
+            let branched_in_row = self.branch_heads.iter().filter(|&&h| h >> 4 == row).count();
+            let straight_in_row = self.straight_heads.iter().any(|(&h, seen)| {
+                h >> 4 == row && seen.len() >= CONFIDENT && !self.branch_heads.contains(&h)
+            });
+            if branched_in_row >= 2 && !straight_in_row {
+                self.branch_rows.insert(row);
+            }
+        }
+        if self.patterns.iter().any(|p| p.covers(key)) {
+            return;
+        }
+        let shift = self.arch.key_head_shift();
+        let head_mask = u32::MAX << shift;
+        let mut best: Option<(usize, Pattern)> = None;
+        for (i, p) in self.patterns.iter().enumerate() {
+            let mask = p.mask & !(p.value ^ key);
+            let merged = Pattern {
+                value: key & mask,
+                mask,
+            };
+            if !self.family_ok(mask) {
+                continue;
+            }
+            // It must not cover an opcode seen only going straight on.
+            let covers_straight = self.straight_heads.keys().any(|&h| {
+                !self.branch_heads.contains(&h)
+                    && (h << shift) & mask & head_mask == merged.value & head_mask
+            });
+            if covers_straight {
+                continue;
+            }
+            if best.is_none_or(|(_, b)| mask.count_ones() > b.mask.count_ones()) {
+                best = Some((i, merged));
+            }
+        }
+        match best {
+            Some((i, merged)) => self.patterns[i] = merged,
+            None => self.patterns.push(Pattern {
+                value: key,
+                mask: u32::MAX,
+            }),
+        }
+    }
+}
+
+impl Analyzer for Learn {
+    fn name(&self) -> &'static str {
+        "learn"
+    }
+
+    fn block_end(&mut self, pc: u64, limit: u64, read: &mut ReadCode) -> BlockEnd {
+        let mut at = pc;
+        let mut n = 0u32;
+        let max = self.arch.max_insn_len();
+        let result = loop {
+            if at >= limit {
+                break BlockEnd::Open {
+                    end: at,
+                    instructions: n,
+                };
+            }
+            let code = self.window.at(at, max, limit, read);
+            let Some((key, len)) = self.arch.encoding_key(code, at) else {
+                break BlockEnd::Open {
+                    end: at,
+                    instructions: n,
+                };
+            };
+            match self.predict(key) {
+                Prediction::Unknown => return BlockEnd::Unknown { addr: at },
+                Prediction::Straight => {
+                    n += 1;
+                    at += len as u64;
+                }
+                Prediction::Branch => {
+                    break BlockEnd::Last {
+                        addr: at,
+                        len,
+                        instructions: n + 1,
+                    }
+                }
+            }
+        };
+        self.stats.predictions += 1;
+        if let Some(check) = &mut self.check {
+            if check.block_end(pc, limit, read) == result {
+                *self.stats.predictions_right.get_or_insert(0) += 1;
+            }
+        }
+        result
+    }
+
+    fn observe(&mut self, addr: u64, code: &[u8], next: u64) {
+        self.stats.single_steps += 1;
+        let Some((key, len)) = self.arch.encoding_key(code, addr) else {
+            return;
+        };
+        if next == addr + len as u64 {
+            let head = self.head(key);
+            for seen in [
+                self.straight_heads.entry(head).or_default(),
+                self.straight_keys.entry(key).or_default(),
+            ] {
+                if seen.len() < CONFIDENT && !seen.contains(&addr) {
+                    seen.push(addr);
+                }
+            }
+        } else {
+            self.learn_branch(key);
+        }
+    }
+
+    fn ends_block(&self, code: &[u8], addr: u64) -> bool {
+        self.arch
+            .encoding_key(code, addr)
+            .is_some_and(|(key, _)| self.predict(key) == Prediction::Branch)
+    }
+
+    fn answers_are_final(&self) -> bool {
+        false
+    }
+
+    fn stats(&self) -> AnalyzerStats {
+        AnalyzerStats {
+            table_entries: self.branched.len()
+                + self.patterns.len()
+                + self.branch_rows.len()
+                + self.straight_heads.len(),
+            ..self.stats.clone()
+        }
+    }
+}

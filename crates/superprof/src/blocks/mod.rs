@@ -1,0 +1,262 @@
+//! `superprof blocks`: which basic blocks run most.
+//!
+//! Three modes share the region handling and the output:
+//! - `count` ([`trace`]): exact executions of every block of a region. Breakpoints sit at the
+//!   entry of the region and at the last instruction of each block execution reaches; a thread
+//!   that stops at a block's end is single-stepped, and where its pc lands starts the next
+//!   block. The dynamic code analyzer (decode or learn) says where each block ends.
+//! - `coverage` ([`trace`]): a one-shot breakpoint at the start of every block, removed at
+//!   its first hit.
+//! - `sample` ([`sample`]): the perf sampler's instruction pointers, attributed to the
+//!   statically decoded blocks that contain them.
+
+mod code;
+mod output;
+mod sample;
+mod trace;
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+use superprof_analyze::AnalyzerStats;
+use superprof_trace::{ExitStatus, MappedFile};
+
+pub use code::ElfCode;
+
+use crate::cli::{BlocksArgs, BlocksMode};
+use crate::region::{exe_bias, line_range, suggestions, RegionSpec};
+
+/// A region placed in the process: runtime addresses [lo, hi) in `file`.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub name: String,
+    pub lo: u64,
+    pub hi: u64,
+    pub file: MappedFile,
+}
+
+/// One block of the results, in the ELF file's own addresses.
+#[derive(Debug, Clone)]
+pub struct BlockRow {
+    pub start: u64,
+    pub end: u64,
+    pub module: PathBuf,
+    pub function: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub instructions: u32,
+    /// Executions (count), samples (sample), 1 or 0 (coverage).
+    pub count: u64,
+    /// Coverage: whether it ran.
+    pub hit: Option<bool>,
+}
+
+/// Everything `blocks` prints.
+pub struct Report {
+    pub mode: BlocksMode,
+    pub analyzer: Option<(&'static str, AnalyzerStats)>,
+    pub regions: Vec<Placed>,
+    /// Hottest first.
+    pub blocks: Vec<BlockRow>,
+    /// Breakpoint stops and single steps taken (count and coverage).
+    pub stops: u64,
+    /// Sample mode: samples outside the regions (other modules, the kernel).
+    pub samples_elsewhere: u64,
+}
+
+pub fn run(args: &BlocksArgs) -> Result<i32> {
+    crate::sys::install_stop_handler();
+    let specs: Vec<RegionSpec> = args
+        .regions
+        .iter()
+        .map(|r| RegionSpec::parse(r))
+        .collect::<Result<_>>()?;
+    if specs.is_empty() && args.mode == BlocksMode::Count {
+        bail!("--mode count needs a region: give one with -r FUNCTION, -r 0xSTART-0xEND or -r FILE:LINE-LINE");
+    }
+    if let Some(out) = &args.output {
+        superprof_profile::output::check_writable(out)
+            .with_context(|| format!("cannot write output '{}'", out.display()))?;
+    }
+    let (mut report, exit) = match args.mode {
+        BlocksMode::Count | BlocksMode::Coverage => trace::run(args, &specs)?,
+        BlocksMode::Sample => sample::run(args, &specs)?,
+    };
+    report
+        .blocks
+        .sort_by(|a, b| b.count.cmp(&a.count).then(a.start.cmp(&b.start)));
+    let text = output::render(&report, args.format, args.annotate)?;
+    match &args.output {
+        Some(out) => {
+            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
+                .with_context(|| format!("cannot write '{}'", out.display()))?
+        }
+        None => print!("{text}"),
+    }
+    if let Some(status @ ExitStatus::Signal(_)) = exit {
+        eprintln!("superprof: the command {status}");
+    }
+    Ok(exit.map_or(0, |e| e.shell_code()))
+}
+
+/// The mapped file that holds runtime address `addr`.
+fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
+    let maps = superprof_unwind::maps::executable_mappings(pid).ok()?;
+    let m = maps.iter().find(|m| (m.start..m.end).contains(&addr))?;
+    superprof_trace::mapped_files(pid)
+        .ok()?
+        .into_iter()
+        .find(|f| f.path == m.path)
+}
+
+/// The main executable as mapped by `pid`.
+fn exe_file(pid: u32) -> Result<MappedFile> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .with_context(|| format!("cannot read the executable of pid {pid}"))?;
+    superprof_trace::mapped_files(pid)?
+        .into_iter()
+        .find(|f| f.path == exe)
+        .ok_or_else(|| anyhow!("cannot find the executable's load address"))
+}
+
+/// Places region `spec` in `pid`. Ok(None): a function not found (yet).
+fn place(
+    pid: u32,
+    spec: &RegionSpec,
+    symbols: &mut superprof_symbols::Symbolizer,
+) -> Result<Option<Placed>> {
+    Ok(match spec {
+        RegionSpec::Function(name) => {
+            let found = superprof_trace::find_functions_matching(pid, name)?;
+            let mut names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
+            names.sort();
+            names.dedup();
+            if names.len() > 1 {
+                bail!(
+                    "region '{name}' is ambiguous: it matches {}",
+                    names[..names.len().min(10)].join(", ")
+                );
+            }
+            let Some(f) = found.first() else {
+                return Ok(None);
+            };
+            if f.size == 0 {
+                bail!(
+                    "function '{}' has no size in the symbol table: give its range as 0xSTART-0xEND",
+                    f.name
+                );
+            }
+            let file = superprof_trace::mapped_files(pid)?
+                .into_iter()
+                .find(|m| m.path == f.module)
+                .ok_or_else(|| anyhow!("cannot find where {} is loaded", f.module.display()))?;
+            Some(Placed {
+                name: f.name.clone(),
+                lo: f.addr,
+                hi: f.addr + f.size,
+                file,
+            })
+        }
+        RegionSpec::Range(a, b) => {
+            let bias = exe_bias(pid).context("cannot find the executable's load address")?;
+            let file = exe_file(pid)?;
+            Some(Placed {
+                name: spec.label(),
+                lo: a + bias,
+                hi: b + bias,
+                file,
+            })
+        }
+        RegionSpec::Lines(f1, l1, f2, l2) => {
+            let Some((lo, hi)) = line_range(symbols, pid, (f1, *l1), (f2, *l2)) else {
+                bail!(
+                    "no code for {} (is the program built with -g, and is the file name right?)",
+                    spec.label()
+                );
+            };
+            let file = file_at(pid, lo).ok_or_else(|| anyhow!("no file maps {lo:#x}"))?;
+            Some(Placed {
+                name: spec.label(),
+                lo,
+                hi,
+                file,
+            })
+        }
+    })
+}
+
+/// The error for a function region that was never found.
+fn not_found(pid: u32, spec: &RegionSpec) -> anyhow::Error {
+    let RegionSpec::Function(name) = spec else {
+        return anyhow!("region {} was not found", spec.label());
+    };
+    let near = suggestions(pid, name);
+    anyhow!(
+        "no function '{name}' in the program or its libraries{}",
+        if near.is_empty() {
+            String::new()
+        } else {
+            format!("; did you mean {}?", near.join(", "))
+        }
+    )
+}
+
+/// The whole executable as one region: from its first function to the end of its last.
+fn whole_executable(pid: u32) -> Result<Placed> {
+    let file = exe_file(pid)?;
+    let code = ElfCode::open(&file.open_path)
+        .ok_or_else(|| anyhow!("cannot read {}", file.path.display()))?;
+    let lo = code.functions.iter().map(|f| f.addr).min();
+    let hi = code.functions.iter().map(|f| f.addr + f.size).max();
+    let (Some(lo), Some(hi)) = (lo, hi) else {
+        bail!(
+            "{} has no function symbols: give a region with -r 0xSTART-0xEND",
+            file.path.display()
+        );
+    };
+    Ok(Placed {
+        name: file
+            .path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        lo: lo + file.bias,
+        hi: hi + file.bias,
+        file,
+    })
+}
+
+/// Rows for blocks given in ELF addresses of `region`'s file: function, file:line.
+fn rows(
+    region: &Placed,
+    code: &ElfCode,
+    symbols: &mut superprof_symbols::Symbolizer,
+    blocks: impl IntoIterator<Item = (u64, u64, u32, u64, Option<bool>)>,
+) -> Vec<BlockRow> {
+    blocks
+        .into_iter()
+        .map(|(start, end, instructions, count, hit)| {
+            // The process may be gone, and /proc/PID/root with it.
+            let open = if region.file.open_path.exists() {
+                &region.file.open_path
+            } else {
+                &region.file.path
+            };
+            let frames = symbols.symbolize(&region.file.path, open, start);
+            let inner = frames.last();
+            BlockRow {
+                start,
+                end,
+                module: region.file.path.clone(),
+                function: frames
+                    .first()
+                    .and_then(|f| f.function.clone())
+                    .or_else(|| code.function_at(start).map(|f| f.name.clone())),
+                file: inner.and_then(|f| f.file.clone()),
+                line: inner.and_then(|f| f.line),
+                instructions,
+                count,
+                hit,
+            }
+        })
+        .collect()
+}

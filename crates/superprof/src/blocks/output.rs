@@ -1,0 +1,300 @@
+//! Rendering `blocks` results: table, JSON, CSV, and the annotated disassembly.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::{BlockRow, ElfCode, Report};
+use crate::cli::{BlocksFormat, BlocksMode};
+
+fn mode_name(m: BlocksMode) -> &'static str {
+    match m {
+        BlocksMode::Count => "count",
+        BlocksMode::Coverage => "coverage",
+        BlocksMode::Sample => "sample",
+    }
+}
+
+fn short_location(b: &BlockRow) -> String {
+    match (&b.file, b.line) {
+        (Some(f), Some(l)) => {
+            let name = std::path::Path::new(f)
+                .file_name()
+                .map_or_else(|| f.clone(), |n| n.to_string_lossy().into_owned());
+            format!("{name}:{l}")
+        }
+        _ => String::new(),
+    }
+}
+
+pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String> {
+    let total: u64 = r.blocks.iter().map(|b| b.count).sum();
+    let share = |n: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / total as f64
+        }
+    };
+    let coverage = r.mode == BlocksMode::Coverage;
+    let mut out = String::new();
+    match format {
+        BlocksFormat::Json => {
+            let blocks: Vec<_> = r
+                .blocks
+                .iter()
+                .map(|b| {
+                    let mut v = json!({
+                        "start": format!("{:#x}", b.start),
+                        "end": format!("{:#x}", b.end),
+                        "module": b.module.to_string_lossy(),
+                        "function": b.function,
+                        "file": b.file,
+                        "line": b.line,
+                        "instructions": b.instructions,
+                        "count": b.count,
+                        "share": share(b.count),
+                    });
+                    if let Some(hit) = b.hit {
+                        v["hit"] = json!(hit);
+                    }
+                    v
+                })
+                .collect();
+            let regions: Vec<_> = r
+                .regions
+                .iter()
+                .map(|p| {
+                    json!({
+                        "name": p.name,
+                        "start": format!("{:#x}", p.lo - p.file.bias),
+                        "end": format!("{:#x}", p.hi - p.file.bias),
+                        "module": p.file.path.to_string_lossy(),
+                    })
+                })
+                .collect();
+            let mut doc = json!({
+                "mode": mode_name(r.mode),
+                "regions": regions,
+                "total": total,
+                "blocks": blocks,
+            });
+            if let Some((name, s)) = &r.analyzer {
+                doc["analyzer"] = json!({
+                    "name": name,
+                    "single_steps": s.single_steps,
+                    "predictions": s.predictions,
+                    "predictions_right": s.predictions_right,
+                    "table_entries": s.table_entries,
+                });
+            }
+            match r.mode {
+                BlocksMode::Sample => doc["samples_elsewhere"] = json!(r.samples_elsewhere),
+                _ => doc["stops"] = json!(r.stops),
+            }
+            if coverage {
+                doc["blocks_hit"] = json!(r.blocks.iter().filter(|b| b.hit == Some(true)).count());
+            }
+            out = serde_json::to_string_pretty(&doc)?;
+            out.push('\n');
+        }
+        BlocksFormat::Csv => {
+            out.push_str("start,end,function,file,line,instructions,count,share");
+            out.push_str(if coverage { ",hit\n" } else { "\n" });
+            for b in &r.blocks {
+                let _ = write!(
+                    out,
+                    "{:#x},{:#x},{},{},{},{},{},{:.3}",
+                    b.start,
+                    b.end,
+                    csv_field(b.function.as_deref().unwrap_or("")),
+                    csv_field(b.file.as_deref().unwrap_or("")),
+                    b.line.map_or_else(String::new, |l| l.to_string()),
+                    b.instructions,
+                    b.count,
+                    share(b.count)
+                );
+                if let Some(hit) = b.hit {
+                    let _ = write!(out, ",{hit}");
+                }
+                out.push('\n');
+            }
+        }
+        BlocksFormat::Table => {
+            for p in &r.regions {
+                let _ = writeln!(
+                    out,
+                    "region {} [{:#x}-{:#x}) in {}",
+                    p.name,
+                    p.lo - p.file.bias,
+                    p.hi - p.file.bias,
+                    p.file.path.display()
+                );
+            }
+            let what = match r.mode {
+                BlocksMode::Count => "executions",
+                BlocksMode::Coverage => "hit",
+                BlocksMode::Sample => "samples",
+            };
+            let _ = writeln!(
+                out,
+                "{what:>12} {:>7}  {:<12} {:<12} {:>5}  {:<24} location",
+                "share", "start", "end", "insns", "function"
+            );
+            let shown = r.blocks.iter().filter(|b| !coverage || b.hit == Some(true));
+            for b in shown {
+                let count = if coverage {
+                    "yes".to_owned()
+                } else {
+                    b.count.to_string()
+                };
+                let _ = writeln!(
+                    out,
+                    "{count:>12} {:>6.2}%  {:<12} {:<12} {:>5}  {:<24} {}",
+                    share(b.count),
+                    format!("{:#x}", b.start),
+                    format!("{:#x}", b.end),
+                    b.instructions,
+                    b.function.as_deref().unwrap_or("?"),
+                    short_location(b)
+                );
+            }
+            match r.mode {
+                BlocksMode::Coverage => {
+                    let hit = r.blocks.iter().filter(|b| b.hit == Some(true)).count();
+                    let _ = writeln!(
+                        out,
+                        "{hit} of {} blocks ran ({:.1}%); {} breakpoint stops",
+                        r.blocks.len(),
+                        if r.blocks.is_empty() {
+                            0.0
+                        } else {
+                            100.0 * hit as f64 / r.blocks.len() as f64
+                        },
+                        r.stops
+                    );
+                }
+                BlocksMode::Count => {
+                    let _ = writeln!(
+                        out,
+                        "{} blocks, {total} block executions; {} ptrace stops",
+                        r.blocks.len(),
+                        r.stops
+                    );
+                }
+                BlocksMode::Sample => {
+                    let _ = writeln!(
+                        out,
+                        "{} blocks, {total} samples in the regions, {} elsewhere",
+                        r.blocks.len(),
+                        r.samples_elsewhere
+                    );
+                }
+            }
+            if let Some((name, s)) = &r.analyzer {
+                if *name == "learn" {
+                    let _ = writeln!(
+                        out,
+                        "learn: {} single steps, {} blocks predicted from the table{}, {} table entries",
+                        s.single_steps,
+                        s.predictions,
+                        s.predictions_right
+                            .map(|n| format!(" ({n} agree with the decoder)"))
+                            .unwrap_or_default(),
+                        s.table_entries
+                    );
+                }
+            }
+        }
+    }
+    if annotate {
+        out.push_str(&annotated(r));
+    }
+    Ok(out)
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+/// The disassembly of each region (or, for a whole executable, of each function with a
+/// counted block) with each block's count in the margin of its first instruction.
+fn annotated(r: &Report) -> String {
+    let mut out = String::new();
+    let by_start: HashMap<(&std::path::Path, u64), &BlockRow> = r
+        .blocks
+        .iter()
+        .map(|b| ((b.module.as_path(), b.start), b))
+        .collect();
+    for p in &r.regions {
+        let Some(code) = ElfCode::open(&p.file.open_path) else {
+            continue;
+        };
+        let (lo, hi) = (p.lo - p.file.bias, p.hi - p.file.bias);
+        let ranges: Vec<(String, u64, u64)> = if p.name.contains('/')
+            || code.functions_in(lo, hi).count() <= 1
+            || r.mode == BlocksMode::Count
+        {
+            vec![(p.name.clone(), lo, hi)]
+        } else {
+            // Only the functions where something ran.
+            code.functions_in(lo, hi)
+                .filter(|f| {
+                    r.blocks.iter().any(|b| {
+                        b.module == p.file.path
+                            && b.count > 0
+                            && (f.addr..f.addr + f.size).contains(&b.start)
+                    })
+                })
+                .map(|f| (f.name.clone(), f.addr.max(lo), (f.addr + f.size).min(hi)))
+                .collect()
+        };
+        for (name, lo, hi) in ranges {
+            let _ = writeln!(
+                out,
+                "\n{name} [{lo:#x}-{hi:#x}) in {}",
+                p.file.path.display()
+            );
+            let Some(bytes) = code.bytes(lo, hi - lo) else {
+                continue;
+            };
+            let mut off = 0usize;
+            while off < bytes.len() {
+                let at = lo + off as u64;
+                let Some((text, len)) = code.arch.disassemble(&bytes[off..], at) else {
+                    let _ = writeln!(out, "{:>12}  {at:>8x}:  (bad)", "");
+                    off += 1;
+                    continue;
+                };
+                let margin = match by_start.get(&(p.file.path.as_path(), at)) {
+                    Some(b) if r.mode == BlocksMode::Coverage => {
+                        if b.hit == Some(true) { "hit" } else { "-" }.to_owned()
+                    }
+                    Some(b) => b.count.to_string(),
+                    None => String::new(),
+                };
+                let _ = writeln!(out, "{margin:>12}  {at:>8x}:  {text}");
+                off += len as usize;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_field;
+
+    #[test]
+    fn csv_quotes_commas() {
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("f<int, int>"), "\"f<int, int>\"");
+        assert_eq!(csv_field("plain"), "plain");
+    }
+}

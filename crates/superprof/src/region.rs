@@ -1,0 +1,149 @@
+//! Regions of a program, as `stat` and `blocks` take them: a function, an address range of the
+//! executable, or a range of source lines.
+
+use anyhow::{anyhow, bail, Result};
+
+/// A region the user asked for.
+#[derive(Debug, Clone)]
+pub enum RegionSpec {
+    Function(String),
+    /// ELF virtual addresses of the executable, END exclusive.
+    Range(u64, u64),
+    /// Source lines: from the first code of FILE1:LINE1 to the end of the code of FILE2:LINE2.
+    Lines(String, u32, String, u32),
+}
+
+impl RegionSpec {
+    pub fn parse(s: &str) -> Result<RegionSpec> {
+        if let Some((a, b)) = s.split_once('-') {
+            if let (Some(a), Some(b)) = (a.strip_prefix("0x"), b.strip_prefix("0x")) {
+                let a = u64::from_str_radix(a, 16)
+                    .map_err(|_| anyhow!("bad range '{s}': use 0xSTART-0xEND"))?;
+                let b = u64::from_str_radix(b, 16)
+                    .map_err(|_| anyhow!("bad range '{s}': use 0xSTART-0xEND"))?;
+                if a >= b {
+                    bail!("bad range '{s}': the start must be below the end");
+                }
+                return Ok(RegionSpec::Range(a, b));
+            }
+            if a.starts_with("0x") || b.starts_with("0x") {
+                bail!("bad range '{s}': use 0xSTART-0xEND");
+            }
+        }
+        if s.is_empty() {
+            bail!("empty region name");
+        }
+        if let Some(lines) = parse_lines(s) {
+            return lines;
+        }
+        Ok(RegionSpec::Function(s.to_owned()))
+    }
+
+    pub fn label(&self) -> String {
+        match self {
+            RegionSpec::Function(f) => f.clone(),
+            RegionSpec::Range(a, b) => format!("{a:#x}-{b:#x}"),
+            RegionSpec::Lines(f1, l1, f2, l2) if f1 == f2 => format!("{f1}:{l1}-{l2}"),
+            RegionSpec::Lines(f1, l1, f2, l2) => format!("{f1}:{l1}-{f2}:{l2}"),
+        }
+    }
+}
+
+/// `FILE:LINE-LINE` or `FILE:LINE-FILE:LINE` (a C++ name such as `ns::f` is not one).
+fn parse_lines(s: &str) -> Option<Result<RegionSpec>> {
+    let (first, second) = s.split_once('-')?;
+    let (f1, l1) = first.rsplit_once(':')?;
+    if f1.is_empty()
+        || f1.ends_with(':')
+        || !l1.chars().all(|c| c.is_ascii_digit())
+        || l1.is_empty()
+    {
+        return None;
+    }
+    let (f2, l2) = match second.rsplit_once(':') {
+        Some((f, l)) => (f, l),
+        None => (f1, second),
+    };
+    let bad = || {
+        Some(Err(anyhow!(
+            "bad range '{s}': use FILE:LINE-LINE or FILE:LINE-FILE:LINE"
+        )))
+    };
+    let (Ok(l1), Ok(l2)) = (l1.parse::<u32>(), l2.parse::<u32>()) else {
+        return bad();
+    };
+    if f1 == f2 && l1 > l2 {
+        return bad();
+    }
+    Some(Ok(RegionSpec::Lines(f1.to_owned(), l1, f2.to_owned(), l2)))
+}
+
+/// Runtime addresses [start, end) of a source range: all the code its lines compile to, from
+/// the lowest address to the end of the highest (in one file: every line of the range that has
+/// code; across two files: the first line's code to the last line's), in the first module whose
+/// DWARF has them.
+pub fn line_range(
+    symbolizer: &mut superprof_symbols::Symbolizer,
+    pid: u32,
+    (f1, l1): (&str, u32),
+    (f2, l2): (&str, u32),
+) -> Option<(u64, u64)> {
+    for file in superprof_trace::mapped_files(pid).ok()? {
+        let rows = |sym: &mut superprof_symbols::Symbolizer, f: &str, lines| {
+            sym.line_rows(&file.path, &file.open_path, f, lines)
+        };
+        let (first, last) = if f1 == f2 {
+            let all = rows(symbolizer, f1, l1..=l2);
+            (all.clone(), all)
+        } else {
+            (rows(symbolizer, f1, l1..=l1), rows(symbolizer, f2, l2..=l2))
+        };
+        let (Some(&(start, _)), Some(end)) = (first.first(), last.iter().map(|(a, n)| a + n).max())
+        else {
+            continue;
+        };
+        if end > start {
+            return Some((start + file.bias, end + file.bias));
+        }
+    }
+    None
+}
+
+/// The load bias of the main executable.
+pub fn exe_bias(pid: u32) -> Option<u64> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    superprof_trace::mapped_files(pid)
+        .ok()?
+        .into_iter()
+        .find(|f| f.path == exe)
+        .map(|f| f.bias)
+}
+
+/// Function names close to `name` (by edit distance), for an error message.
+pub fn suggestions(pid: u32, name: &str) -> Vec<String> {
+    let names = superprof_trace::function_names(pid).unwrap_or_default();
+    let mut scored: Vec<(usize, String)> = names
+        .into_iter()
+        .map(|n| (edit_distance(&n, name), n))
+        .filter(|(d, n)| *d <= name.len().max(3) / 2 || n.contains(name))
+        .collect();
+    scored.sort();
+    scored.into_iter().take(3).map(|(_, n)| n).collect()
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push(
+                (prev[j] + (ca != *cb) as usize)
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1),
+            );
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
