@@ -21,7 +21,8 @@ pub enum BlockEnd {
 /// What an analyzer did, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AnalyzerStats {
-    /// Instructions single-stepped to learn from.
+    /// Instructions single-stepped to learn from, inside blocks (filled in by the caller,
+    /// which does the stepping).
     pub single_steps: u64,
     /// Blocks whose end was predicted from the table.
     pub predictions: u64,

@@ -21,6 +21,23 @@ use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode};
 /// straight: a conditional branch not taken yet looks straight at its one address, while
 /// ordinary instructions of the same opcode are all over the code.
 const CONFIDENT: usize = 4;
+/// Or so many straight-on executions (at fewer addresses): a conditional branch not taken in
+/// its first 64 executions, of an opcode never seen branching, is taken for straight code.
+const CONFIDENT_TIMES: u32 = 64;
+
+/// Straight-on observations of a head or key.
+#[derive(Debug, Clone, Default)]
+struct Straight {
+    /// Up to [`CONFIDENT`] distinct addresses.
+    addrs: Vec<u64>,
+    times: u32,
+}
+
+impl Straight {
+    fn confident(&self) -> bool {
+        self.addrs.len() >= CONFIDENT || self.times >= CONFIDENT_TIMES
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pattern {
@@ -53,8 +70,8 @@ pub struct Learn {
     /// opcodes of the row branched, and none of the others is known to go straight on.
     branch_rows: HashSet<u32>,
     /// Addresses (up to [`CONFIDENT`]) where each head and each exact key went straight on.
-    straight_heads: HashMap<u32, Vec<u64>>,
-    straight_keys: HashMap<u32, Vec<u64>>,
+    straight_heads: HashMap<u32, Straight>,
+    straight_keys: HashMap<u32, Straight>,
     window: CodeWindow,
     check: Option<Decode>,
     stats: AnalyzerStats,
@@ -104,11 +121,11 @@ impl Learn {
         }
         let head = self.head(key);
         let straight = if self.branch_heads.contains(&head) {
-            self.straight_keys.get(&key).map_or(0, Vec::len)
+            self.straight_keys.get(&key)
         } else {
-            self.straight_heads.get(&head).map_or(0, Vec::len)
+            self.straight_heads.get(&head)
         };
-        if straight >= CONFIDENT {
+        if straight.is_some_and(Straight::confident) {
             Prediction::Straight
         } else {
             Prediction::Unknown
@@ -126,7 +143,7 @@ impl Learn {
             let row = head >> 4;
             let branched_in_row = self.branch_heads.iter().filter(|&&h| h >> 4 == row).count();
             let straight_in_row = self.straight_heads.iter().any(|(&h, seen)| {
-                h >> 4 == row && seen.len() >= CONFIDENT && !self.branch_heads.contains(&h)
+                h >> 4 == row && seen.confident() && !self.branch_heads.contains(&h)
             });
             if branched_in_row >= 2 && !straight_in_row {
                 self.branch_rows.insert(row);
@@ -217,7 +234,6 @@ impl Analyzer for Learn {
     }
 
     fn observe(&mut self, addr: u64, code: &[u8], next: u64) {
-        self.stats.single_steps += 1;
         let Some((key, len)) = self.arch.encoding_key(code, addr) else {
             return;
         };
@@ -227,8 +243,9 @@ impl Analyzer for Learn {
                 self.straight_heads.entry(head).or_default(),
                 self.straight_keys.entry(key).or_default(),
             ] {
-                if seen.len() < CONFIDENT && !seen.contains(&addr) {
-                    seen.push(addr);
+                seen.times = seen.times.saturating_add(1);
+                if seen.addrs.len() < CONFIDENT && !seen.addrs.contains(&addr) {
+                    seen.addrs.push(addr);
                 }
             }
         } else {

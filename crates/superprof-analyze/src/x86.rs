@@ -69,6 +69,7 @@ pub fn disassemble(code: &[u8], addr: u64) -> Option<(String, u32)> {
     let mut f = GasFormatter::new();
     f.options_mut().set_uppercase_hex(false);
     f.options_mut().set_space_after_operand_separator(false);
+    f.options_mut().set_branch_leading_zeros(false);
     let mut text = String::new();
     f.format(&i, &mut text);
     Some((text, i.len() as u32))

@@ -144,8 +144,6 @@ pub struct Tracer {
     events: VecDeque<TraceEvent>,
     /// Software breakpoints: (pid, address) -> the original bytes under them.
     breakpoints: HashMap<(u32, u64), Vec<u8>>,
-    /// Threads in a single-step asked for by the owner.
-    stepping: std::collections::HashSet<u32>,
     /// Unfollowed children already let go (their fork event may come after their first stop).
     released: HashSet<u32>,
     /// Breakpoints removed while the process runs: a thread may have trapped on one just
@@ -180,7 +178,6 @@ impl Tracer {
             threads: HashMap::new(),
             events: VecDeque::new(),
             breakpoints: HashMap::new(),
-            stepping: Default::default(),
             released: HashSet::new(),
             tombstones: HashSet::new(),
             deferred: HashMap::new(),
@@ -353,22 +350,21 @@ impl Tracer {
         }
     }
 
-    /// Executes one instruction of a stopped thread; a [`TraceEvent::Stepped`] follows.
+    /// Executes one instruction of a stopped thread, with the other threads of its process held
+    /// stopped meanwhile (so that nothing else can stop it mid-step); a
+    /// [`TraceEvent::Stepped`] follows.
     pub fn single_step(&mut self, tid: u32) -> io::Result<()> {
         let Some(t) = self.threads.get(&tid).copied() else {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         };
-        if t.at_breakpoint.is_some() {
-            if self.step_past_breakpoint(tid) {
-                self.events
-                    .push_back(TraceEvent::Stepped { tid, pid: t.pid });
-            }
-            return Ok(());
-        }
-        self.stepping.insert(tid);
-        sys::single_step(tid, 0)?;
-        if let Some(t) = self.threads.get_mut(&tid) {
-            t.state = State::Running;
+        let done = if t.at_breakpoint.is_some() {
+            self.step_past_breakpoint(tid)
+        } else {
+            self.step_alone(tid, None)
+        };
+        if done {
+            self.events
+                .push_back(TraceEvent::Stepped { tid, pid: t.pid });
         }
         Ok(())
     }
@@ -497,6 +493,16 @@ impl Tracer {
             }
             return true;
         }
+        self.step_alone(tid, Some(addr))
+    }
+
+    /// Single-steps `tid` with every other thread of its process held stopped (so that no
+    /// other thread's stop can get in the way of the step), with the breakpoint at `lift`
+    /// lifted for the step. `tid` stays stopped. Returns false if `tid` ended.
+    fn step_alone(&mut self, tid: u32, lift: Option<u64>) -> bool {
+        let Some(pid) = self.threads.get(&tid).map(|t| t.pid) else {
+            return false;
+        };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         // 1. Hold the others.
         let others: Vec<u32> = self
@@ -524,9 +530,9 @@ impl Tracer {
             }
         }
         // 2. Lift, step, put back.
-        let orig = self.breakpoints.get(&(pid, addr)).cloned();
-        if let Some(o) = &orig {
-            let _ = sys::write_memory(pid, addr, o);
+        let orig = lift.and_then(|addr| Some((addr, self.breakpoints.get(&(pid, addr))?.clone())));
+        if let Some((addr, o)) = &orig {
+            let _ = sys::write_memory(pid, *addr, o);
         }
         let mut alive = true;
         let mut stepped = sys::single_step(tid, 0).is_ok();
@@ -555,8 +561,10 @@ impl Tracer {
                 _ => sys::wait_sigchld(Duration::from_millis(10)),
             }
         }
-        if orig.is_some() && self.breakpoints.contains_key(&(pid, addr)) {
-            let _ = sys::write_memory(pid, addr, sys::BREAKPOINT);
+        if let Some((addr, _)) = orig {
+            if self.breakpoints.contains_key(&(pid, addr)) {
+                let _ = sys::write_memory(pid, addr, sys::BREAKPOINT);
+            }
         }
         if let Some(t) = self.threads.get_mut(&tid) {
             t.at_breakpoint = None;
@@ -797,7 +805,6 @@ impl Tracer {
             let Some(t) = self.threads.remove(&tid) else {
                 return;
             };
-            self.stepping.remove(&tid);
             if tid == t.pid {
                 // The main thread reports last, once the whole group is gone; its pid may be
                 // reused, so nothing of it is kept.
@@ -926,12 +933,6 @@ impl Tracer {
                     t.state = State::Stopped;
                 }
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
-            }
-            _ if sig == libc::SIGTRAP && self.stepping.remove(&tid) => {
-                if let Some(t) = self.threads.get_mut(&tid) {
-                    t.state = State::Stopped;
-                }
-                self.events.push_back(TraceEvent::Stepped { tid, pid });
             }
             _ if sig == libc::SIGTRAP && self.hit_breakpoint(tid, pid).is_some() => {
                 let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
@@ -1083,7 +1084,7 @@ impl Tracer {
             if let Some(addr) = ours(pc) {
                 let _ = sys::set_pc(tid, addr);
                 forward = 0;
-            } else if swallow.remove(&tid) || self.stepping.contains(&tid) {
+            } else if swallow.remove(&tid) {
                 forward = 0;
             }
         } else if let Some(addr) = ours(pc).filter(|_| sigtrap_pending(pid, tid)) {

@@ -35,6 +35,18 @@ pub struct Placed {
     pub file: MappedFile,
 }
 
+impl Placed {
+    /// Where to read the region's file now: through /proc/PID/root while the process lives,
+    /// else by its own path.
+    pub fn readable_path(&self) -> &std::path::Path {
+        if self.file.open_path.exists() {
+            &self.file.open_path
+        } else {
+            &self.file.path
+        }
+    }
+}
+
 /// One block of the results, in the ELF file's own addresses.
 #[derive(Debug, Clone)]
 pub struct BlockRow {
@@ -235,13 +247,7 @@ fn rows(
     blocks
         .into_iter()
         .map(|(start, end, instructions, count, hit)| {
-            // The process may be gone, and /proc/PID/root with it.
-            let open = if region.file.open_path.exists() {
-                &region.file.open_path
-            } else {
-                &region.file.path
-            };
-            let frames = symbols.symbolize(&region.file.path, open, start);
+            let frames = symbols.symbolize(&region.file.path, region.readable_path(), start);
             let inner = frames.last();
             BlockRow {
                 start,

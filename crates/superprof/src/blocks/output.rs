@@ -233,7 +233,7 @@ fn annotated(r: &Report) -> String {
         .map(|b| ((b.module.as_path(), b.start), b))
         .collect();
     for p in &r.regions {
-        let Some(code) = ElfCode::open(&p.file.open_path) else {
+        let Some(code) = ElfCode::open(p.readable_path()) else {
             continue;
         };
         let (lo, hi) = (p.lo - p.file.bias, p.hi - p.file.bias);

@@ -1,15 +1,234 @@
-//! `sample`: the perf sampler's instruction pointers attributed to decoded blocks.
+//! `sample`: the perf sampler's instruction pointers attributed to decoded blocks. No
+//! breakpoints: the program runs at sampling cost, and the blocks come from decoding the ELF
+//! files afterwards, so regions are found in the files themselves.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use anyhow::Result;
-use superprof_trace::ExitStatus;
+use anyhow::{anyhow, bail, Context, Result};
+use superprof_sample::SamplerConfig;
+use superprof_trace::{ExitStatus, MappedFile};
 
-use super::Report;
-use crate::cli::BlocksArgs;
+use super::{rows, ElfCode, Placed, Report};
+use crate::cli::{BlocksArgs, BlocksMode};
+use crate::record::{self, RecordConfig, SamplerKind, Target};
 use crate::region::RegionSpec;
 
-pub fn run(_args: &BlocksArgs, _specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
-    let _ = HashMap::<u64, u64>::new();
-    anyhow::bail!("--mode sample is not built yet")
+fn file(path: &Path) -> MappedFile {
+    MappedFile {
+        path: path.to_owned(),
+        open_path: path.to_owned(),
+        bias: 0,
+    }
+}
+
+/// Places a region in the ELF files the samples came from (ELF addresses: bias 0).
+fn place_static(
+    spec: &RegionSpec,
+    exe: &Path,
+    modules: &[PathBuf],
+    codes: &mut HashMap<PathBuf, Option<ElfCode>>,
+    symbols: &mut superprof_symbols::Symbolizer,
+) -> Result<Placed> {
+    match spec {
+        RegionSpec::Function(name) => {
+            let mut exact = Vec::new();
+            let mut partial = Vec::new();
+            for m in std::iter::once(exe).chain(modules.iter().map(PathBuf::as_path)) {
+                let Some(code) = codes
+                    .entry(m.to_owned())
+                    .or_insert_with(|| ElfCode::open(m))
+                    .as_ref()
+                else {
+                    continue;
+                };
+                for f in &code.functions {
+                    if f.name == *name {
+                        exact.push((m.to_owned(), f.clone()));
+                    } else if f.name.contains(name.as_str()) {
+                        partial.push((m.to_owned(), f.clone()));
+                    }
+                }
+            }
+            let found = if exact.is_empty() { partial } else { exact };
+            let names: BTreeSet<&str> = found.iter().map(|(_, f)| f.name.as_str()).collect();
+            if names.len() > 1 {
+                let names: Vec<&str> = names.into_iter().take(10).collect();
+                bail!(
+                    "region '{name}' is ambiguous: it matches {}",
+                    names.join(", ")
+                );
+            }
+            let (m, f) = found.into_iter().next().ok_or_else(|| {
+                anyhow!("no function '{name}' in the program or the libraries it ran code of")
+            })?;
+            Ok(Placed {
+                name: f.name.clone(),
+                lo: f.addr,
+                hi: f.addr + f.size,
+                file: file(&m),
+            })
+        }
+        RegionSpec::Range(a, b) => Ok(Placed {
+            name: spec.label(),
+            lo: *a,
+            hi: *b,
+            file: file(exe),
+        }),
+        RegionSpec::Lines(f1, l1, f2, l2) => {
+            for m in std::iter::once(exe).chain(modules.iter().map(PathBuf::as_path)) {
+                let (first, last) = if f1 == f2 {
+                    let all = symbols.line_rows(m, m, f1, *l1..=*l2);
+                    (all.clone(), all)
+                } else {
+                    (
+                        symbols.line_rows(m, m, f1, *l1..=*l1),
+                        symbols.line_rows(m, m, f2, *l2..=*l2),
+                    )
+                };
+                if let (Some(&(lo, _)), Some(hi)) =
+                    (first.first(), last.iter().map(|(a, n)| a + n).max())
+                {
+                    if hi > lo {
+                        return Ok(Placed {
+                            name: spec.label(),
+                            lo,
+                            hi,
+                            file: file(m),
+                        });
+                    }
+                }
+            }
+            bail!(
+                "no code for {} (is the program built with -g, and is the file name right?)",
+                spec.label()
+            )
+        }
+    }
+}
+
+pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
+    let (target, exe) = match args.pid {
+        Some(pid) => (
+            Target::Pid(pid),
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .with_context(|| format!("no process with pid {pid}"))?,
+        ),
+        None => {
+            let cmd = args
+                .command
+                .first()
+                .ok_or_else(|| anyhow!("no command given after --"))?;
+            let exe = superprof_trace::resolve_command(cmd)
+                .ok_or_else(|| anyhow!("cannot run '{cmd}': command not found"))?;
+            (Target::Command(args.command.clone()), exe)
+        }
+    };
+    let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
+    if args.frequency == 0 {
+        bail!("frequency must be at least 1 Hz");
+    }
+    let cfg = RecordConfig {
+        sampler: SamplerConfig {
+            frequency: args.frequency,
+            // Only the instruction pointer matters: the smallest stack copy.
+            stack_size: 512,
+        },
+        sampler_kind: SamplerKind::Perf,
+        outputs: Vec::new(),
+        duration: args.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
+        quiet: true,
+        target,
+        top_rows: 0,
+    };
+    let recorded = record::record(&cfg)?;
+    let profile = &recorded.profile;
+    // The instruction pointer of each sample: its innermost user-space frame.
+    let mut ips: HashMap<(PathBuf, u64), u64> = HashMap::new();
+    let mut elsewhere = 0u64;
+    for s in &profile.samples {
+        let leaf = s
+            .stack
+            .and_then(|st| profile.stack_frames(Some(st)).next())
+            .map(|f| profile.frame(f));
+        match leaf {
+            Some(f) if !profile.str(f.module).starts_with('[') => {
+                *ips.entry((PathBuf::from(profile.str(f.module)), f.address))
+                    .or_default() += s.weight.max(1);
+            }
+            _ => elsewhere += s.weight.max(1),
+        }
+    }
+    let mut modules: Vec<PathBuf> = ips.keys().map(|(m, _)| m.clone()).collect();
+    modules.sort();
+    modules.dedup();
+    let mut codes: HashMap<PathBuf, Option<ElfCode>> = HashMap::new();
+    let mut symbols = superprof_symbols::Symbolizer::default();
+    let regions: Vec<Placed> = if specs.is_empty() {
+        let code = ElfCode::open(&exe).ok_or_else(|| anyhow!("cannot read {}", exe.display()))?;
+        let lo = code.functions.iter().map(|f| f.addr).min().unwrap_or(0);
+        let hi = code
+            .functions
+            .iter()
+            .map(|f| f.addr + f.size)
+            .max()
+            .unwrap_or(0);
+        codes.insert(exe.clone(), Some(code));
+        vec![Placed {
+            name: exe
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            lo,
+            hi,
+            file: file(&exe),
+        }]
+    } else {
+        specs
+            .iter()
+            .map(|s| place_static(s, &exe, &modules, &mut codes, &mut symbols))
+            .collect::<Result<_>>()?
+    };
+    let mut blocks = Vec::new();
+    let mut inside = 0u64;
+    for region in &regions {
+        let path = &region.file.path;
+        let Some(code) = codes
+            .entry(path.clone())
+            .or_insert_with(|| ElfCode::open(path))
+            .as_ref()
+        else {
+            continue;
+        };
+        let list = code.static_blocks(region.lo, region.hi);
+        let mut counts = vec![0u64; list.len()];
+        for ((m, addr), n) in &ips {
+            if m != path || !(region.lo..region.hi).contains(addr) {
+                continue;
+            }
+            let i = list.partition_point(|b| b.start <= *addr);
+            if let Some(k) = i.checked_sub(1).filter(|&k| *addr < list[k].end) {
+                counts[k] += n;
+                inside += n;
+            }
+        }
+        let items = list
+            .iter()
+            .zip(&counts)
+            .filter(|(_, &n)| n > 0)
+            .map(|(b, &n)| (b.start, b.end, b.instructions, n, None));
+        blocks.extend(rows(region, code, &mut symbols, items));
+    }
+    let total: u64 = ips.values().sum::<u64>() + elsewhere;
+    Ok((
+        Report {
+            mode: BlocksMode::Sample,
+            analyzer: None,
+            regions,
+            blocks,
+            stops: 0,
+            samples_elsewhere: total - inside,
+        },
+        recorded.exit,
+    ))
 }

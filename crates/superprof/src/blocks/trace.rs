@@ -57,7 +57,11 @@ struct Counts {
     /// Per thread: the block it is in.
     current: HashMap<u32, u64>,
     steps: HashMap<u32, Step>,
+    /// Breakpoints waiting for a single step from their address to finish.
+    deferred: HashSet<u64>,
     stops: u64,
+    /// Single steps inside blocks, to learn (the others step blocks' last instructions).
+    learn_steps: u64,
 }
 
 impl Counts {
@@ -80,14 +84,43 @@ impl Counts {
 
     fn add_start(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
         if self.starts.insert(addr) {
-            let _ = tracer.set_breakpoint(pid, addr);
+            self.insert(tracer, pid, addr);
         }
     }
 
     fn add_end(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
         if self.ends.insert(addr) {
+            self.insert(tracer, pid, addr);
+        }
+    }
+
+    /// Writes a breakpoint, unless a thread is single-stepping from that very address (it
+    /// would execute the int3 instead of its instruction): then once the step is over.
+    fn insert(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
+        if self.steps.values().any(|s| s.from == addr) {
+            self.deferred.insert(addr);
+        } else {
             let _ = tracer.set_breakpoint(pid, addr);
         }
+    }
+
+    /// Writes the deferred breakpoints that no step is in the way of any more.
+    fn flush_deferred(&mut self, tracer: &mut Tracer, pid: u32) {
+        let ready: Vec<u64> = self
+            .deferred
+            .iter()
+            .copied()
+            .filter(|a| !self.steps.values().any(|s| s.from == *a))
+            .collect();
+        for a in ready {
+            self.deferred.remove(&a);
+            let _ = tracer.set_breakpoint(pid, a);
+        }
+    }
+
+    /// Whether a breakpoint is really in the code at `addr`.
+    fn inserted(&self, addr: u64) -> bool {
+        self.has_bp(addr) && !self.deferred.contains(&addr)
     }
 
     fn block_end(&mut self, tracer: &Tracer, pid: u32, pc: u64, limit: u64) -> BlockEnd {
@@ -106,6 +139,9 @@ impl Counts {
         let mut code = [0u8; 16];
         tracer.read_code(pid, pc, &mut code);
         let sp = tracer.regs(tid).map_or(0, |r| r.sp);
+        if !block_end {
+            self.learn_steps += 1;
+        }
         self.steps.insert(
             tid,
             Step {
@@ -134,7 +170,7 @@ impl Counts {
                     self.ended(c, addr + len as u64);
                 }
                 self.add_end(tracer, pid, addr);
-                if addr == pc && on_bp {
+                if addr == pc && (on_bp || !self.inserted(pc)) {
                     self.start_step(tracer, tid, pid, pc, true);
                 } else {
                     // It stops at the breakpoint (at once if it sits on it).
@@ -148,7 +184,7 @@ impl Counts {
                 tracer.resume(tid);
             }
             BlockEnd::Unknown { .. } => {
-                if on_bp || !self.has_bp(pc) {
+                if on_bp || !self.inserted(pc) {
                     self.start_step(tracer, tid, pid, pc, false);
                 } else {
                     tracer.resume(tid);
@@ -159,6 +195,9 @@ impl Counts {
 
     fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
         self.stops += 1;
+        if self.steps.remove(&tid).is_some() {
+            self.flush_deferred(tracer, pid);
+        }
         if self.starts.contains(&addr) {
             *self.arrivals.entry(addr).or_default() += 1;
             self.current.insert(tid, addr);
@@ -176,6 +215,7 @@ impl Counts {
             tracer.resume(tid);
             return;
         };
+        self.flush_deferred(tracer, pid);
         let Ok(regs) = tracer.regs(tid) else {
             tracer.resume(tid);
             return;
@@ -191,6 +231,10 @@ impl Counts {
             // Straight on inside the block.
             if !self.starts.contains(&pc) {
                 *self.passes.entry(pc).or_default() += 1;
+            } else if !self.inserted(pc) {
+                // A start whose breakpoint is not in yet: count it here.
+                *self.arrivals.entry(pc).or_default() += 1;
+                self.current.insert(tid, pc);
             }
             self.advance(tracer, tid, pid, pc, false);
             return;
@@ -209,7 +253,7 @@ impl Counts {
             tracer.resume(tid);
             return;
         }
-        if self.starts.contains(&pc) {
+        if self.starts.contains(&pc) && self.inserted(pc) {
             tracer.resume(tid); // its breakpoint counts it
             return;
         }
@@ -323,6 +367,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         known: HashMap::new(),
         current: HashMap::new(),
         steps: HashMap::new(),
+        deferred: HashSet::new(),
+        learn_steps: 0,
         passes: HashMap::new(),
         stops: 0,
     };
@@ -506,9 +552,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             TraceEvent::Stepped { tid, pid } if pid == root => {
                 counts.on_stepped(&mut tracer, tid, pid)
             }
-            TraceEvent::ThreadExited { tid, .. } => {
+            TraceEvent::ThreadExited { tid, pid } => {
                 counts.steps.remove(&tid);
                 counts.current.remove(&tid);
+                counts.flush_deferred(&mut tracer, pid);
             }
             TraceEvent::ProcessExited { pid, status } if pid == root => {
                 exit = Some(status);
@@ -578,7 +625,11 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             blocks.extend(rows(region, code, &mut symbols, items));
         }
     }
-    let analyzer = (!coverage).then(|| (counts.analyzer.name(), counts.analyzer.stats()));
+    let analyzer = (!coverage).then(|| {
+        let mut stats = counts.analyzer.stats();
+        stats.single_steps = counts.learn_steps;
+        (counts.analyzer.name(), stats)
+    });
     Ok((
         Report {
             mode: args.mode,

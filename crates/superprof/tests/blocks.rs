@@ -1,0 +1,557 @@
+//! `superprof blocks` against ground truth: callgrind's exact per-instruction execution counts
+//! (`valgrind --tool=callgrind --dump-instr=yes --collect-jumps=yes`), fixtures with a known
+//! split of work, and the decoder against the learning analyzer.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+/// Executions of each instruction of `exe` (ELF addresses), from a callgrind output file:
+/// the Ir cost of each instruction is how many times it ran.
+fn callgrind_counts(out_file: &Path, exe: &Path) -> BTreeMap<u64, u64> {
+    let text = std::fs::read_to_string(out_file).unwrap();
+    let exe = exe.to_string_lossy();
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    let mut current_object = String::new();
+    let mut last = 0u64;
+    // The line after calls= carries the call's inclusive cost; after jump=/jcnd=, none.
+    let mut skip_cost = false;
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        for (prefix, is_ob) in [("ob=", true), ("cob=", false)] {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let (id, name) = match rest.split_once(") ") {
+                    Some((id, name)) if rest.starts_with('(') => (id.to_owned() + ")", name),
+                    _ if rest.starts_with('(') => (rest.to_owned(), ""),
+                    _ => (String::new(), rest),
+                };
+                if !name.is_empty() {
+                    names.insert(id.clone(), name.to_owned());
+                }
+                if is_ob {
+                    current_object = names.get(&id).cloned().unwrap_or(name.to_owned());
+                }
+            }
+        }
+        if line.starts_with("calls=") || line.starts_with("jump=") || line.starts_with("jcnd=") {
+            skip_cost = true;
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let Some(pos) = parts.next() else { continue };
+        let addr = if pos == "*" {
+            last
+        } else if let Some(hex) = pos.strip_prefix("0x") {
+            u64::from_str_radix(hex, 16).unwrap()
+        } else if pos.starts_with('+') || pos.starts_with('-') {
+            match pos.parse::<i64>() {
+                Ok(d) => last.wrapping_add(d as u64),
+                Err(_) => continue,
+            }
+        } else {
+            continue;
+        };
+        last = addr;
+        if std::mem::take(&mut skip_cost) {
+            continue;
+        }
+        let _line = parts.next();
+        if let (true, Some(ir)) = (current_object == exe, parts.next()) {
+            *counts.entry(addr).or_insert(0) += ir.parse::<u64>().unwrap();
+        }
+    }
+    assert!(
+        !counts.is_empty(),
+        "no costs for {exe} in {}",
+        out_file.display()
+    );
+    counts
+}
+
+fn callgrind(dir: &TempDir, exe: &Path, args: &[&str]) -> BTreeMap<u64, u64> {
+    let out_file = dir.path("callgrind.out");
+    let out = Command::new("valgrind")
+        .args([
+            "--tool=callgrind",
+            "--dump-instr=yes",
+            "--collect-jumps=yes",
+            // PLT stubs counted as their own code, not added to the calling instruction.
+            "--skip-plt=no",
+        ])
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .arg(exe)
+        .args(args)
+        .output()
+        .expect("valgrind runs (scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    callgrind_counts(&out_file, exe)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Blk {
+    start: u64,
+    end: u64,
+    count: u64,
+    instructions: u64,
+}
+
+fn hex(v: &Value) -> u64 {
+    u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
+/// Runs `superprof blocks ARGS --format json -- CMD` and returns the document.
+fn blocks_json(dir: &TempDir, args: &[&str], cmd: &[&std::ffi::OsStr]) -> Value {
+    let out_file = dir.path("blocks.json");
+    let out = run_ok(
+        superprof()
+            .arg("blocks")
+            .args(args)
+            .args(["--format", "json", "-o"])
+            .arg(&out_file)
+            .arg("--")
+            .args(cmd),
+    );
+    assert!(out.status.success());
+    serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap()
+}
+
+fn blocks_of(doc: &Value) -> Vec<Blk> {
+    let mut v: Vec<Blk> = doc["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| Blk {
+            start: hex(&b["start"]),
+            end: hex(&b["end"]),
+            count: b["count"].as_u64().unwrap(),
+            instructions: b["instructions"].as_u64().unwrap(),
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The regions' [start, end) from the JSON document.
+fn region_ranges(doc: &Value) -> Vec<(u64, u64)> {
+    doc["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (hex(&r["start"]), hex(&r["end"])))
+        .collect()
+}
+
+/// Each block's count is the execution count of its first instruction, every instruction of
+/// a block ran as often as its first, and every instruction callgrind saw run in the regions
+/// is inside a block.
+fn assert_matches_callgrind(
+    what: &str,
+    blocks: &[Blk],
+    ranges: &[(u64, u64)],
+    truth: &BTreeMap<u64, u64>,
+) {
+    assert!(!blocks.is_empty(), "{what}: no blocks");
+    for b in blocks {
+        assert_eq!(
+            truth.get(&b.start).copied().unwrap_or(0),
+            b.count,
+            "{what}: block {:#x}-{:#x}",
+            b.start,
+            b.end
+        );
+        for (&a, &n) in truth.range(b.start..b.end) {
+            assert_eq!(
+                n, b.count,
+                "{what}: instruction {a:#x} inside block {:#x}",
+                b.start
+            );
+        }
+    }
+    for (&a, &n) in truth {
+        if n == 0 || !ranges.iter().any(|&(lo, hi)| (lo..hi).contains(&a)) {
+            continue;
+        }
+        assert!(
+            blocks.iter().any(|b| (b.start..b.end).contains(&a)),
+            "{what}: callgrind ran {a:#x} ({n} times) but no block holds it"
+        );
+    }
+}
+
+#[test]
+fn count_equals_callgrind_on_pie_and_non_pie_code() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-cg");
+    for (name, flags) in [
+        ("pie-O0", &["-O0", "-g", "-fpie", "-pie"][..]),
+        ("nopie-O2", &["-O2", "-g", "-fno-pie", "-no-pie"][..]),
+    ] {
+        let exe = compile(&dir, name, &["branches.c"], flags);
+        let truth = callgrind(&dir, &exe, &["300"]);
+        let regions = [
+            "-r",
+            "pick",
+            "-r",
+            "zigzag",
+            "-r",
+            "sum_picks",
+            "-r",
+            "main",
+        ];
+        let decode = blocks_json(&dir, &regions, &[exe.as_os_str(), "300".as_ref()]);
+        let blocks = blocks_of(&decode);
+        assert_matches_callgrind(name, &blocks, &region_ranges(&decode), &truth);
+        // The switch's seven cases and its default ran: 300 calls in all.
+        let pick = decode["regions"][0]["start"].clone();
+        assert_eq!(
+            decode["blocks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["start"] == pick)
+                .unwrap()["count"],
+            300
+        );
+        assert!(decode["stops"].as_u64().unwrap() > 300);
+    }
+}
+
+/// Learning cannot see a conditional branch that is never taken (it goes straight on): where
+/// decode splits after one, learn's block runs on. Every other block is the same.
+fn assert_same_blocks_but_untaken_branches(what: &str, learn: &[Blk], decode: &[Blk], exact: bool) {
+    if exact {
+        assert_eq!(learn, decode, "{what}");
+        return;
+    }
+    for l in learn {
+        assert!(
+            decode
+                .iter()
+                .any(|d| d.start == l.start && d.count == l.count),
+            "{what}: learn's block {l:?} is not one of decode's"
+        );
+    }
+    for d in decode.iter().filter(|d| !learn.contains(d)) {
+        let l = learn
+            .iter()
+            .find(|l| l.start <= d.start && d.start < l.end)
+            .unwrap_or_else(|| panic!("{what}: decode's block {d:?} is in no learned block"));
+        // The merged part ran exactly as often: the branch between them was never taken.
+        assert_eq!(l.count, d.count, "{what}: {d:?} merged into {l:?}");
+    }
+}
+
+#[test]
+fn learn_finds_the_same_blocks_and_counts_as_decode() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-learn");
+    // At -O0 every conditional branch of these functions is taken at some point; at -O2 the
+    // guards `if (n <= 0)` before the loops never are.
+    for (name, flags, exact) in [
+        ("O0", &["-O0", "-g"][..], true),
+        ("O2", &["-O2", "-g"][..], false),
+    ] {
+        let exe = compile(&dir, name, &["branches.c"], flags);
+        let cmd = [exe.as_os_str(), "300".as_ref()];
+        let regions = [
+            "-r",
+            "pick",
+            "-r",
+            "zigzag",
+            "-r",
+            "sum_picks",
+            "-r",
+            "main",
+        ];
+        let decode = blocks_json(&dir, &regions, &cmd);
+        let mut args = regions.to_vec();
+        args.extend(["--analyzer", "learn"]);
+        let learn = blocks_json(&dir, &args, &cmd);
+        assert_same_blocks_but_untaken_branches(
+            name,
+            &blocks_of(&learn),
+            &blocks_of(&decode),
+            exact,
+        );
+        // The switch, whose every branch goes both ways: the same blocks.
+        let pick_d = blocks_json(&dir, &["-r", "pick"], &cmd);
+        let pick_l = blocks_json(&dir, &["-r", "pick", "--analyzer", "learn"], &cmd);
+        assert_eq!(blocks_of(&pick_l), blocks_of(&pick_d), "{name} pick");
+        let a = &learn["analyzer"];
+        assert_eq!(a["name"], "learn");
+        let steps = a["single_steps"].as_u64().unwrap();
+        let predictions = a["predictions"].as_u64().unwrap();
+        assert!(steps > 0, "{name}: {a}");
+        assert!(predictions > 0, "{name}: {a}");
+        // Every block end it predicted from its table is the decoder's.
+        assert_eq!(
+            a["predictions_right"].as_u64(),
+            Some(predictions),
+            "{name}: {a}"
+        );
+        // It leaves single-stepping: far fewer steps than instructions run.
+        let executed: u64 = blocks_of(&decode)
+            .iter()
+            .map(|b| b.count * b.instructions)
+            .sum();
+        assert!(
+            steps * 2 < executed,
+            "{name}: {steps} steps for {executed} instructions"
+        );
+    }
+}
+
+#[test]
+fn count_is_exact_with_four_threads() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-mt");
+    let exe = compile(&dir, "mt", &["blocks_mt.c"], &["-O1", "-g", "-pthread"]);
+    let truth = callgrind(&dir, &exe, &["250"]);
+    for analyzer in ["decode", "learn"] {
+        let doc = blocks_json(
+            &dir,
+            &["-r", "classify", "--analyzer", analyzer],
+            &[exe.as_os_str(), "250".as_ref()],
+        );
+        let blocks = blocks_of(&doc);
+        assert_matches_callgrind(analyzer, &blocks, &region_ranges(&doc), &truth);
+        assert_eq!(
+            blocks.iter().map(|b| b.count).max(),
+            Some(1000),
+            "{analyzer}"
+        );
+    }
+}
+
+/// The instruction addresses [start, end) ranges cover, merged.
+fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges.into_iter().collect();
+    v.sort();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(l) if l.1 >= s => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+#[test]
+fn coverage_equals_the_blocks_with_a_count() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-cov");
+    let exe = compile(&dir, "br", &["branches.c"], &["-O2", "-g"]);
+    // 3 calls: cases 0, 1 and 2 of the switch run, the others do not.
+    let cmd = [exe.as_os_str(), "3".as_ref()];
+    let regions = ["-r", "pick", "-r", "zigzag", "-r", "sum_picks"];
+    let count = blocks_json(&dir, &regions, &cmd);
+    let mut args = regions.to_vec();
+    args.extend(["--mode", "coverage"]);
+    let cov = blocks_json(&dir, &args, &cmd);
+    let all = cov["blocks"].as_array().unwrap();
+    assert!(all.iter().all(|b| b["hit"].is_boolean()));
+    let hit = all.iter().filter(|b| b["hit"] == true);
+    let not_hit = all.iter().filter(|b| b["hit"] == false).count();
+    assert!(
+        not_hit >= 4,
+        "cases 3..6 and the default did not run: {not_hit} blocks not hit"
+    );
+    let covered = merged(hit.map(|b| (hex(&b["start"]), hex(&b["end"]))));
+    let counted = merged(
+        blocks_of(&count)
+            .iter()
+            .filter(|b| b.count > 0)
+            .map(|b| (b.start, b.end)),
+    );
+    assert_eq!(covered, counted);
+    // Whole executable by default: main and the fixture's functions ran.
+    let whole = blocks_json(&dir, &["--mode", "coverage"], &cmd);
+    let ran: BTreeSet<&str> = whole["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["hit"] == true)
+        .filter_map(|b| b["function"].as_str())
+        .collect();
+    for f in ["main", "pick", "zigzag", "sum_picks", "apply", "_start"] {
+        assert!(ran.contains(f), "{f} not covered: {ran:?}");
+    }
+    assert!(whole["blocks_hit"].as_u64().unwrap() < all.len() as u64 + 200);
+}
+
+#[test]
+fn sample_finds_the_hot_loop_with_its_share() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-sample");
+    let exe = compile(&dir, "hot", &["blocks_hot.c"], &["-O1", "-g"]);
+    let doc = blocks_json(
+        &dir,
+        &["--mode", "sample"],
+        &[exe.as_os_str(), "0.6".as_ref()],
+    );
+    let blocks = doc["blocks"].as_array().unwrap();
+    // The two loop blocks: the hottest two, both in two_loops, 3:1.
+    let (a, b) = (&blocks[0], &blocks[1]);
+    assert_eq!(a["function"], "two_loops", "{doc}");
+    assert_eq!(b["function"], "two_loops", "{doc}");
+    let (na, nb) = (a["count"].as_f64().unwrap(), b["count"].as_f64().unwrap());
+    assert!(na + nb > 300.0, "too few samples: {na} + {nb}");
+    assert_close("first loop's share", na / (na + nb), 0.75, 6.0);
+    assert!(
+        hex(&a["start"]) < hex(&b["start"]),
+        "the first loop is the hotter one"
+    );
+    // Each is a loop body: it ends with the branch back to its start.
+    for blk in [a, b] {
+        assert!(blk["instructions"].as_u64().unwrap() >= 5, "{blk}");
+        assert!(blk["line"].is_u64(), "{blk}");
+    }
+}
+
+#[test]
+fn annotate_table_and_csv() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-annotate");
+    let exe = compile(&dir, "br", &["branches.c"], &["-O2", "-g"]);
+    let out = run_ok(
+        superprof()
+            .args(["blocks", "-r", "zigzag", "--annotate", "--"])
+            .arg(&exe)
+            .arg("100"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("executions"), "{text}");
+    // The loop's first instruction has 100 in the margin, and the disassembly shows its branch.
+    let loop_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("100 "))
+        .unwrap_or_else(|| panic!("no line with 100 in the margin:\n{text}"));
+    assert!(loop_line.contains(':'), "{loop_line}");
+    assert!(
+        text.lines().any(|l| l.contains("jne") || l.contains("jl")),
+        "{text}"
+    );
+    let csv_file = dir.path("b.csv");
+    run_ok(
+        superprof()
+            .args(["blocks", "-r", "zigzag", "--format", "csv", "-o"])
+            .arg(&csv_file)
+            .arg("--")
+            .arg(&exe)
+            .arg("100"),
+    );
+    let csv = std::fs::read_to_string(&csv_file).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "start,end,function,file,line,instructions,count,share"
+    );
+    let first: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(first[2], "zigzag");
+    assert_eq!(first[6], "100");
+    assert!(first[3].ends_with("branches_core.h"), "{first:?}");
+}
+
+#[test]
+fn attach_counts_and_leaves_no_breakpoint() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-attach");
+    let exe = compile(&dir, "att", &["attach.c"], &["-O2", "-g", "-pthread"]);
+    let (mut child, _stdout) = spawn_ready(&exe, &["30", "100"]);
+    let pid = child.id();
+    let before = code_bytes(pid, &exe);
+    let out_file = dir.path("a.json");
+    let out = superprof()
+        .args([
+            "blocks",
+            "-r",
+            "attached_spin",
+            "--format",
+            "json",
+            "--duration",
+            "1",
+        ])
+        .args(["-p", &pid.to_string(), "-o"])
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(child.try_wait().unwrap().is_none(), "the process ended");
+    assert_running_untraced(pid);
+    assert_eq!(code_bytes(pid, &exe), before, "code changed after detach");
+    let _ = child.kill();
+    let _ = child.wait();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    let entry = hex(&doc["regions"][0]["start"]);
+    let calls = blocks_of(&doc)
+        .iter()
+        .find(|b| b.start == entry)
+        .map(|b| b.count)
+        .unwrap_or(0);
+    // attached_spin(0.01) is called in a loop, and its inner loop is counted block by block
+    // (two ptrace stops per block): at least one call in a second, at most the untraced 100.
+    assert!((1..=110).contains(&calls), "{calls} calls in 1 s");
+}
+
+#[test]
+fn bad_input_gives_one_line() {
+    let dir = TempDir::new("blocks-bad");
+    let exe = compile(&dir, "br", &["branches.c"], &["-O2", "-g"]);
+    let out = superprof()
+        .args(["blocks", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "needs a region");
+    let out = superprof()
+        .args(["blocks", "-r", "no_such_function", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "no function 'no_such_function'");
+    let out = superprof()
+        .args(["blocks", "-r", "0x20-0x10", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "bad range");
+    let out = superprof()
+        .args(["blocks", "-r", "pick", "--mode", "everything", "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "everything");
+    let out = superprof()
+        .args([
+            "blocks",
+            "-r",
+            "pick",
+            "-o",
+            "/nonexistent/dir/x.json",
+            "--",
+        ])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "cannot write");
+    let out = superprof()
+        .args(["blocks", "-r", "pick", "--", "/no/such/program"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "/no/such/program");
+}
