@@ -1,18 +1,25 @@
-//! superprof-analyze: the dynamic code analyzer's decoder. It answers "where does the block
-//! that starts here end, and where can it go next?", for `superprof blocks`, and nothing more.
+//! superprof-analyze: the dynamic code analyzer. It answers "where does the block that runs
+//! from here end, and where can it go next?", for `superprof blocks`, and nothing more.
 //!
-//! [`classify`] decodes one instruction and says how it moves the pc: straight on, or as a
-//! call, return, direct or indirect jump, conditional branch, syscall, trap, or a repeated
-//! string instruction (which loops on itself). [`blocks`] splits a run of code into basic
-//! blocks: a block ends after a control-flow instruction, and a block is split where a branch
-//! lands in its middle. Code is given as bytes with the address of the first byte, so the
-//! caller reads memory however it can (a file, a traced process).
+//! - [`Arch::classify`] decodes one instruction (iced-x86 on x86_64, yaxpeax-arm on AArch64)
+//!   and says how it moves the pc: straight on, or as a call, return, direct or indirect
+//!   jump, conditional branch, syscall, trap, or a repeated string instruction (which loops on
+//!   itself). [`blocks_for`] splits a run of code into basic blocks: a block ends after a
+//!   control-flow instruction and is split where a branch lands in its middle.
+//! - The [`Analyzer`] interface gives a block's end from a pc, reading the code through a
+//!   callback: [`Decode`] from the decoder, [`Learn`] from a table it learns by watching
+//!   single steps (the design's architecture-independent analyzer).
+//! - [`x86_branch`] works out where a branch goes from the registers, so that a tracer can
+//!   send a thread there without single-stepping it.
+//!
+//! Code is given as bytes with the address of the first byte, so the caller reads memory
+//! however it can (a file, a traced process).
 //!
 //! ```
-//! use superprof_analyze::{blocks, Flow};
+//! use superprof_analyze::{blocks_for, Arch, Flow};
 //! // test edi,edi; je +2; inc eax; ret  (x86_64)
 //! let code = [0x85, 0xff, 0x74, 0x02, 0xff, 0xc0, 0xc3];
-//! let b = blocks(&code, 0x1000);
+//! let b = blocks_for(Arch::X86_64, &code, 0x1000);
 //! assert_eq!(b.iter().map(|b| (b.start, b.end)).collect::<Vec<_>>(),
 //!            vec![(0x1000, 0x1004), (0x1004, 0x1006), (0x1006, 0x1007)]);
 //! assert_eq!(b[0].flow, Flow::Conditional { target: 0x1006 });
@@ -20,10 +27,12 @@
 
 mod aarch64;
 mod analyzer;
+mod emulate;
 mod learn;
 mod x86;
 
 pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode};
+pub use emulate::{x86_branch, Taken, X86Regs};
 pub use learn::Learn;
 
 /// An instruction set the analyzers know.

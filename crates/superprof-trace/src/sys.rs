@@ -305,6 +305,25 @@ pub fn syscall_info(tid: u32) -> io::Result<SyscallInfo> {
     })
 }
 
+/// Writes one 8-byte word into a stopped thread's memory (PTRACE_POKEDATA: one syscall, for
+/// small writes such as a pushed return address).
+pub fn poke(tid: u32, addr: u64, word: u64) -> io::Result<()> {
+    // SAFETY: PTRACE_POKEDATA takes the address and the word by value; the kernel checks both.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_POKEDATA,
+            tid as libc::pid_t,
+            addr as *mut libc::c_void,
+            word as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Sets the instruction pointer of a stopped thread.
 pub fn set_pc(tid: u32, pc: u64) -> io::Result<()> {
     let mut r = raw_regs(tid)?;

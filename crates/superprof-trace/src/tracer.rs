@@ -389,6 +389,20 @@ impl Tracer {
         sys::read_memory(pid, addr, buf)
     }
 
+    /// Writes one 8-byte word into the memory of stopped thread `tid` (a stack slot, say).
+    pub fn poke(&mut self, tid: u32, addr: u64, word: u64) -> io::Result<()> {
+        sys::poke(tid, addr, word)
+    }
+
+    /// The owner moved a thread stopped on a breakpoint somewhere else (it did the
+    /// instruction's work itself, or chose not to run it): resuming it must not step over the
+    /// breakpoint any more.
+    pub fn leave_breakpoint(&mut self, tid: u32) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.at_breakpoint = None;
+        }
+    }
+
     /// Reads code of a traced process as the program sees it: the original bytes where
     /// breakpoints are set. Returns the bytes read.
     pub fn read_code(&self, pid: u32, addr: u64, buf: &mut [u8]) -> usize {

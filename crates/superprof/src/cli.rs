@@ -256,6 +256,10 @@ pub struct BlocksArgs {
     /// Write the results to this file instead of stdout
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Single-step every block's last instruction instead of working out where the branch
+    /// goes from the registers (for comparison)
+    #[arg(long = "step-branches", hide = true)]
+    pub step_branches: bool,
     /// Sampling frequency for --mode sample
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
     pub frequency: u32,

@@ -222,6 +222,12 @@ fn count_equals_callgrind_on_pie_and_non_pie_code() {
             300
         );
         assert!(decode["stops"].as_u64().unwrap() > 300);
+        // Branches stepped instead of worked out from the registers: the same counts.
+        let mut args = regions.to_vec();
+        args.push("--step-branches");
+        let stepped = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
+        assert_eq!(blocks_of(&stepped), blocks, "{name}");
+        assert!(stepped["stops"].as_u64() > decode["stops"].as_u64());
     }
 }
 

@@ -62,6 +62,10 @@ struct Counts {
     stops: u64,
     /// Single steps inside blocks, to learn (the others step blocks' last instructions).
     learn_steps: u64,
+    /// Whether block-ending branches are emulated (decode on x86_64) rather than stepped.
+    emulate: bool,
+    /// Branches emulated.
+    emulated: u64,
 }
 
 impl Counts {
@@ -203,10 +207,65 @@ impl Counts {
             self.current.insert(tid, addr);
         }
         if self.ends.contains(&addr) {
-            self.start_step(tracer, tid, pid, addr, true);
+            if !(self.emulate && self.emulate_branch(tracer, tid, pid, addr)) {
+                self.start_step(tracer, tid, pid, addr, true);
+            }
             return;
         }
         self.advance(tracer, tid, pid, addr, true);
+    }
+
+    /// Sends a thread stopped on the branch at `addr` where the branch would, without running
+    /// it (one stop instead of a stop and a step). False if this branch is for stepping.
+    #[cfg(target_arch = "x86_64")]
+    fn emulate_branch(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> bool {
+        let mut code = [0u8; 16];
+        let n = tracer.read_code(pid, addr, &mut code);
+        let Ok(mut raw) = tracer.raw_regs(tid) else {
+            return false;
+        };
+        let regs = superprof_analyze::X86Regs {
+            gpr: [
+                raw.rax, raw.rcx, raw.rdx, raw.rbx, raw.rsp, raw.rbp, raw.rsi, raw.rdi, raw.r8,
+                raw.r9, raw.r10, raw.r11, raw.r12, raw.r13, raw.r14, raw.r15,
+            ],
+            rflags: raw.eflags,
+            fs_base: raw.fs_base,
+            gs_base: raw.gs_base,
+        };
+        let mut read_u64 = |a: u64| {
+            let mut b = [0u8; 8];
+            (tracer.read_memory(pid, a, &mut b) == 8).then(|| u64::from_ne_bytes(b))
+        };
+        let Some(t) = superprof_analyze::x86_branch(&code[..n], addr, &regs, &mut read_u64) else {
+            return false;
+        };
+        let Some(len) = self.arch.classify(&code[..n], addr).map(|i| i.len as u64) else {
+            return false;
+        };
+        if let Some(ret) = t.push {
+            let sp = raw.rsp.wrapping_sub(8);
+            if tracer.poke(tid, sp, ret).is_err() {
+                return false;
+            }
+            raw.rsp = sp;
+        }
+        if t.pop {
+            raw.rsp = raw.rsp.wrapping_add(8);
+        }
+        raw.rip = t.pc;
+        if tracer.set_raw_regs(tid, &raw).is_err() {
+            return false;
+        }
+        tracer.leave_breakpoint(tid);
+        self.emulated += 1;
+        self.arrive(tracer, tid, pid, addr + len, t.pc, t.push.is_some());
+        true
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn emulate_branch(&mut self, _: &mut Tracer, _: u32, _: u32, _: u64) -> bool {
+        false
     }
 
     fn on_stepped(&mut self, tracer: &mut Tracer, tid: u32, pid: u32) {
@@ -239,14 +298,19 @@ impl Counts {
             self.advance(tracer, tid, pid, pc, false);
             return;
         }
-        // The block ended at `from`; `pc` starts the next one.
+        let call = pc != next && is_call(tracer, pid, &regs, &step, next);
+        self.arrive(tracer, tid, pid, next, pc, call);
+    }
+
+    /// The block of `tid` ended with the instruction before `next`, and its pc is now `pc`,
+    /// the start of the next block; `call`: that instruction was a call.
+    fn arrive(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, next: u64, pc: u64, call: bool) {
         if let Some(c) = self.current.remove(&tid) {
             self.ended(c, next);
         }
         // A call comes back right after itself, perhaps from code outside the regions (the
         // callee, or a cold part the callee jumped to): count the return there.
-        if pc != next && self.in_region(next).is_some() && is_call(tracer, pid, &regs, &step, next)
-        {
+        if call && self.in_region(next).is_some() {
             self.add_start(tracer, pid, next);
         }
         if self.in_region(pc).is_none() {
@@ -369,6 +433,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         steps: HashMap::new(),
         deferred: HashSet::new(),
         learn_steps: 0,
+        emulate: args.analyzer == AnalyzerArg::Decode && !args.step_branches,
+        emulated: 0,
         passes: HashMap::new(),
         stops: 0,
     };
