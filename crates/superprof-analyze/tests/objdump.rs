@@ -257,3 +257,87 @@ fn aarch64_decoder_agrees_with_objdump() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The learning analyzer on AArch64 words (no AArch64 machine here: its single steps are
+/// simulated from the decoder's answers). It learns from the -O0 code and predicts the -O2
+/// code's block ends, which it has never seen: every prediction it makes is the decoder's.
+#[test]
+fn learn_generalizes_aarch64_branches() {
+    use superprof_analyze::{Analyzer, BlockEnd, Decode, Learn};
+    let dir = std::env::temp_dir().join(format!("superprof-learn-a64-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/branches_core.h");
+    let code_of = |opt: &str| {
+        let obj = dir.join(format!("b{opt}.o"));
+        let st = Command::new("aarch64-linux-gnu-gcc")
+            .args([opt, "-x", "c", "-c", "-fno-pic", "-o"])
+            .arg(&obj)
+            .arg(&src)
+            .status()
+            .expect("aarch64-linux-gnu-gcc runs (scripts/test installs it)");
+        assert!(st.success());
+        let data = std::fs::read(&obj).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        file.section_by_name(".text")
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec()
+    };
+    let mut learn = Learn::new(Arch::Aarch64, true);
+    // Simulated runs: each instruction once, each conditional once taken and once not.
+    let train = |learn: &mut Learn, code: &[u8]| {
+        for i in superprof_analyze::decode_all_for(Arch::Aarch64, code, 0) {
+            let bytes = &code[i.addr as usize..];
+            let next = i.addr + 4;
+            match i.flow {
+                Flow::Next | Flow::Repeat | Flow::Syscall => learn.observe(i.addr, bytes, next),
+                Flow::Conditional { target } => {
+                    learn.observe(i.addr, bytes, next);
+                    learn.observe(i.addr, bytes, target);
+                }
+                Flow::Jump { target } | Flow::Call { target } => {
+                    learn.observe(i.addr, bytes, target)
+                }
+                _ => learn.observe(i.addr, bytes, 0xdead_0000),
+            }
+        }
+    };
+    // (predicted, unknown) over the blocks of `code`; every prediction must be the decoder's.
+    let predict = |learn: &mut Learn, code: &[u8]| {
+        let mut read = |addr: u64, buf: &mut [u8]| {
+            let a = (addr as usize).min(code.len());
+            let n = buf.len().min(code.len() - a);
+            buf[..n].copy_from_slice(&code[a..a + n]);
+            n
+        };
+        let mut decode = Decode::new(Arch::Aarch64);
+        let (mut predicted, mut unknown) = (0, 0);
+        for b in superprof_analyze::blocks_for(Arch::Aarch64, code, 0) {
+            match learn.block_end(b.start, code.len() as u64, &mut read) {
+                BlockEnd::Unknown { .. } => unknown += 1,
+                got => {
+                    predicted += 1;
+                    let want = decode.block_end(b.start, code.len() as u64, &mut read);
+                    assert_eq!(got, want, "block {:#x}", b.start);
+                }
+            }
+        }
+        (predicted, unknown)
+    };
+    let (o0, o2) = (code_of("-O0"), code_of("-O2"));
+    train(&mut learn, &o0);
+    // On code it has not seen, it predicts what it can, rightly, and would step the rest.
+    let (predicted, _unknown) = predict(&mut learn, &o2);
+    assert!(predicted > 0);
+    // Once it has seen the code run often enough (an opcode seen at one address must go
+    // straight on 64 times before it is trusted), it predicts every block.
+    for _ in 0..64 {
+        train(&mut learn, &o2);
+    }
+    let (predicted, unknown) = predict(&mut learn, &o2);
+    assert_eq!(unknown, 0, "{predicted} predicted");
+    let stats = learn.stats();
+    assert_eq!(stats.predictions_right, Some(stats.predictions));
+    let _ = std::fs::remove_dir_all(&dir);
+}
