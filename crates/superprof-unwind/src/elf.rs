@@ -137,6 +137,23 @@ impl ElfImage {
     }
 }
 
+impl ElfImage {
+    /// ELF address ranges of the executable PT_LOAD segments.
+    pub fn executable_ranges(&self) -> Vec<Range<u64>> {
+        self.segments
+            .iter()
+            .filter(|s| s.executable && s.filesz > 0)
+            .map(|s| s.vaddr..s.vaddr + s.filesz)
+            .collect()
+    }
+
+    /// Whether the file has unwind information (.eh_frame or .debug_frame).
+    pub fn has_unwind_info(&self) -> bool {
+        self.sections.contains_key(&b".eh_frame"[..])
+            || self.sections.contains_key(&b".debug_frame"[..])
+    }
+}
+
 struct SectionSource<'a>(&'a ElfImage);
 
 impl framehop::ModuleSectionInfo<SectionBytes> for SectionSource<'_> {

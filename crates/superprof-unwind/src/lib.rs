@@ -21,6 +21,7 @@
 //! ```
 
 mod elf;
+mod guest;
 pub mod maps;
 mod process;
 mod regs;
@@ -28,5 +29,6 @@ mod sys;
 
 pub use elf::{ElfCache, ElfImage, ModuleId};
 pub use framehop::FrameAddress;
+pub use guest::{frame_parts, GuestArch, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, UnwindOutcome};
 pub use regs::UserRegs;

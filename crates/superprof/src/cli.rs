@@ -34,6 +34,8 @@ pub enum Command {
     Stat(StatArgs),
     /// Which basic blocks run most: exact counts, coverage, or sampled heat
     Blocks(BlocksArgs),
+    /// Profile an operating-system kernel (and its programs) running in QEMU, from outside
+    Qemu(QemuArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
     /// The demo's workload (run by `superprof demo`)
@@ -276,5 +278,64 @@ pub struct BlocksArgs {
     pub pid: Option<u32>,
     /// The command to launch (after `--`)
     #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum QemuBackendArg {
+    /// The gdbstub (fast)
+    Gdb,
+    /// QMP
+    Qmp,
+}
+
+#[derive(Debug, Args)]
+pub struct QemuArgs {
+    /// The guest kernel's ELF file (symbols, DWARF, unwind tables); its machine says the
+    /// guest's architecture
+    #[arg(long, value_name = "ELF")]
+    pub kernel: PathBuf,
+    /// Sample through this QMP socket (a Unix socket path, or HOST:PORT)
+    #[arg(long, value_name = "SOCKET", conflicts_with = "gdb")]
+    pub qmp: Option<String>,
+    /// Sample through this gdbstub socket (a Unix socket path, or HOST:PORT)
+    #[arg(long, value_name = "SOCKET|HOST:PORT")]
+    pub gdb: Option<String>,
+    /// ELF files of the guest's programs (or folders of them), recognized by their code
+    #[arg(long = "user", value_name = "ELF|DIR")]
+    pub users: Vec<PathBuf>,
+    /// Milliseconds between samples (0: as fast as possible)
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    pub interval: f64,
+    /// Seconds to profile
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub duration: f64,
+    /// Print one symbolized stack and exit
+    #[arg(long = "one-shot")]
+    pub one_shot: bool,
+    /// Keep only samples in the kernel
+    #[arg(long = "kernel-only", conflicts_with = "user_only")]
+    pub kernel_only: bool,
+    /// Keep only samples in the guest's programs
+    #[arg(long = "user-only")]
+    pub user_only: bool,
+    /// Show addresses next to function names (--one-shot, and frames' names in the outputs)
+    #[arg(long = "show-addresses")]
+    pub show_addresses: bool,
+    /// Say more: the backend, what was matched, each sample's time
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// Output file; the format follows the extension, as for `record`. Repeat for several.
+    /// Default: superprof.parquet
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub outputs: Vec<PathBuf>,
+    /// Launch mode: the socket superprof adds to the QEMU command line
+    #[arg(long, value_enum, default_value_t = QemuBackendArg::Gdb)]
+    pub backend: QemuBackendArg,
+    /// QMP: read memory one word per HMP `x` command, as the original design did (benchmark)
+    #[arg(long = "qmp-word-reads", hide = true)]
+    pub word_reads: bool,
+    /// Launch mode: the QEMU command line, after `--`
+    #[arg(last = true, value_name = "QEMU-CMD")]
     pub command: Vec<String>,
 }

@@ -128,10 +128,15 @@ pub const DEFAULT_OUTPUT: &str = "superprof.parquet";
 
 /// Validates the output paths before anything runs, so a bad -o costs nothing.
 pub fn check_outputs(cfg: &RecordConfig) -> Result<Vec<(PathBuf, OutputFormat)>> {
-    let paths = if cfg.outputs.is_empty() {
+    check_output_paths(&cfg.outputs)
+}
+
+/// [`check_outputs`] for a list of paths (none: the default output).
+pub fn check_output_paths(outputs: &[PathBuf]) -> Result<Vec<(PathBuf, OutputFormat)>> {
+    let paths = if outputs.is_empty() {
         vec![PathBuf::from(DEFAULT_OUTPUT)]
     } else {
-        cfg.outputs.clone()
+        outputs.to_vec()
     };
     paths
         .into_iter()

@@ -114,6 +114,7 @@ pub fn record_folded(dir: &TempDir, cmd: &[&std::ffi::OsStr]) -> (Output, Folded
 }
 
 /// Folded stacks: frames root first, with their count.
+#[derive(Debug)]
 pub struct Folded(pub Vec<(Vec<String>, u64)>);
 
 impl Folded {

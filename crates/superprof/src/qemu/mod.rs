@@ -1,0 +1,453 @@
+//! `superprof qemu`: profile a kernel (and the programs it runs) inside QEMU, from outside,
+//! through QMP or the gdbstub ([`superprof_qemu`]). Every interval the guest is stopped, its
+//! registers and stack read, the stack unwound with framehop from the kernel ELF's unwind
+//! tables (or a recognized program's), and the guest let go; at the end the addresses are
+//! symbolized from the ELF files (symbols and DWARF) and written like `record`'s profiles.
+
+mod sampler;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use superprof_profile::Profile;
+use superprof_qemu::{Backend, Gdb, GuestArch, QemuError, Qmp};
+
+use crate::cli::{QemuArgs, QemuBackendArg};
+use crate::sys;
+use sampler::{GuestElf, Owner, RawSample, Sampler};
+
+fn arch_name(a: GuestArch) -> &'static str {
+    match a {
+        GuestArch::X86_64 => "x86_64",
+        GuestArch::Aarch64 => "AArch64",
+    }
+}
+
+/// QEMU started by superprof (launch mode): ended when dropped.
+struct Launched {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Launched {
+    fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// Starts QEMU with a socket of superprof's own and connects to it.
+fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
+    let program = &args.command[0];
+    let exe = superprof_trace::resolve_command(program)
+        .filter(|p| p.exists())
+        .ok_or_else(|| anyhow!("cannot run '{program}': command not found (is QEMU installed?)"))?;
+    let dir = std::env::temp_dir().join(format!("superprof-qemu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let sock = dir.join(match args.backend {
+        QemuBackendArg::Gdb => "gdb.sock",
+        QemuBackendArg::Qmp => "qmp.sock",
+    });
+    let flag = match args.backend {
+        QemuBackendArg::Gdb => "-gdb",
+        QemuBackendArg::Qmp => "-qmp",
+    };
+    let child = Command::new(&exe)
+        .args(&args.command[1..])
+        .arg(flag)
+        .arg(format!("unix:{},server=on,wait=off", sock.display()))
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run '{program}'"))?;
+    let mut launched = Launched { child, dir };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if launched.exited() {
+            let status = launched.child.wait()?;
+            bail!("QEMU exited at start ({status}): check its command line");
+        }
+        if sock.exists() {
+            let addr = sock.to_string_lossy().into_owned();
+            let backend: Box<dyn Backend> = match args.backend {
+                QemuBackendArg::Gdb => Box::new(Gdb::connect(&addr)?),
+                QemuBackendArg::Qmp => Box::new(Qmp::connect(&addr)?),
+            };
+            return Ok((launched, backend));
+        }
+        if Instant::now() > deadline {
+            bail!("QEMU did not open its {flag} socket within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The --user arguments: ELF files, and the ELF files in folders.
+fn user_elves(paths: &[PathBuf]) -> Result<Vec<GuestElf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("cannot read folder '{}'", p.display()))?
+                .filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| p.is_file())
+                .collect();
+            entries.sort();
+            out.extend(entries.iter().filter_map(|e| GuestElf::open(e)));
+        } else {
+            out.push(GuestElf::open(p).ok_or_else(|| {
+                anyhow!(
+                    "cannot read user program '{}': not an ELF file",
+                    p.display()
+                )
+            })?);
+        }
+    }
+    Ok(out)
+}
+
+pub fn run(args: &QemuArgs) -> Result<i32> {
+    let sources =
+        args.qmp.is_some() as u8 + args.gdb.is_some() as u8 + (!args.command.is_empty()) as u8;
+    if sources != 1 {
+        bail!("give one of --qmp SOCKET, --gdb SOCKET or -- QEMU-COMMAND...");
+    }
+    if !args.interval.is_finite() || args.interval < 0.0 {
+        bail!("--interval must be 0 or more milliseconds");
+    }
+    let kernel_path = &args.kernel;
+    if !kernel_path.is_file() {
+        bail!(
+            "cannot read kernel ELF '{}': no such file",
+            kernel_path.display()
+        );
+    }
+    let arch = GuestElf::arch(kernel_path).ok_or_else(|| {
+        anyhow!(
+            "'{}' is not an x86_64 or AArch64 ELF file: give the guest kernel's ELF",
+            kernel_path.display()
+        )
+    })?;
+    let kernel = GuestElf::open(kernel_path)
+        .ok_or_else(|| anyhow!("cannot read kernel ELF '{}'", kernel_path.display()))?;
+    if !kernel.has_symbols {
+        eprintln!(
+            "superprof: {} has no symbol table: frames are shown as addresses",
+            kernel_path.display()
+        );
+    }
+    if !kernel.image.has_unwind_info() {
+        eprintln!(
+            "superprof: {} has no .eh_frame or .debug_frame: stacks come from frame pointers, \
+             and may be the leaf frame only",
+            kernel_path.display()
+        );
+    }
+    let users = user_elves(&args.users)?;
+    let outputs = if args.one_shot {
+        Vec::new()
+    } else {
+        crate::record::check_output_paths(&args.outputs)?
+    };
+    sys::install_stop_handler();
+    let (mut launched, mut backend): (Option<Launched>, Box<dyn Backend>) =
+        if let Some(q) = &args.qmp {
+            let mut q = Qmp::connect(q)?;
+            q.word_reads = args.word_reads;
+            (None, Box::new(q))
+        } else if let Some(g) = &args.gdb {
+            (None, Box::new(Gdb::connect(g)?))
+        } else {
+            let (l, b) = launch(args)?;
+            (Some(l), b)
+        };
+    let guest = backend.arch()?;
+    if guest != arch {
+        // Leave the guest running as it was.
+        let _ = backend.resume();
+        bail!(
+            "the kernel ELF is for {} but the guest is {}: give the kernel this QEMU runs",
+            arch_name(arch),
+            arch_name(guest)
+        );
+    }
+    if args.verbose {
+        eprintln!(
+            "superprof: {} guest, {} backend",
+            arch_name(arch),
+            if args.qmp.is_some() || (args.gdb.is_none() && args.backend == QemuBackendArg::Qmp) {
+                "QMP"
+            } else {
+                "gdbstub"
+            }
+        );
+    }
+    let mut sampler = Sampler::new(arch, kernel, users);
+    sampler.verbose = args.verbose;
+    // A debugger's connection stops the guest: let it run first.
+    backend.resume()?;
+    let interval = Duration::from_secs_f64(args.interval / 1000.0);
+    let duration = Duration::from_secs_f64(args.duration.max(0.0));
+    let start = Instant::now();
+    let mut samples: Vec<RawSample> = Vec::new();
+    let mut gone = false;
+    let mut next = start;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.subsec_nanos() as u64);
+    let mut jitter = Jitter(seed | 1);
+    loop {
+        if sys::stop_requested() || (!args.one_shot && start.elapsed() >= duration) {
+            break;
+        }
+        if launched.as_mut().is_some_and(Launched::exited) {
+            gone = true;
+            break;
+        }
+        let now = Instant::now();
+        if now < next {
+            std::thread::sleep(next - now);
+        }
+        // ±25% of jitter, so that sampling does not lock onto a period of the guest's work.
+        next = Instant::now() + interval.mul_f64(0.75 + 0.5 * jitter.next());
+        match sampler.sample(backend.as_mut(), start.elapsed()) {
+            Ok(s) => {
+                let keep = match s.owner {
+                    Owner::Kernel => !args.user_only,
+                    Owner::User(_) => !args.kernel_only,
+                    Owner::Unknown => !args.kernel_only && !args.user_only,
+                };
+                if keep {
+                    samples.push(s);
+                }
+            }
+            Err(QemuError::Gone) => {
+                gone = true;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if args.one_shot && !samples.is_empty() {
+            break;
+        }
+    }
+    let elapsed = start.elapsed();
+    let mut symbols = superprof_symbols::Symbolizer::default();
+    if args.one_shot {
+        let s = samples
+            .first()
+            .ok_or_else(|| anyhow!("no sample could be taken"))?;
+        print!(
+            "{}",
+            one_stack(&sampler, &mut symbols, s, args.show_addresses)
+        );
+    }
+    if let Some(mut l) = launched.take() {
+        if !gone {
+            let _ = backend.quit();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !l.exited() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        drop(l);
+    }
+    if gone {
+        eprintln!(
+            "superprof: QEMU ended after {:.2} s; keeping the samples so far",
+            elapsed.as_secs_f64()
+        );
+    }
+    if args.one_shot {
+        return Ok(0);
+    }
+    let n = samples.len();
+    let complete = samples.iter().filter(|s| s.complete).count();
+    eprintln!(
+        "superprof: {n} samples in {:.2} s ({:.0} samples/s), {:.0} µs per sample, {:.1}% fully unwound",
+        elapsed.as_secs_f64(),
+        n as f64 / elapsed.as_secs_f64().max(1e-9),
+        if n == 0 { 0.0 } else { sampler.busy.as_secs_f64() * 1e6 / n as f64 },
+        if n == 0 { 0.0 } else { 100.0 * complete as f64 / n as f64 },
+    );
+    if n == 0 {
+        bail!("no samples were taken");
+    }
+    let profile = build_profile(&sampler, &mut symbols, &samples, args, elapsed);
+    let stdout = std::io::stdout();
+    superprof_profile::top::write(&profile, 20, &mut stdout.lock())?;
+    for (path, format) in &outputs {
+        crate::record::write_output(&profile, path, *format)?;
+        eprintln!("superprof: wrote {}", path.display());
+    }
+    Ok(0)
+}
+
+/// A small xorshift generator for the sampling jitter.
+struct Jitter(u64);
+
+impl Jitter {
+    /// A number in [0, 1).
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A symbolized frame: function (or address), file, line, inlined.
+type SymFrames = Vec<(String, Option<String>, u32, bool)>;
+
+fn symbolize(
+    sampler: &Sampler,
+    symbols: &mut superprof_symbols::Symbolizer,
+    cache: &mut HashMap<(u64, bool, Owner), SymFrames>,
+    (addr, ret, owner, bias): (u64, bool, Owner, u64),
+) -> SymFrames {
+    cache
+        .entry((addr, ret, owner))
+        .or_insert_with(|| {
+            let elf = match owner {
+                Owner::Kernel => Some(&sampler.kernel),
+                Owner::User(u) => sampler.users.get(u),
+                Owner::Unknown => None,
+            };
+            let Some(elf) = elf else {
+                return vec![(format!("{addr:#x}"), None, 0, false)];
+            };
+            let svma = addr.wrapping_sub(bias);
+            let look = if ret { svma.wrapping_sub(1) } else { svma };
+            let frames = symbols.symbolize(&elf.path, &elf.path, look);
+            if frames.is_empty() {
+                return vec![(format!("{}+{svma:#x}", elf.name), None, 0, false)];
+            }
+            frames
+                .into_iter()
+                .map(|f| {
+                    (
+                        f.function
+                            .unwrap_or_else(|| format!("{}+{svma:#x}", elf.name)),
+                        f.file,
+                        f.line.unwrap_or(0),
+                        f.inlined,
+                    )
+                })
+                .collect()
+        })
+        .clone()
+}
+
+fn root_name(sampler: &Sampler, owner: Owner) -> (String, PathBuf) {
+    match owner {
+        Owner::Kernel => ("kernel".to_owned(), sampler.kernel.path.clone()),
+        Owner::User(u) => (sampler.users[u].name.clone(), sampler.users[u].path.clone()),
+        Owner::Unknown => ("[unknown]".to_owned(), PathBuf::from("[unknown]")),
+    }
+}
+
+fn one_stack(
+    sampler: &Sampler,
+    symbols: &mut superprof_symbols::Symbolizer,
+    s: &RawSample,
+    addresses: bool,
+) -> String {
+    let mut cache = HashMap::new();
+    let mut out = format!("{}\n", root_name(sampler, s.owner).0);
+    let mut i = 0;
+    for &f in &s.frames {
+        for (name, file, line, inlined) in
+            symbolize(sampler, symbols, &mut cache, f).into_iter().rev()
+        {
+            let at = if addresses {
+                format!("{:#018x} ", f.0)
+            } else {
+                String::new()
+            };
+            let loc = match file {
+                Some(file) if line > 0 => format!(" ({file}:{line})"),
+                _ => String::new(),
+            };
+            out.push_str(&format!(
+                "  #{i:<2} {at}{name}{loc}{}\n",
+                if inlined { " [inlined]" } else { "" }
+            ));
+            i += 1;
+        }
+    }
+    if !s.complete {
+        out.push_str("  (the stack could not be unwound further)\n");
+    }
+    out
+}
+
+fn build_profile(
+    sampler: &Sampler,
+    symbols: &mut superprof_symbols::Symbolizer,
+    samples: &[RawSample],
+    args: &QemuArgs,
+    elapsed: Duration,
+) -> Profile {
+    let mut p = Profile::default();
+    p.meta.command = if args.command.is_empty() {
+        vec![format!("qemu {}", args.kernel.display())]
+    } else {
+        args.command.clone()
+    };
+    p.meta.event = "qemu-interval".into();
+    p.meta.frequency = if args.interval > 0.0 {
+        (1000.0 / args.interval) as u32
+    } else {
+        0
+    };
+    p.meta.duration_ns = elapsed.as_nanos() as u64;
+    p.meta.version = env!("CARGO_PKG_VERSION").to_owned();
+    p.meta.start_time_unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        .saturating_sub(elapsed.as_nanos() as u64);
+    p.meta.truncated_stacks = samples.iter().filter(|s| !s.complete).count() as u64;
+    let thread = p.add_thread(0, 1, "vcpu0");
+    let mut cache = HashMap::new();
+    for s in samples {
+        let (root, root_module) = root_name(sampler, s.owner);
+        let root_module = root_module.to_string_lossy().into_owned();
+        let rf = p.intern_frame_named(&root, &root_module, None, 0, 0, false);
+        let mut stack = Some(p.intern_stack(None, rf));
+        for &f in s.frames.iter().rev() {
+            let module = match f.2 {
+                Owner::Unknown => "[unknown]".to_owned(),
+                o => root_name(sampler, o).1.to_string_lossy().into_owned(),
+            };
+            for (name, file, line, inlined) in symbolize(sampler, symbols, &mut cache, f) {
+                let name = if args.show_addresses {
+                    format!("{name} [{:#x}]", f.0)
+                } else {
+                    name
+                };
+                let fr = p.intern_frame_named(
+                    &name,
+                    &module,
+                    file.as_deref(),
+                    line,
+                    f.0.wrapping_sub(f.3),
+                    inlined,
+                );
+                stack = Some(p.intern_stack(stack, fr));
+            }
+        }
+        p.add_sample(s.time.as_nanos() as u64, thread, 0, 1, stack);
+    }
+    p
+}

@@ -1,0 +1,445 @@
+//! `superprof qemu` on real QEMU (TCG) running test kernels that the tests build: an AArch64
+//! kernel for `-M virt` and an x86_64 kernel booted through its PVH note, each spending known
+//! shares of its time in known functions under known callers (tests/fixtures/qemu/work.h),
+//! and a "user" program placed in guest memory with `-device loader` that the kernel runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+struct Kernels {
+    kernel: PathBuf,
+    user: PathBuf,
+}
+
+const CFLAGS: &[&str] = &[
+    "-g",
+    "-O1",
+    "-ffreestanding",
+    "-nostdlib",
+    "-fno-omit-frame-pointer",
+    "-fasynchronous-unwind-tables",
+    "-fno-stack-protector",
+    "-mgeneral-regs-only",
+    "-static",
+    "-no-pie",
+    "-fno-pic",
+    "-Wl,--build-id=none",
+];
+
+fn build(dir: &TempDir, arch: Arch) -> Kernels {
+    let q = fixtures_dir().join("qemu");
+    let (cc, prefix, extra): (&str, &str, &[&str]) = match arch {
+        Arch::X86_64 => ("gcc", "x86_64", &["-mno-red-zone"]),
+        Arch::Aarch64 => ("aarch64-linux-gnu-gcc", "aarch64", &["-mstrict-align"]),
+    };
+    let out = |name: &str, ld: &str, srcs: &[String]| {
+        let path = dir.path(name);
+        let o = Command::new(cc)
+            .args(CFLAGS)
+            .args(extra)
+            .arg("-T")
+            .arg(q.join(ld))
+            .arg("-o")
+            .arg(&path)
+            .args(srcs.iter().map(|s| q.join(s)))
+            .output()
+            .unwrap_or_else(|e| panic!("{cc} runs (scripts/test installs it): {e}"));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        path
+    };
+    Kernels {
+        kernel: out(
+            &format!("{prefix}-kernel.elf"),
+            &format!("{prefix}.ld"),
+            &[format!("{prefix}-start.S"), format!("{prefix}-kernel.c")],
+        ),
+        user: out(
+            &format!("{prefix}-user.elf"),
+            &format!("{prefix}-user.ld"),
+            &[format!("{prefix}-user-start.S"), "user.c".to_owned()],
+        ),
+    }
+}
+
+/// The QEMU command line (without sockets) for a kernel and its user program.
+fn qemu_command(arch: Arch, k: &Kernels) -> Vec<String> {
+    let mut c: Vec<String> = match arch {
+        Arch::X86_64 => vec!["qemu-system-x86_64".into(), "-M".into(), "pc".into()],
+        Arch::Aarch64 => vec![
+            "qemu-system-aarch64".into(),
+            "-M".into(),
+            "virt".into(),
+            "-cpu".into(),
+            "cortex-a57".into(),
+        ],
+    };
+    for a in [
+        "-m", "128M", "-display", "none", "-serial", "none", "-monitor", "none", "-kernel",
+    ] {
+        c.push(a.into());
+    }
+    c.push(k.kernel.display().to_string());
+    c.push("-device".into());
+    c.push(format!("loader,file={}", k.user.display()));
+    c
+}
+
+/// QEMU with a gdbstub and a QMP socket, killed when dropped.
+struct Qemu {
+    child: Child,
+    gdb: PathBuf,
+    qmp: PathBuf,
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_qemu(dir: &TempDir, arch: Arch, k: &Kernels) -> Qemu {
+    let gdb = dir.path("gdb.sock");
+    let qmp = dir.path("qmp.sock");
+    let cmd = qemu_command(arch, k);
+    let child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .arg("-gdb")
+        .arg(format!("unix:{},server=on,wait=off", gdb.display()))
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("QEMU runs (scripts/test installs qemu-system-x86 and qemu-system-arm)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(gdb.exists() && qmp.exists()) {
+        assert!(Instant::now() < deadline, "QEMU did not open its sockets");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Qemu { child, gdb, qmp }
+}
+
+/// Shares of the stacks (thread name dropped) from a folded file.
+fn shares(folded: &Path) -> Vec<(String, f64)> {
+    let f = Folded::read(folded);
+    let total = f.total() as f64;
+    let mut m: std::collections::BTreeMap<String, u64> = Default::default();
+    for (stack, n) in &f.0 {
+        *m.entry(stack[1..].join(";")).or_default() += n;
+    }
+    m.into_iter().map(|(k, v)| (k, v as f64 / total)).collect()
+}
+
+/// The profile: spin under work_a 3/5, under work_b 1/5, the user program's loop 1/5, each
+/// with its full stack down to the entry point.
+fn assert_known_shares(what: &str, folded: &Path, user: &str) {
+    let s = shares(folded);
+    let get = |stack: &str| {
+        s.iter()
+            .filter(|(k, _)| k == stack)
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    let text = format!("{s:?}");
+    let a = get("kernel;_start;kmain;work_a;spin");
+    let b = get("kernel;_start;kmain;work_b;spin");
+    let u = get(&format!("{user};_start;user_main;user_spin"));
+    assert!(
+        (a - 0.6).abs() <= 0.10,
+        "{what}: work_a {a:.3}, want 0.6: {text}"
+    );
+    assert!(
+        (b - 0.2).abs() <= 0.10,
+        "{what}: work_b {b:.3}, want 0.2: {text}"
+    );
+    assert!(
+        (u - 0.2).abs() <= 0.10,
+        "{what}: user {u:.3}, want 0.2: {text}"
+    );
+    assert!(
+        a + b + u > 0.9,
+        "{what}: stacks not unwound to the entry: {text}"
+    );
+}
+
+fn profile(
+    dir: &TempDir,
+    k: &Kernels,
+    args: &[&str],
+    name: &str,
+) -> (std::process::Output, PathBuf) {
+    let out_file = dir.path(name);
+    let out = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&k.kernel)
+        .arg("--user")
+        .arg(&k.user)
+        .args(args)
+        .arg("-o")
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, out_file)
+}
+
+fn both_backends(arch: Arch) {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new(&format!("qemu-{arch:?}"));
+    let k = build(&dir, arch);
+    let q = start_qemu(&dir, arch, &k);
+    let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
+    let gdb = q.gdb.to_string_lossy().into_owned();
+    let (out, folded) = profile(
+        &dir,
+        &k,
+        &["--gdb", &gdb, "--interval", "1", "--duration", "3"],
+        "gdb.folded",
+    );
+    assert_known_shares("gdbstub", &folded, &user);
+    // Nearly every sample unwound to its entry point (a few land on the stack switch).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let unwound: f64 = stderr
+        .split("% fully unwound")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no statistics: {stderr}"));
+    assert!(unwound >= 95.0, "{stderr}");
+    let qmp = q.qmp.to_string_lossy().into_owned();
+    let (_, folded) = profile(
+        &dir,
+        &k,
+        &["--qmp", &qmp, "--interval", "4", "--duration", "3"],
+        "qmp.folded",
+    );
+    assert_known_shares("QMP", &folded, &user);
+    // One stack, symbolized, with addresses.
+    let out = run_ok(
+        superprof()
+            .args(["qemu", "--kernel"])
+            .arg(&k.kernel)
+            .arg("--user")
+            .arg(&k.user)
+            .args(["--gdb", &gdb, "--one-shot", "--show-addresses"]),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let kernel_stack =
+        text.starts_with("kernel\n") && text.contains(" spin (") && text.contains(" kmain (");
+    let user_stack = text.starts_with(&format!("{user}\n")) && text.contains(" user_main (");
+    assert!(kernel_stack || user_stack, "{text}");
+    assert!(text.contains(" _start ("), "{text}");
+    assert!(text.contains("#0  0x0000"), "{text}");
+    // The guest still runs after superprof let go.
+    let mut q = q;
+    assert!(q.child.try_wait().unwrap().is_none());
+}
+
+#[test]
+fn aarch64_kernel_through_gdbstub_and_qmp() {
+    both_backends(Arch::Aarch64);
+}
+
+#[test]
+fn x86_64_kernel_through_gdbstub_and_qmp() {
+    both_backends(Arch::X86_64);
+}
+
+#[test]
+fn launch_mode_starts_and_ends_qemu() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-launch");
+    let k = build(&dir, Arch::X86_64);
+    let cmd = qemu_command(Arch::X86_64, &k);
+    let folded = dir.path("launch.folded");
+    let out = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&k.kernel)
+        .arg("--user")
+        .arg(dir.0.as_path())
+        .args(["--interval", "1", "--duration", "3", "-o"])
+        .arg(&folded)
+        .arg("--")
+        .args(&cmd)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_known_shares("launch", &folded, "x86_64-user.elf");
+    // QEMU is gone.
+    let ps = Command::new("pgrep")
+        .arg("-f")
+        .arg(k.kernel.as_os_str())
+        .output()
+        .unwrap();
+    assert!(
+        ps.stdout.is_empty(),
+        "QEMU still runs: {}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+    // Through QMP as well.
+    let out = superprof()
+        .args(["qemu", "--backend", "qmp", "--kernel"])
+        .arg(&k.kernel)
+        .args(["--duration", "1", "-o"])
+        .arg(dir.path("launch-qmp.folded"))
+        .arg("--")
+        .args(&cmd)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(Folded::read(&dir.path("launch-qmp.folded")).total() > 20);
+}
+
+#[test]
+fn qemu_ending_mid_run_keeps_the_samples() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-ends");
+    let k = build(&dir, Arch::Aarch64);
+    let mut q = start_qemu(&dir, Arch::Aarch64, &k);
+    let folded = dir.path("ends.folded");
+    let child = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&k.kernel)
+        .arg("--gdb")
+        .arg(&q.gdb)
+        .args(["--interval", "2", "--duration", "30", "-o"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = q.child.kill();
+    let _ = q.child.wait();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("QEMU ended"), "{stderr}");
+    assert!(Folded::read(&folded).total() > 50, "{stderr}");
+}
+
+#[test]
+fn bad_input_gives_one_line() {
+    let dir = TempDir::new("qemu-bad");
+    let k = build(&dir, Arch::Aarch64);
+    let kernel = k.kernel.to_string_lossy().into_owned();
+    let run = |args: &[&str]| superprof().arg("qemu").args(args).output().unwrap();
+    // No socket there.
+    let missing = dir.path("nothing.sock").to_string_lossy().into_owned();
+    assert_one_line_error(
+        &run(&["--kernel", &kernel, "--gdb", &missing]),
+        "cannot connect",
+    );
+    // A socket that is not QEMU's: a listener that says nothing.
+    let fake = dir.path("fake.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&fake).unwrap();
+    let fake = fake.to_string_lossy().into_owned();
+    let t = std::thread::spawn(move || {
+        let conns: Vec<_> = listener.incoming().take(2).collect();
+        std::thread::sleep(Duration::from_secs(7));
+        drop(conns);
+    });
+    assert_one_line_error(
+        &run(&["--kernel", &kernel, "--gdb", &fake]),
+        "gdb remote protocol",
+    );
+    assert_one_line_error(
+        &run(&["--kernel", &kernel, "--qmp", &fake]),
+        "not a QMP socket",
+    );
+    t.join().unwrap();
+    // Not an ELF; no such kernel; no source; QEMU missing in launch mode.
+    let text = dir.path("k.txt");
+    std::fs::write(&text, "not an elf").unwrap();
+    assert_one_line_error(
+        &run(&["--kernel", &text.to_string_lossy(), "--gdb", &missing]),
+        "not an x86_64 or AArch64 ELF",
+    );
+    assert_one_line_error(
+        &run(&["--kernel", "/no/such/kernel", "--gdb", &missing]),
+        "no such file",
+    );
+    assert_one_line_error(&run(&["--kernel", &kernel]), "give one of");
+    assert_one_line_error(
+        &run(&[
+            "--kernel",
+            &kernel,
+            "--",
+            "qemu-system-nonexistent",
+            "-M",
+            "virt",
+        ]),
+        "qemu-system-nonexistent",
+    );
+    // The wrong protocol on a real QEMU, and a kernel of another machine than the guest.
+    let _cpu = cpu_lock();
+    let q = start_qemu(&dir, Arch::Aarch64, &k);
+    let x86_dir = TempDir::new("qemu-bad-x86");
+    let x86 = build(&x86_dir, Arch::X86_64);
+    let gdb = q.gdb.to_string_lossy().into_owned();
+    let qmp = q.qmp.to_string_lossy().into_owned();
+    assert_one_line_error(
+        &run(&["--kernel", &kernel, "--qmp", &gdb]),
+        "not a QMP socket",
+    );
+    assert_one_line_error(
+        &run(&["--kernel", &kernel, "--gdb", &qmp]),
+        "gdb remote protocol",
+    );
+    assert_one_line_error(
+        &run(&["--kernel", &x86.kernel.to_string_lossy(), "--gdb", &gdb]),
+        "the kernel ELF is for x86_64 but the guest is AArch64",
+    );
+    // Without symbols and unwind tables: a notice, and addresses (leaf frames) in the profile.
+    let bare = dir.path("stripped.elf");
+    let st = Command::new("aarch64-linux-gnu-objcopy")
+        .args(["--strip-all", "--remove-section=.eh_frame"])
+        .arg(&k.kernel)
+        .arg(&bare)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let folded = dir.path("bare.folded");
+    let out = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&bare)
+        .args(["--gdb", &gdb, "--duration", "1", "-o"])
+        .arg(&folded)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("no symbol table"), "{stderr}");
+    assert!(stderr.contains("no .eh_frame"), "{stderr}");
+    let f = Folded::read(&folded);
+    let kernel: Vec<_> = f.0.iter().filter(|(s, _)| s[1] == "kernel").collect();
+    assert!(!kernel.is_empty(), "{f:?}");
+    assert!(
+        kernel
+            .iter()
+            .all(|(s, _)| s[2..].iter().all(|fr| fr.starts_with("stripped.elf+0x"))),
+        "{f:?}"
+    );
+}
