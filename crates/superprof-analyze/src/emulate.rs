@@ -115,7 +115,18 @@ pub fn x86_branch(
                 pop: false,
             })
         }
-        FlowControl::ConditionalBranch if i.mnemonic() != Mnemonic::Jrcxz => {
+        // jcc only: loop/loope/loopne and jrcxz/jecxz also count or test rcx.
+        FlowControl::ConditionalBranch
+            if !matches!(
+                i.mnemonic(),
+                Mnemonic::Jrcxz
+                    | Mnemonic::Jecxz
+                    | Mnemonic::Jcxz
+                    | Mnemonic::Loop
+                    | Mnemonic::Loope
+                    | Mnemonic::Loopne
+            ) =>
+        {
             let taken = condition_holds(i.condition_code(), regs.rflags)?;
             Some(Taken {
                 pc: if taken { i.near_branch_target() } else { next },
@@ -186,6 +197,8 @@ mod tests {
         assert!(go(&[0x0f, 0x05], &r).is_none());
         assert!(go(&[0xe2, 0x10], &r).is_none());
         assert!(go(&[0xe3, 0x10], &r).is_none());
+        assert!(go(&[0xe1, 0x10], &r).is_none()); // loope
+        assert!(go(&[0xe0, 0x10], &r).is_none()); // loopne
         assert!(go(&[0xc2, 0x08, 0x00], &r).is_none());
         assert!(go(&[0xff, 0x60, 0x40], &r).is_none());
     }

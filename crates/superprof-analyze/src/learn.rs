@@ -113,7 +113,23 @@ impl Learn {
     }
 
     fn predict(&self, key: u32) -> Prediction {
-        if self.branched.contains(&key) || self.patterns.iter().any(|p| p.covers(key)) {
+        if self.branched.contains(&key) {
+            return Prediction::Branch;
+        }
+        // An opcode with branch and non-branch forms (x86 FF: inc, call, jmp, push): a form
+        // seen going straight on with confidence is straight, whatever a pattern says.
+        let head = self.head(key);
+        let row = self.arch == Arch::X86_64 && self.branch_rows.contains(&(head >> 4));
+        if !row
+            && self.branch_heads.contains(&head)
+            && self
+                .straight_keys
+                .get(&key)
+                .is_some_and(Straight::confident)
+        {
+            return Prediction::Straight;
+        }
+        if self.patterns.iter().any(|p| p.covers(key)) {
             return Prediction::Branch;
         }
         if self.arch == Arch::X86_64 && self.branch_rows.contains(&(self.head(key) >> 4)) {
@@ -168,6 +184,8 @@ impl Learn {
             let covers_straight = self.straight_heads.keys().any(|&h| {
                 !self.branch_heads.contains(&h)
                     && (h << shift) & mask & head_mask == merged.value & head_mask
+            }) || self.straight_keys.iter().any(|(&k, seen)| {
+                seen.confident() && !self.branched.contains(&k) && merged.covers(k)
             });
             if covers_straight {
                 continue;

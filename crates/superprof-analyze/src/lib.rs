@@ -74,6 +74,12 @@ impl Arch {
         }
     }
 
+    /// The length of the instruction at the start of `code` (the length decoder on x86_64;
+    /// 4 on AArch64, decodable or not).
+    pub fn insn_len(self, code: &[u8], addr: u64) -> Option<u32> {
+        self.encoding_key(code, addr).map(|(_, len)| len)
+    }
+
     /// The learning analyzer's key for an instruction (its opcode bits, prefixes left out),
     /// and the instruction's length.
     pub(crate) fn encoding_key(self, code: &[u8], addr: u64) -> Option<(u32, u32)> {

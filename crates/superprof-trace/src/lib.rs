@@ -37,7 +37,7 @@ pub use launch::{
     PendingChild,
 };
 pub use locate::{
-    find_function, find_functions_matching, function_at, function_names, mapped_files,
+    entry_point, find_function, find_functions_matching, function_at, function_names, mapped_files,
     FunctionAddress, MappedFile,
 };
 pub use sys::{block_sigchld, read_memory, write_memory, RawRegs};

@@ -25,6 +25,17 @@ pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddres
     scan(pid, |raw, demangled, _| raw == name || demangled == name)
 }
 
+/// The program's entry point (AT_ENTRY of /proc/PID/auxv): where it starts once ld.so has
+/// mapped the libraries it links, whether or not the file has a `_start` symbol.
+pub fn entry_point(pid: u32) -> Option<u64> {
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    auxv.chunks_exact(16).find_map(|kv| {
+        let k = u64::from_ne_bytes(kv[..8].try_into().ok()?);
+        let v = u64::from_ne_bytes(kv[8..].try_into().ok()?);
+        (k == libc::AT_ENTRY).then_some(v)
+    })
+}
+
 /// The function that starts exactly at runtime address `addr`, if any.
 pub fn function_at(pid: u32, addr: u64) -> std::io::Result<Option<FunctionAddress>> {
     Ok(scan(pid, |_, _, a| a == addr)?.into_iter().next())

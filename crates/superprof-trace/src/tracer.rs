@@ -144,6 +144,9 @@ pub struct Tracer {
     events: VecDeque<TraceEvent>,
     /// Software breakpoints: (pid, address) -> the original bytes under them.
     breakpoints: HashMap<(u32, u64), Vec<u8>>,
+    /// Threads whose single step outlived its wait (a blocking syscall): their next SIGTRAP
+    /// ends the step.
+    late_steps: HashSet<u32>,
     /// Unfollowed children already let go (their fork event may come after their first stop).
     released: HashSet<u32>,
     /// Breakpoints removed while the process runs: a thread may have trapped on one just
@@ -178,6 +181,7 @@ impl Tracer {
             threads: HashMap::new(),
             events: VecDeque::new(),
             breakpoints: HashMap::new(),
+            late_steps: HashSet::new(),
             released: HashSet::new(),
             tombstones: HashSet::new(),
             deferred: HashMap::new(),
@@ -362,7 +366,7 @@ impl Tracer {
         } else {
             self.step_alone(tid, None)
         };
-        if done {
+        if done && !self.late_steps.contains(&tid) {
             self.events
                 .push_back(TraceEvent::Stepped { tid, pid: t.pid });
         }
@@ -512,7 +516,9 @@ impl Tracer {
 
     /// Single-steps `tid` with every other thread of its process held stopped (so that no
     /// other thread's stop can get in the way of the step), with the breakpoint at `lift`
-    /// lifted for the step. `tid` stays stopped. Returns false if `tid` ended.
+    /// lifted for the step. `tid` stays stopped. Returns false if `tid` ended. A step that
+    /// does not end within a second (a syscall that blocks) lets the others go; its
+    /// `Stepped` comes when it ends (`late_steps`).
     fn step_alone(&mut self, tid: u32, lift: Option<u64>) -> bool {
         let Some(pid) = self.threads.get(&tid).map(|t| t.pid) else {
             return false;
@@ -549,8 +555,11 @@ impl Tracer {
             let _ = sys::write_memory(pid, *addr, o);
         }
         let mut alive = true;
+        let mut done = false;
+        // One instruction: it finishes at once unless it is a syscall that blocks.
+        let step_deadline = std::time::Instant::now() + Duration::from_secs(1);
         let mut stepped = sys::single_step(tid, 0).is_ok();
-        while stepped && std::time::Instant::now() < deadline {
+        while stepped && std::time::Instant::now() < step_deadline {
             match sys::wait_any_nohang() {
                 Ok(Some((t2, st))) if t2 == tid => {
                     if st.exited().is_some() || st.signaled().is_some() {
@@ -559,10 +568,20 @@ impl Tracer {
                         break;
                     }
                     match st.stop_sig() {
-                        Some(libc::SIGTRAP) if st.event() == 0 => break, // stepped
+                        Some(libc::SIGTRAP) if st.event() == 0 => {
+                            done = true; // stepped
+                            break;
+                        }
+                        Some(
+                            sig @ (libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE),
+                        ) if st.event() == 0 => {
+                            // The instruction faulted: the signal goes with the step (to the
+                            // handler, or it ends the process).
+                            stepped = sys::single_step(tid, sig).is_ok();
+                        }
                         Some(sig) => {
-                            // A signal (or a stale interrupt) before the step: keep the signal
-                            // for later and step again.
+                            // A signal from elsewhere (or a stale interrupt) before the step:
+                            // keep the signal for later and step again.
                             if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
                                 self.defer_signal(tid, sig);
                             }
@@ -582,7 +601,14 @@ impl Tracer {
         }
         if let Some(t) = self.threads.get_mut(&tid) {
             t.at_breakpoint = None;
-            t.state = State::Stopped;
+            if done || !stepped {
+                t.state = State::Stopped;
+            } else if alive {
+                // Still in the instruction (a blocking syscall): the others go on, and its
+                // step is reported when it ends.
+                t.state = State::Running;
+                self.late_steps.insert(tid);
+            }
         }
         // 3. Let the held threads go.
         let held: Vec<u32> = self
@@ -819,6 +845,7 @@ impl Tracer {
             let Some(t) = self.threads.remove(&tid) else {
                 return;
             };
+            self.late_steps.remove(&tid);
             if tid == t.pid {
                 // The main thread reports last, once the whole group is gone; its pid may be
                 // reused, so nothing of it is kept.
@@ -947,6 +974,12 @@ impl Tracer {
                     t.state = State::Stopped;
                 }
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
+            }
+            _ if sig == libc::SIGTRAP && self.late_steps.remove(&tid) => {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.state = State::Stopped;
+                }
+                self.events.push_back(TraceEvent::Stepped { tid, pid });
             }
             _ if sig == libc::SIGTRAP && self.hit_breakpoint(tid, pid).is_some() => {
                 let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);

@@ -338,6 +338,49 @@ fn count_is_exact_with_four_threads() {
     }
 }
 
+#[test]
+fn a_blocking_syscall_in_the_region_and_a_wrapper_that_execs() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-sys");
+    let exe = compile(&dir, "sys", &["blocks_sys.c"], &["-O2", "-g", "-pthread"]);
+    let truth = callgrind(&dir, &exe, &["10"]);
+    // Launched through env, which execs the program: the regions are placed in the program.
+    let started = std::time::Instant::now();
+    let doc = blocks_json(
+        &dir,
+        &["-r", "napper"],
+        &["env".as_ref(), exe.as_os_str(), "10".as_ref()],
+    );
+    assert_matches_callgrind("syscall", &blocks_of(&doc), &region_ranges(&doc), &truth);
+    assert_eq!(blocks_of(&doc).iter().map(|b| b.count).max(), Some(20));
+    // Ten 20 ms sleeps per thread, side by side: no step held the other thread meanwhile.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_range_must_start_on_an_instruction() {
+    let dir = TempDir::new("blocks-range");
+    let exe = compile(&dir, "br", &["branches.c"], &["-O2", "-g"]);
+    let pick = std::process::Command::new("nm").arg(&exe).output().unwrap();
+    let pick = String::from_utf8_lossy(&pick.stdout)
+        .lines()
+        .find(|l| l.ends_with(" T pick"))
+        .map(|l| u64::from_str_radix(l.split_whitespace().next().unwrap(), 16).unwrap())
+        .unwrap();
+    // Inside pick's first instruction (a 4-byte endbr64 or a multi-byte mov).
+    let range = format!("{:#x}-{:#x}", pick + 1, pick + 0x20);
+    let out = superprof()
+        .args(["blocks", "-r", &range, "--"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "is not the start of an instruction");
+}
+
 /// The instruction addresses [start, end) ranges cover, merged.
 fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = ranges.into_iter().collect();
@@ -460,7 +503,7 @@ fn annotate_table_and_csv() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "start,end,function,file,line,instructions,count,share"
+        "start,end,function,file,line,instructions,count,share,module"
     );
     let first: Vec<&str> = lines.next().unwrap().split(',').collect();
     assert_eq!(first[2], "zigzag");

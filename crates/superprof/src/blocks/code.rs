@@ -21,6 +21,8 @@ pub struct ElfCode {
     /// Sorted by address.
     pub functions: Vec<Function>,
     pub arch: Arch,
+    /// A 64-bit ELF file (blocks decodes x86_64 and AArch64 code only).
+    pub is_64: bool,
 }
 
 impl ElfCode {
@@ -54,6 +56,7 @@ impl ElfCode {
             sections,
             functions,
             arch,
+            is_64: obj.is_64(),
         })
     }
 
@@ -64,6 +67,20 @@ impl ElfCode {
             (addr >= *start && addr + len <= end)
                 .then(|| &data[(addr - start) as usize..(addr + len - start) as usize])
         })
+    }
+
+    /// Whether `addr` is where an instruction starts, decoding from the start of its function
+    /// (true when no function holds it: nothing to check against).
+    pub fn is_instruction_start(&self, addr: u64) -> bool {
+        let Some(f) = self.function_at(addr) else {
+            return true;
+        };
+        let Some(bytes) = self.bytes(f.addr, f.size) else {
+            return true;
+        };
+        superprof_analyze::decode_all_for(self.arch, bytes, f.addr)
+            .iter()
+            .any(|i| i.addr == addr)
     }
 
     /// The function containing `addr`.

@@ -111,6 +111,15 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
     Ok(exit.map_or(0, |e| e.shell_code()))
 }
 
+/// `--duration` as a Duration: finite and not negative.
+fn duration(secs: Option<f64>) -> Result<Option<std::time::Duration>> {
+    secs.map(|d| {
+        std::time::Duration::try_from_secs_f64(d)
+            .map_err(|_| anyhow!("--duration must be a number of seconds, 0 or more"))
+    })
+    .transpose()
+}
+
 /// The mapped file that holds runtime address `addr`.
 fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
     let maps = superprof_unwind::maps::executable_mappings(pid).ok()?;
@@ -172,10 +181,16 @@ fn place(
         RegionSpec::Range(a, b) => {
             let bias = exe_bias(pid).context("cannot find the executable's load address")?;
             let file = exe_file(pid)?;
+            if ElfCode::open(&file.open_path).is_some_and(|c| !c.is_instruction_start(*a)) {
+                bail!(
+                    "{a:#x} is not the start of an instruction of {}",
+                    file.path.display()
+                );
+            }
             Some(Placed {
                 name: spec.label(),
-                lo: a + bias,
-                hi: b + bias,
+                lo: a.wrapping_add(bias),
+                hi: b.wrapping_add(bias),
                 file,
             })
         }

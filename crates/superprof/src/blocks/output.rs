@@ -69,8 +69,8 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 .map(|p| {
                     json!({
                         "name": p.name,
-                        "start": format!("{:#x}", p.lo - p.file.bias),
-                        "end": format!("{:#x}", p.hi - p.file.bias),
+                        "start": format!("{:#x}", p.lo.wrapping_sub(p.file.bias)),
+                        "end": format!("{:#x}", p.hi.wrapping_sub(p.file.bias)),
                         "module": p.file.path.to_string_lossy(),
                     })
                 })
@@ -101,7 +101,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             out.push('\n');
         }
         BlocksFormat::Csv => {
-            out.push_str("start,end,function,file,line,instructions,count,share");
+            out.push_str("start,end,function,file,line,instructions,count,share,module");
             out.push_str(if coverage { ",hit\n" } else { "\n" });
             for b in &r.blocks {
                 let _ = write!(
@@ -116,6 +116,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                     b.count,
                     share(b.count)
                 );
+                let _ = write!(out, ",{}", csv_field(&b.module.to_string_lossy()));
                 if let Some(hit) = b.hit {
                     let _ = write!(out, ",{hit}");
                 }
@@ -128,8 +129,8 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                     out,
                     "region {} [{:#x}-{:#x}) in {}",
                     p.name,
-                    p.lo - p.file.bias,
-                    p.hi - p.file.bias,
+                    p.lo.wrapping_sub(p.file.bias),
+                    p.hi.wrapping_sub(p.file.bias),
                     p.file.path.display()
                 );
             }
@@ -236,7 +237,10 @@ fn annotated(r: &Report) -> String {
         let Some(code) = ElfCode::open(p.readable_path()) else {
             continue;
         };
-        let (lo, hi) = (p.lo - p.file.bias, p.hi - p.file.bias);
+        let (lo, hi) = (
+            p.lo.wrapping_sub(p.file.bias),
+            p.hi.wrapping_sub(p.file.bias),
+        );
         let ranges: Vec<(String, u64, u64)> = if p.name.contains('/')
             || code.functions_in(lo, hi).count() <= 1
             || r.mode == BlocksMode::Count

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_sample::SamplerConfig;
@@ -137,7 +136,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         },
         sampler_kind: SamplerKind::Perf,
         outputs: Vec::new(),
-        duration: args.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
+        duration: super::duration(args.duration)?,
         quiet: true,
         target,
         top_rows: 0,
@@ -191,6 +190,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     };
     let mut blocks = Vec::new();
     let mut inside = 0u64;
+    let mut claimed: std::collections::HashSet<(&PathBuf, u64)> = Default::default();
     for region in &regions {
         let path = &region.file.path;
         let Some(code) = codes
@@ -203,8 +203,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         let list = code.static_blocks(region.lo, region.hi);
         let mut counts = vec![0u64; list.len()];
         for ((m, addr), n) in &ips {
-            if m != path || !(region.lo..region.hi).contains(addr) {
-                continue;
+            if m != path || !(region.lo..region.hi).contains(addr) || !claimed.insert((m, *addr)) {
+                continue; // another module, outside, or counted with an earlier region
             }
             let i = list.partition_point(|b| b.start <= *addr);
             if let Some(k) = i.checked_sub(1).filter(|&k| *addr < list[k].end) {
@@ -227,7 +227,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             regions,
             blocks,
             stops: 0,
-            samples_elsewhere: total - inside,
+            samples_elsewhere: total.saturating_sub(inside),
         },
         recorded.exit,
     ))

@@ -57,8 +57,6 @@ struct Counts {
     /// Per thread: the block it is in.
     current: HashMap<u32, u64>,
     steps: HashMap<u32, Step>,
-    /// Breakpoints waiting for a single step from their address to finish.
-    deferred: HashSet<u64>,
     stops: u64,
     /// Single steps inside blocks, to learn (the others step blocks' last instructions).
     learn_steps: u64,
@@ -66,6 +64,9 @@ struct Counts {
     emulate: bool,
     /// Branches emulated.
     emulated: u64,
+    /// Per thread: whether it runs with a CET shadow stack (then calls and returns are
+    /// stepped, so that the shadow stack stays in step).
+    shadow_stack: HashMap<u32, bool>,
 }
 
 impl Counts {
@@ -76,10 +77,35 @@ impl Counts {
             .find(|&(lo, hi)| (lo..hi).contains(&addr))
     }
 
+    /// Forgets the program (it called exec); the analyzer keeps what it learned.
+    fn reset(&mut self) {
+        self.ranges.clear();
+        self.starts.clear();
+        self.ends.clear();
+        self.arrivals.clear();
+        self.block_end_of.clear();
+        self.known.clear();
+        self.current.clear();
+        self.steps.clear();
+        self.passes.clear();
+        self.shadow_stack.clear();
+    }
+
     /// The block run from `start` ended before `end`.
     fn ended(&mut self, start: u64, end: u64) {
+        if end <= start {
+            return; // not a run from `start` (the thread came another way)
+        }
         let e = self.block_end_of.entry(start).or_insert(end);
         *e = (*e).min(end);
+    }
+
+    fn is_syscall(&self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
+        let mut code = [0u8; 16];
+        let n = tracer.read_code(pid, addr, &mut code);
+        self.arch
+            .classify(&code[..n], addr)
+            .is_some_and(|i| i.flow == superprof_analyze::Flow::Syscall)
     }
 
     fn has_bp(&self, addr: u64) -> bool {
@@ -98,33 +124,13 @@ impl Counts {
         }
     }
 
-    /// Writes a breakpoint, unless a thread is single-stepping from that very address (it
-    /// would execute the int3 instead of its instruction): then once the step is over.
     fn insert(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
-        if self.steps.values().any(|s| s.from == addr) {
-            self.deferred.insert(addr);
-        } else {
-            let _ = tracer.set_breakpoint(pid, addr);
-        }
-    }
-
-    /// Writes the deferred breakpoints that no step is in the way of any more.
-    fn flush_deferred(&mut self, tracer: &mut Tracer, pid: u32) {
-        let ready: Vec<u64> = self
-            .deferred
-            .iter()
-            .copied()
-            .filter(|a| !self.steps.values().any(|s| s.from == *a))
-            .collect();
-        for a in ready {
-            self.deferred.remove(&a);
-            let _ = tracer.set_breakpoint(pid, a);
-        }
+        let _ = tracer.set_breakpoint(pid, addr);
     }
 
     /// Whether a breakpoint is really in the code at `addr`.
     fn inserted(&self, addr: u64) -> bool {
-        self.has_bp(addr) && !self.deferred.contains(&addr)
+        self.has_bp(addr)
     }
 
     fn block_end(&mut self, tracer: &Tracer, pid: u32, pc: u64, limit: u64) -> BlockEnd {
@@ -173,6 +179,17 @@ impl Counts {
                 if let Some(c) = cur {
                     self.ended(c, addr + len as u64);
                 }
+                let next = addr + len as u64;
+                if self.is_syscall(tracer, pid, addr) {
+                    // The kernel returns right after a syscall: counting there needs no step
+                    // (which could block with the other threads held).
+                    if self.in_region(next).is_some() {
+                        self.add_start(tracer, pid, next);
+                    }
+                    self.current.remove(&tid);
+                    tracer.resume(tid);
+                    return;
+                }
                 self.add_end(tracer, pid, addr);
                 if addr == pc && (on_bp || !self.inserted(pc)) {
                     self.start_step(tracer, tid, pid, pc, true);
@@ -185,6 +202,8 @@ impl Counts {
                 if let Some(c) = cur {
                     self.ended(c, end);
                 }
+                // It runs off the region's end: where it comes back is not known.
+                self.current.remove(&tid);
                 tracer.resume(tid);
             }
             BlockEnd::Unknown { .. } => {
@@ -199,9 +218,7 @@ impl Counts {
 
     fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
         self.stops += 1;
-        if self.steps.remove(&tid).is_some() {
-            self.flush_deferred(tracer, pid);
-        }
+        self.steps.remove(&tid);
         if self.starts.contains(&addr) {
             *self.arrivals.entry(addr).or_default() += 1;
             self.current.insert(tid, addr);
@@ -235,11 +252,21 @@ impl Counts {
         };
         let mut read_u64 = |a: u64| {
             let mut b = [0u8; 8];
-            (tracer.read_memory(pid, a, &mut b) == 8).then(|| u64::from_ne_bytes(b))
+            (tracer.read_code(pid, a, &mut b) == 8).then(|| u64::from_ne_bytes(b))
         };
         let Some(t) = superprof_analyze::x86_branch(&code[..n], addr, &regs, &mut read_u64) else {
             return false;
         };
+        if (t.push.is_some() || t.pop)
+            && *self.shadow_stack.entry(tid).or_insert_with(|| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).is_ok_and(|s| {
+                    s.lines()
+                        .any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk"))
+                })
+            })
+        {
+            return false;
+        }
         let Some(len) = self.arch.classify(&code[..n], addr).map(|i| i.len as u64) else {
             return false;
         };
@@ -274,17 +301,13 @@ impl Counts {
             tracer.resume(tid);
             return;
         };
-        self.flush_deferred(tracer, pid);
         let Ok(regs) = tracer.regs(tid) else {
             tracer.resume(tid);
             return;
         };
         let pc = regs.pc;
         self.analyzer.observe(step.from, &step.code, pc);
-        let len = self
-            .arch
-            .classify(&step.code, step.from)
-            .map_or(0, |i| i.len as u64);
+        let len = self.arch.insn_len(&step.code, step.from).unwrap_or(0) as u64;
         let next = step.from + len;
         if !step.block_end && pc == next {
             // Straight on inside the block.
@@ -338,7 +361,7 @@ impl Counts {
     fn blocks(&mut self, code: &dyn Fn(u64, usize) -> Vec<u8>) -> Vec<(u64, u64, u64)> {
         let mut work: Vec<u64> = self.arrivals.keys().copied().collect();
         while let Some(s) = work.pop() {
-            let Some(&e) = self.block_end_of.get(&s) else {
+            let Some(&e) = self.block_end_of.get(&s).filter(|&&e| e > s) else {
                 continue;
             };
             let bytes = code(s, (e - s) as usize);
@@ -375,7 +398,7 @@ impl Counts {
                 Some((prev_end, prev_exec)) if prev_end > s => exec += prev_exec,
                 _ => exec += passes,
             }
-            let Some(&full_end) = self.block_end_of.get(&s) else {
+            let Some(&full_end) = self.block_end_of.get(&s).filter(|&&e| e > s) else {
                 prev = None;
                 continue;
             };
@@ -431,10 +454,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         known: HashMap::new(),
         current: HashMap::new(),
         steps: HashMap::new(),
-        deferred: HashSet::new(),
         learn_steps: 0,
         emulate: args.analyzer == AnalyzerArg::Decode && !args.step_branches,
         emulated: 0,
+        shadow_stack: HashMap::new(),
         passes: HashMap::new(),
         stops: 0,
     };
@@ -470,19 +493,27 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
                 continue;
             };
             let code = ElfCode::open(&p.file.open_path);
+            if code.as_ref().is_some_and(|c| !c.is_64) {
+                bail!(
+                    "{} is a 32-bit program: blocks decodes 64-bit x86_64 and AArch64 code only",
+                    p.file.path.display()
+                );
+            }
             symbols.preload(&p.file.path, &p.file.open_path);
             if coverage {
                 let bias = p.file.bias;
                 let blocks = code
                     .as_ref()
-                    .map(|c| c.static_blocks(p.lo - bias, p.hi - bias))
+                    .map(|c| c.static_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)))
                     .unwrap_or_default();
                 while cover_blocks.len() <= i {
                     cover_blocks.push(Vec::new());
                 }
                 for (k, b) in blocks.iter().enumerate() {
-                    if tracer.set_breakpoint(pid, b.start + bias).is_ok() {
-                        cover.insert(b.start + bias, (i, k));
+                    // A block of two overlapping regions belongs to the first.
+                    let at = b.start.wrapping_add(bias);
+                    if !cover.contains_key(&at) && tracer.set_breakpoint(pid, at).is_ok() {
+                        cover.insert(at, (i, k));
                     }
                 }
                 cover_blocks[i] = blocks;
@@ -501,6 +532,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
 
     let mut entry_bp: Option<u64> = None;
     let mut dl_bp: Option<u64> = None;
+    let mut execs = 0u32;
     let control = |addr: u64, entry_bp: Option<u64>, dl_bp: Option<u64>| {
         Some(addr) == entry_bp || Some(addr) == dl_bp
     };
@@ -519,7 +551,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         bail!("{}", super::not_found(root, &specs[i]));
     }
     let start = Instant::now();
-    let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+    let duration = super::duration(args.duration)?;
     let mut exit = None;
     loop {
         if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
@@ -530,6 +562,19 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         };
         match ev {
             TraceEvent::Exec { pid } if pid == root => {
+                if execs > 0 {
+                    // The program ran another (a wrapper such as env): its breakpoints went
+                    // with its code; start over on the new program.
+                    regions.iter_mut().for_each(|r| *r = None);
+                    counts.reset();
+                    cover.clear();
+                    cover_blocks.clear();
+                    hits.clear();
+                    codes.clear();
+                    entry_bp = None;
+                    dl_bp = None;
+                }
+                execs += 1;
                 let all = place_all(
                     &mut tracer,
                     &mut regions,
@@ -540,15 +585,11 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
                     pid,
                 )?;
                 if !all {
-                    // Libraries are mapped by ld.so after exec: look again at _start.
-                    match superprof_trace::find_function(pid, "_start")?.first() {
-                        Some(e) => {
-                            tracer.set_breakpoint(pid, e.addr)?;
-                            entry_bp = Some(e.addr);
-                        }
-                        None => {
-                            let i = regions.iter().position(|r| r.is_none()).unwrap_or(0);
-                            bail!("{}", super::not_found(pid, &specs[i]));
+                    // Libraries are mapped by ld.so after exec: look again at the entry point
+                    // (a region never found is an error at the end).
+                    if let Some(e) = superprof_trace::entry_point(pid) {
+                        if tracer.set_breakpoint(pid, e).is_ok() {
+                            entry_bp = Some(e);
                         }
                     }
                 }
@@ -573,14 +614,11 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
                     if !all {
                         // Perhaps in a library loaded later (dlopen): look again each time
                         // ld.so reports a change of its link map.
-                        match superprof_trace::find_function(pid, "_dl_debug_state")?.first() {
-                            Some(f) => {
-                                tracer.set_breakpoint(pid, f.addr)?;
+                        if let Some(f) =
+                            superprof_trace::find_function(pid, "_dl_debug_state")?.first()
+                        {
+                            if tracer.set_breakpoint(pid, f.addr).is_ok() {
                                 dl_bp = Some(f.addr);
-                            }
-                            None => {
-                                let i = regions.iter().position(|r| r.is_none()).unwrap_or(0);
-                                bail!("{}", super::not_found(pid, &specs[i]));
                             }
                         }
                     }
@@ -618,10 +656,9 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             TraceEvent::Stepped { tid, pid } if pid == root => {
                 counts.on_stepped(&mut tracer, tid, pid)
             }
-            TraceEvent::ThreadExited { tid, pid } => {
+            TraceEvent::ThreadExited { tid, .. } => {
                 counts.steps.remove(&tid);
                 counts.current.remove(&tid);
-                counts.flush_deferred(&mut tracer, pid);
             }
             TraceEvent::ProcessExited { pid, status } if pid == root => {
                 exit = Some(status);
@@ -657,7 +694,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             .iter()
             .zip(&codes)
             .find(|(r, _)| (r.lo..r.hi).contains(&addr))
-            .and_then(|(r, c)| c.as_ref()?.bytes(addr - r.file.bias, len as u64))
+            .and_then(|(r, c)| {
+                c.as_ref()?
+                    .bytes(addr.wrapping_sub(r.file.bias), len as u64)
+            })
             .map_or_else(Vec::new, <[u8]>::to_vec)
     };
     let counted = if coverage {
@@ -666,6 +706,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         counts.blocks(&read)
     };
     let mut blocks = Vec::new();
+    // A block of two overlapping regions is reported once, with the first.
+    let mut reported: HashSet<u64> = HashSet::new();
     for (i, region) in regions.iter().enumerate() {
         let Some(code) = codes.get(i).and_then(|c| c.as_ref()) else {
             continue;
@@ -682,9 +724,9 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             let items: Vec<_> = counted
                 .iter()
                 .copied()
-                .filter(|&(s, _, _)| (region.lo..region.hi).contains(&s))
+                .filter(|&(s, _, _)| (region.lo..region.hi).contains(&s) && reported.insert(s))
                 .map(|(s, e, n)| {
-                    let (s, e) = (s - bias, e - bias);
+                    let (s, e) = (s.wrapping_sub(bias), e.wrapping_sub(bias));
                     (s, e, code.instructions(s, e), n, None)
                 })
                 .collect();

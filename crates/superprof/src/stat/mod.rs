@@ -614,10 +614,9 @@ impl Session {
                         Ok(false) => {
                             // Libraries are loaded by ld.so after exec: look again at the
                             // program's entry point, when they are all mapped.
-                            if let Some(e) = superprof_trace::find_function(pid, "_start")?.first()
-                            {
-                                tracer.set_breakpoint(pid, e.addr)?;
-                                entry_bp = Some(e.addr);
+                            if let Some(e) = superprof_trace::entry_point(pid) {
+                                tracer.set_breakpoint(pid, e)?;
+                                entry_bp = Some(e);
                             } else if !self.place(&mut tracer, pid, true)? {
                                 bail!("{}", self.first_missing());
                             }
