@@ -41,14 +41,19 @@ pub fn function_at(pid: u32, addr: u64) -> std::io::Result<Option<FunctionAddres
     Ok(scan(pid, |_, _, a| a == addr)?.into_iter().next())
 }
 
-/// Functions for a user's region name: the exact matches if there are any, else those whose
-/// demangled name contains `pattern`.
+/// Functions for a user's region name: the exact matches in any file if there are any, else
+/// the functions of the program itself (not its libraries) whose demangled name contains
+/// `pattern`.
 pub fn find_functions_matching(pid: u32, pattern: &str) -> std::io::Result<Vec<FunctionAddress>> {
     let exact = find_function(pid, pattern)?;
     if !exact.is_empty() {
         return Ok(exact);
     }
-    scan(pid, |_, demangled, _| demangled.contains(pattern))
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    Ok(scan(pid, |_, demangled, _| demangled.contains(pattern))?
+        .into_iter()
+        .filter(|f| Some(&f.module) == exe.as_ref())
+        .collect())
 }
 
 /// Every function name of the process, for suggestions.
