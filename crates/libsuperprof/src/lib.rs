@@ -1,0 +1,520 @@
+//! libsuperprof: an in-process sampling profiler for C, C++ and Rust programs.
+//!
+//! The program calls `perf_start()` and `perf_stop()` (C, `include/superprof.h`) or holds a
+//! [`Profiler`] (Rust). Between them ITIMER_PROF sends SIGPROF after every 1/hz s of the
+//! process's CPU time to the thread that is running, so every thread is sampled, those started
+//! later included. The handler reads the interrupted pc, sp and frame pointer from the
+//! ucontext, walks the frame-pointer chain reading memory through `process_vm_readv` (a frame
+//! that is not mapped ends the walk instead of faulting), and stores the stack into a buffer
+//! mapped at start, at a slot reserved with an atomic counter. It allocates nothing, takes no
+//! lock, keeps errno, and counts the samples it drops when the buffer is full. At stop the
+//! addresses are symbolized with superprof's symbolizer (ELF symbols, DWARF file:line and
+//! inlined frames, demangling) into a `superprof_profile::Profile`: the table goes to stderr
+//! and the profile to a file in any of superprof's formats.
+//!
+//! ```no_run
+//! let p = superprof::Profiler::start(superprof::Options::default()).unwrap();
+//! // ... work ...
+//! let profile = p.stop().unwrap();
+//! println!("{} samples", profile.samples.len());
+//! ```
+//!
+//! `superprof preload -- CMD` loads this library into an unmodified program with LD_PRELOAD:
+//! its constructor starts sampling when `SUPERPROF_PRELOAD_DIR` is set, and each process (and
+//! each fork child) writes its profile there at exit, for `superprof` to merge.
+
+mod sys;
+
+use std::ffi::CStr;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use superprof_profile::{OutputFormat, Profile};
+
+/// The deepest stack a sample keeps.
+const MAX_DEPTH: usize = 128;
+/// Buffer size in words (256 MiB of address space; only the pages written are used).
+const BUFFER_WORDS: usize = 32 << 20;
+/// Header words of a sample: thread id, depth.
+const HEADER: usize = 2;
+
+static BUFFER: sys::Buffer = sys::Buffer::new();
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// The session: what start decided, for stop.
+struct Session {
+    hz: u32,
+    output: Option<PathBuf>,
+    started: Instant,
+    start_unix_ns: u64,
+}
+
+static SESSION: Mutex<Option<Session>> = Mutex::new(None);
+
+extern "C" fn on_sigprof(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let errno = sys::errno();
+    IN_HANDLER.fetch_add(1, Ordering::AcqRel);
+    if ACTIVE.load(Ordering::Acquire) {
+        let mut words = [0u64; HEADER + MAX_DEPTH];
+        let (pc, sp, mut fp) = sys::context_regs(ctx);
+        words[0] = sys::gettid() as u64;
+        words[HEADER] = pc;
+        let mut n = 1;
+        // Frame records: [fp] = the caller's fp, [fp + 8] = the return address. A frame
+        // pointer must be 8-byte aligned, above the stack pointer and growing.
+        while n < MAX_DEPTH && fp >= sp && fp & 7 == 0 && fp - sp < (64 << 20) {
+            let Some([next, ret]) = sys::read_pair(fp) else {
+                break;
+            };
+            if ret == 0 {
+                break;
+            }
+            words[HEADER + n] = ret;
+            n += 1;
+            if next <= fp {
+                break;
+            }
+            fp = next;
+        }
+        words[1] = n as u64;
+        if !BUFFER.push(&words[..HEADER + n]) {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    IN_HANDLER.fetch_sub(1, Ordering::AcqRel);
+    sys::set_errno(errno);
+}
+
+/// Errors of start and stop.
+#[derive(Debug)]
+pub enum Error {
+    /// Sampling is already on.
+    AlreadyRunning,
+    /// Sampling is not on.
+    NotRunning,
+    /// The program has its own SIGPROF handler: superprof does not replace it.
+    HandlerInstalled,
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::AlreadyRunning => write!(f, "sampling is already on"),
+            Error::NotRunning => write!(f, "sampling is not on"),
+            Error::HandlerInstalled => write!(
+                f,
+                "the program has its own SIGPROF handler; superprof samples with SIGPROF and does \
+                 not replace it"
+            ),
+            Error::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Error {
+    /// The errno value of the C API.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::AlreadyRunning => libc::EALREADY,
+            Error::NotRunning => libc::EINVAL,
+            Error::HandlerInstalled => libc::EBUSY,
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}
+
+/// How to sample.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Samples per second of CPU time (0: 999).
+    pub frequency: u32,
+    /// Where [`Profiler`]'s drop writes the profile (format by extension); None:
+    /// `SUPERPROF_OUTPUT` if set.
+    pub output: Option<PathBuf>,
+    /// Print the table on stderr when the profiler is dropped.
+    pub print_table: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            frequency: 999,
+            output: None,
+            print_table: true,
+        }
+    }
+}
+
+fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
+    let mut session = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+    if session.is_some() && PID.load(Ordering::Acquire) == sys::getpid() {
+        return Err(Error::AlreadyRunning);
+    }
+    if sys::sigprof_has_handler() && !ACTIVE.load(Ordering::Acquire) {
+        return Err(Error::HandlerInstalled);
+    }
+    // A session inherited from the parent over fork: forget it.
+    if session.take().is_some() {
+        ACTIVE.store(false, Ordering::Release);
+        BUFFER.unmap();
+    }
+    let hz = if hz == 0 { 999 } else { hz };
+    BUFFER.map(BUFFER_WORDS).map_err(Error::Io)?;
+    DROPPED.store(0, Ordering::Release);
+    PID.store(sys::getpid(), Ordering::Release);
+    sys::install_handler(on_sigprof).map_err(Error::Io)?;
+    ACTIVE.store(true, Ordering::Release);
+    if let Err(e) = sys::set_timer(hz) {
+        ACTIVE.store(false, Ordering::Release);
+        sys::ignore_sigprof();
+        BUFFER.unmap();
+        return Err(Error::Io(e));
+    }
+    *session = Some(Session {
+        hz,
+        output: output.or_else(|| std::env::var_os("SUPERPROF_OUTPUT").map(PathBuf::from)),
+        started: Instant::now(),
+        start_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    });
+    Ok(())
+}
+
+/// Stops sampling and builds the profile; also returns where it should be written.
+fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
+    let mut guard = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(session) = guard.take() else {
+        return Err(Error::NotRunning);
+    };
+    let _ = sys::set_timer(0);
+    ACTIVE.store(false, Ordering::Release);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while IN_HANDLER.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    sys::ignore_sigprof();
+    let words = BUFFER.contents();
+    BUFFER.unmap();
+    let inherited = PID.load(Ordering::Acquire) != sys::getpid();
+    let mut profile = build_profile(&words, &session);
+    if inherited {
+        // A fork child stopping its parent's session: nothing of its own was sampled.
+        profile.samples.clear();
+    }
+    Ok((profile, session.output))
+}
+
+fn build_profile(words: &[u64], session: &Session) -> Profile {
+    let pid = sys::getpid();
+    let mut p = Profile::default();
+    p.meta.command = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    p.meta.event = "cpu-time (ITIMER_PROF, in process)".into();
+    p.meta.frequency = session.hz;
+    p.meta.start_time_unix_ns = session.start_unix_ns;
+    p.meta.duration_ns = session.started.elapsed().as_nanos() as u64;
+    p.meta.version = env!("CARGO_PKG_VERSION").to_owned();
+    p.meta.lost_samples = DROPPED.load(Ordering::Acquire);
+    p.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let maps = superprof_unwind::maps::executable_mappings(pid).unwrap_or_default();
+    let mut images: std::collections::HashMap<PathBuf, Option<superprof_unwind::ElfImage>> =
+        Default::default();
+    let mut symbols = superprof_symbols::Symbolizer::default();
+    let mut frames_of: std::collections::HashMap<(u64, bool), Vec<superprof_profile::FrameId>> =
+        Default::default();
+    let mut threads: std::collections::HashMap<u32, u32> = Default::default();
+    let period = 1_000_000_000 / session.hz.max(1) as u64;
+    let mut i = 0;
+    let mut k = 0u64;
+    while i + HEADER <= words.len() {
+        let (tid, n) = (words[i] as u32, words[i + 1] as usize);
+        if n == 0 || n > MAX_DEPTH || i + HEADER + n > words.len() {
+            break;
+        }
+        let stack = &words[i + HEADER..i + HEADER + n];
+        i += HEADER + n;
+        let thread = *threads.entry(tid).or_insert_with(|| {
+            let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| format!("thread-{tid}"));
+            p.add_thread(pid, tid, &name)
+        });
+        let mut parent = None;
+        for (depth, &addr) in stack.iter().enumerate().rev() {
+            let ret = depth > 0;
+            let ids = frames_of
+                .entry((addr, ret))
+                .or_insert_with(|| symbolize(&mut p, &maps, &mut images, &mut symbols, addr, ret))
+                .clone();
+            for f in ids {
+                parent = Some(p.intern_stack(parent, f));
+            }
+        }
+        p.add_sample(k * period, thread, 0, 1, parent);
+        k += 1;
+    }
+    p
+}
+
+/// The profile frames of one address, outermost first.
+fn symbolize(
+    p: &mut Profile,
+    maps: &[superprof_unwind::maps::MapEntry],
+    images: &mut std::collections::HashMap<PathBuf, Option<superprof_unwind::ElfImage>>,
+    symbols: &mut superprof_symbols::Symbolizer,
+    addr: u64,
+    ret: bool,
+) -> Vec<superprof_profile::FrameId> {
+    let Some(m) = maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
+        return vec![p.intern_frame_named(
+            &format!("{addr:#x}"),
+            "[unknown]",
+            None,
+            0,
+            addr,
+            false,
+        )];
+    };
+    let bias = images
+        .entry(m.path.clone())
+        .or_insert_with(|| superprof_unwind::ElfImage::open(&m.path))
+        .as_ref()
+        .map_or(m.start.wrapping_sub(m.offset), |img| {
+            img.bias_for_mapping(m.start, m.end - m.start, m.offset)
+        });
+    let svma = addr.wrapping_sub(bias);
+    let module = m.path.to_string_lossy().into_owned();
+    let look = if ret { svma.wrapping_sub(1) } else { svma };
+    let found = symbols.symbolize(&m.path, &m.path, look);
+    if found.is_empty() {
+        let name = format!(
+            "{}+{svma:#x}",
+            m.path
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        );
+        return vec![p.intern_frame_named(&name, &module, None, 0, svma, false)];
+    }
+    found
+        .into_iter()
+        .map(|f| {
+            let name = f.function.unwrap_or_else(|| format!("{module}+{svma:#x}"));
+            p.intern_frame_named(
+                &name,
+                &module,
+                f.file.as_deref(),
+                f.line.unwrap_or(0),
+                svma,
+                f.inlined,
+            )
+        })
+        .collect()
+}
+
+/// Prints the table on stderr and writes `output` (format by extension).
+fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), Error> {
+    if table {
+        let stderr = std::io::stderr();
+        let mut w = stderr.lock();
+        let _ = writeln!(
+            w,
+            "superprof: {} samples ({} dropped)",
+            profile.samples.len(),
+            profile.meta.lost_samples
+        );
+        let _ = superprof_profile::top::write(profile, 25, &mut w);
+    }
+    if let Some(path) = output {
+        let format = OutputFormat::from_path(path).ok_or_else(|| {
+            Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "cannot tell the format of '{}': use one of {}",
+                    path.display(),
+                    OutputFormat::extensions()
+                ),
+            ))
+        })?;
+        superprof_profile::write_atomic(path, |w| {
+            superprof_profile::output::write(profile, format, "superprof (in process)", w)
+        })
+        .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+    }
+    Ok(())
+}
+
+/// A running profiler: sampling stops when it is stopped or dropped.
+pub struct Profiler {
+    opts: Options,
+    stopped: bool,
+}
+
+impl Profiler {
+    /// Starts sampling every thread of the process.
+    pub fn start(opts: Options) -> Result<Profiler, Error> {
+        start_session(opts.frequency, opts.output.clone())?;
+        Ok(Profiler {
+            opts,
+            stopped: false,
+        })
+    }
+
+    /// Stops sampling and returns the profile (nothing is printed or written).
+    pub fn stop(mut self) -> Result<Profile, Error> {
+        self.stopped = true;
+        stop_session().map(|(p, _)| p)
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        if let Ok((profile, output)) = stop_session() {
+            if let Err(e) = report(&profile, output.as_deref(), self.opts.print_table) {
+                eprintln!("superprof: {e}");
+            }
+        }
+    }
+}
+
+/// C: starts sampling at 999 Hz (see include/superprof.h).
+#[no_mangle]
+pub extern "C" fn perf_start() {
+    let r = std::panic::catch_unwind(|| start_session(999, None));
+    match r {
+        Ok(Ok(())) | Ok(Err(Error::AlreadyRunning)) => {}
+        Ok(Err(e)) => eprintln!("superprof: perf_start: {e}"),
+        Err(_) => std::process::abort(),
+    }
+}
+
+/// C: stops sampling, prints the table, writes SUPERPROF_OUTPUT.
+#[no_mangle]
+pub extern "C" fn perf_stop() {
+    let r = std::panic::catch_unwind(|| match stop_session() {
+        Ok((profile, output)) => report(&profile, output.as_deref(), true),
+        Err(Error::NotRunning) => Ok(()),
+        Err(e) => Err(e),
+    });
+    match r {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("superprof: perf_stop: {e}"),
+        Err(_) => std::process::abort(),
+    }
+}
+
+/// C: starts sampling at `hz` with `output` for superprof_stop; 0 or an errno value.
+///
+/// # Safety
+/// `output` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn superprof_start(
+    output: *const libc::c_char,
+    hz: libc::c_uint,
+) -> libc::c_int {
+    let out = if output.is_null() {
+        None
+    } else {
+        // SAFETY: the caller passes a NUL-terminated string.
+        Some(PathBuf::from(
+            unsafe { CStr::from_ptr(output) }
+                .to_string_lossy()
+                .into_owned(),
+        ))
+    };
+    match std::panic::catch_unwind(|| start_session(hz, out)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => e.errno(),
+        Err(_) => std::process::abort(),
+    }
+}
+
+/// C: stops sampling, prints the table, writes the output; 0 or an errno value.
+#[no_mangle]
+pub extern "C" fn superprof_stop() -> libc::c_int {
+    let r = std::panic::catch_unwind(|| {
+        let (profile, output) = stop_session()?;
+        report(&profile, output.as_deref(), true)
+    });
+    match r {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            if !matches!(e, Error::NotRunning) {
+                eprintln!("superprof: superprof_stop: {e}");
+            }
+            e.errno()
+        }
+        Err(_) => std::process::abort(),
+    }
+}
+
+/// Preload mode: where this process's profile goes.
+fn preload_output() -> Option<PathBuf> {
+    let dir = std::env::var_os("SUPERPROF_PRELOAD_DIR")?;
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    Some(Path::new(&dir).join(format!("{}-{n}.parquet", sys::getpid())))
+}
+
+fn preload_start() {
+    let Some(out) = preload_output() else { return };
+    let hz = std::env::var("SUPERPROF_HZ")
+        .ok()
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(999);
+    if let Err(e) = start_session(hz, Some(out)) {
+        eprintln!("superprof: cannot profile pid {}: {e}", sys::getpid());
+    }
+}
+
+extern "C" fn preload_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Ok((profile, Some(out))) = stop_session() {
+            if let Err(e) = report(&profile, Some(&out), false) {
+                eprintln!("superprof: {e}");
+            }
+        }
+    });
+}
+
+extern "C" fn preload_fork_child() {
+    // The child of a fork has no timer: it starts its own session and profile file.
+    let _ = std::panic::catch_unwind(preload_start);
+}
+
+extern "C" fn preload_init() {
+    if std::env::var_os("SUPERPROF_PRELOAD_DIR").is_none() {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        preload_start();
+        sys::at_exit(preload_exit);
+        sys::at_fork_child(preload_fork_child);
+    });
+}
+
+/// Runs when the library is loaded (LD_PRELOAD): preload mode when SUPERPROF_PRELOAD_DIR is set.
+#[used]
+#[link_section = ".init_array"]
+static PRELOAD_INIT: extern "C" fn() = preload_init;

@@ -1,0 +1,214 @@
+//! The kernel interfaces of the in-process sampler: SIGPROF's handler and disposition,
+//! ITIMER_PROF, the sample buffer (an anonymous mapping), reads of memory that may not be
+//! mapped, and the interrupted registers. Everything the signal handler calls is here, and
+//! is async-signal-safe: syscalls, atomics, stores into the preallocated buffer.
+
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+/// The handler's entry point: gets the interrupted context.
+pub type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// The current disposition of SIGPROF: true when a handler of the program's own is there.
+pub fn sigprof_has_handler() -> bool {
+    // SAFETY: sigaction with a null new action only reads the current one into `old`.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) };
+    r == 0 && old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN
+}
+
+/// Installs `h` for SIGPROF (restarting interrupted syscalls).
+pub fn install_handler(h: Handler) -> std::io::Result<()> {
+    // SAFETY: a zeroed sigaction with a valid handler, SA_SIGINFO and an empty mask.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = h as usize;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    unsafe { libc::sigemptyset(&mut sa.sa_mask) };
+    // SAFETY: installing a handler for SIGPROF; the old action is not needed.
+    if unsafe { libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// SIGPROF ignored: a signal still pending when sampling stops must not end the process.
+pub fn ignore_sigprof() {
+    // SAFETY: setting SIGPROF's disposition to SIG_IGN.
+    unsafe { libc::signal(libc::SIGPROF, libc::SIG_IGN) };
+}
+
+/// ITIMER_PROF at `hz` (0: off): SIGPROF after every 1/hz s of the process's CPU time, to the
+/// thread that is running.
+pub fn set_timer(hz: u32) -> std::io::Result<()> {
+    let usec = if hz == 0 {
+        0
+    } else {
+        (1_000_000 / hz as i64).max(1)
+    };
+    let tv = libc::timeval {
+        tv_sec: usec / 1_000_000,
+        tv_usec: (usec % 1_000_000) as libc::suseconds_t,
+    };
+    let it = libc::itimerval {
+        it_interval: tv,
+        it_value: tv,
+    };
+    // SAFETY: setitimer with a valid itimerval; the old value is not needed.
+    if unsafe { libc::setitimer(libc::ITIMER_PROF, &it, std::ptr::null_mut()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+pub fn getpid() -> u32 {
+    // SAFETY: getpid has no arguments and cannot fail.
+    unsafe { libc::getpid() as u32 }
+}
+
+pub fn errno() -> i32 {
+    // SAFETY: errno's location is valid for the calling thread.
+    unsafe { *libc::__errno_location() }
+}
+
+pub fn set_errno(e: i32) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Reads two 8-byte words at `addr` of this process, or None where it is not mapped (the
+/// kernel checks: no fault).
+pub fn read_pair(addr: u64) -> Option<[u64; 2]> {
+    let mut out = [0u64; 2];
+    let local = libc::iovec {
+        iov_base: out.as_mut_ptr() as *mut libc::c_void,
+        iov_len: 16,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 16,
+    };
+    // SAFETY: process_vm_readv on ourselves into a local 16-byte buffer; the kernel validates
+    // the remote range and returns an error instead of faulting.
+    let n = unsafe { libc::process_vm_readv(getpid() as libc::pid_t, &local, 1, &remote, 1, 0) };
+    (n == 16).then_some(out)
+}
+
+/// pc, sp and frame pointer of the interrupted context of a SA_SIGINFO handler.
+pub fn context_regs(ctx: *mut libc::c_void) -> (u64, u64, u64) {
+    if ctx.is_null() {
+        return (0, 0, 0);
+    }
+    let uc = ctx as *const libc::ucontext_t;
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the kernel passes a valid ucontext_t to a SA_SIGINFO handler.
+        let g = unsafe { &(*uc).uc_mcontext.gregs };
+        (
+            g[libc::REG_RIP as usize] as u64,
+            g[libc::REG_RSP as usize] as u64,
+            g[libc::REG_RBP as usize] as u64,
+        )
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: as above.
+        let m = unsafe { &(*uc).uc_mcontext };
+        (m.pc, m.sp, m.regs[29])
+    }
+}
+
+/// The sample buffer: `len` words of an anonymous mapping, written by the signal handler at
+/// slots it reserved with an atomic counter.
+pub struct Buffer {
+    ptr: AtomicPtr<u64>,
+    len: AtomicUsize,
+    next: AtomicUsize,
+}
+
+impl Buffer {
+    pub const fn new() -> Buffer {
+        Buffer {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Maps a fresh, zeroed buffer of `words` words (pages are touched only when written).
+    pub fn map(&self, words: usize) -> std::io::Result<()> {
+        // SAFETY: an anonymous private mapping; the pointer is kept until `unmap`.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                words * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        self.next.store(0, Ordering::SeqCst);
+        self.len.store(words, Ordering::SeqCst);
+        self.ptr.store(p as *mut u64, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Reserves `n` words and writes `words` there; false when the buffer is full.
+    pub fn push(&self, words: &[u64]) -> bool {
+        let p = self.ptr.load(Ordering::Acquire);
+        let len = self.len.load(Ordering::Acquire);
+        if p.is_null() {
+            return false;
+        }
+        let at = self.next.fetch_add(words.len(), Ordering::AcqRel);
+        if at + words.len() > len {
+            return false;
+        }
+        // SAFETY: [at, at + n) is inside the mapping and reserved for this call alone.
+        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), p.add(at), words.len()) };
+        true
+    }
+
+    /// The words written so far (call only when no handler can write any more).
+    pub fn contents(&self) -> Vec<u64> {
+        let p = self.ptr.load(Ordering::Acquire);
+        let len = self
+            .len
+            .load(Ordering::Acquire)
+            .min(self.next.load(Ordering::Acquire));
+        if p.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the first `len` words of the mapping, no longer written.
+        unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+    }
+
+    /// Unmaps the buffer (call only when no handler can write any more).
+    pub fn unmap(&self) {
+        let p = self.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        let len = self.len.swap(0, Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: the mapping made by `map`, of `len` words, no longer used.
+            unsafe { libc::munmap(p as *mut libc::c_void, len * 8) };
+        }
+    }
+}
+
+/// Runs `f` at process exit (atexit), for the preload mode.
+pub fn at_exit(f: extern "C" fn()) {
+    // SAFETY: registering a function with no arguments that lives for the whole program.
+    unsafe { libc::atexit(f) };
+}
+
+/// Runs `f` in the child after fork (pthread_atfork), for the preload mode.
+pub fn at_fork_child(f: extern "C" fn()) {
+    // SAFETY: registering a child handler that lives for the whole program.
+    unsafe { libc::pthread_atfork(None, None, Some(f)) };
+}

@@ -1,0 +1,189 @@
+//! The C API on real C programs linked with libsuperprof.so: what is profiled and what is
+//! not, against the split the program measures itself; threads started later, malloc-heavy
+//! code, fork, a program with its own SIGPROF handler, and misuse.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// target/release (or debug), where libsuperprof.so is.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_owned()
+}
+
+fn build(dir: &Path) -> PathBuf {
+    let lib = lib_dir();
+    assert!(
+        lib.join("libsuperprof.so").exists(),
+        "{} is missing: cargo build --release builds it",
+        lib.join("libsuperprof.so").display()
+    );
+    let exe = dir.join("lib_api");
+    let out = Command::new("gcc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-I"])
+        .arg(root().join("include"))
+        .arg("-I")
+        .arg(root().join("tests/fixtures"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(root().join("tests/fixtures/lib_api.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lsuperprof")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("libsuperprof-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// One CPU-heavy program at a time: CPU-time timers tick less for a process that shares its
+/// core, and the split tests want their samples.
+static CPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run(exe: &Path, mode: &str, output: Option<&Path>) -> Output {
+    let _cpu = CPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Command::new(exe);
+    c.arg(mode);
+    if let Some(o) = output {
+        c.env("SUPERPROF_OUTPUT", o);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{mode}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Samples per leaf function, and the total, from a folded file.
+fn leaves(folded: &Path) -> (BTreeMap<String, u64>, u64) {
+    let text = std::fs::read_to_string(folded).unwrap();
+    let mut m = BTreeMap::new();
+    let mut total = 0;
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        *m.entry(stack.rsplit(';').next().unwrap().to_owned())
+            .or_insert(0) += n;
+        total += n;
+    }
+    (m, total)
+}
+
+fn values(stdout: &str) -> BTreeMap<String, f64> {
+    stdout
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+        .collect()
+}
+
+#[test]
+fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
+    let dir = tempdir("split");
+    let exe = build(&dir);
+    let folded = dir.join("out.folded");
+    let out = run(&exe, "split", Some(&folded));
+    let truth = values(&String::from_utf8_lossy(&out.stdout));
+    let (m, total) = leaves(&folded);
+    assert!(total > 150, "{total} samples: {m:?}");
+    assert!(
+        !m.contains_key("before_start"),
+        "work before perf_start was sampled: {m:?}"
+    );
+    for f in ["inside_alpha", "inside_beta", "late_thread_work"] {
+        let share = *m.get(f).unwrap_or(&0) as f64 / total as f64;
+        let want = truth[f];
+        assert!(
+            (share - want).abs() <= 0.07,
+            "{f}: {share:.3} sampled, {want:.3} measured: {m:?}"
+        );
+    }
+    // Full stacks: main calls inside_alpha, the late thread's work has its thread entry.
+    let text = std::fs::read_to_string(&folded).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains(";main;inside_alpha ")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains("late;late_thread_work ")),
+        "{text}"
+    );
+    // The table on stderr.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("inside_alpha") && stderr.contains("Self%"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn malloc_heavy_code_started_and_stopped_many_times() {
+    let dir = tempdir("malloc");
+    let exe = build(&dir);
+    let out = run(&exe, "malloc", None);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("superprof: ").count(), 30, "{stderr}");
+    assert!(stderr.contains("churn"), "{stderr}");
+}
+
+#[test]
+fn fork_inside_the_profiled_part() {
+    let dir = tempdir("fork");
+    let exe = build(&dir);
+    let folded = dir.join("fork.folded");
+    let out = run(&exe, "fork", Some(&folded));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "child=7");
+    let (m, total) = leaves(&folded);
+    // The parent's work: 0.6 s alpha, 0.3 s beta (the child's 0.3 s of beta is its own).
+    let alpha = m.get("inside_alpha").copied().unwrap_or(0) as f64;
+    let beta = m.get("inside_beta").copied().unwrap_or(0) as f64;
+    assert!(total > 50, "{m:?}");
+    assert!((alpha / (alpha + beta) - 2.0 / 3.0).abs() < 0.12, "{m:?}");
+}
+
+#[test]
+fn a_program_with_its_own_sigprof_handler_is_refused() {
+    let dir = tempdir("handler");
+    let exe = build(&dir);
+    let out = run(&exe, "handler", None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("ebusy=1") && stdout.contains("hits=1"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("own SIGPROF handler"), "{stderr}");
+}
+
+#[test]
+fn stop_without_start_and_start_twice_are_harmless() {
+    let dir = tempdir("misuse");
+    let exe = build(&dir);
+    let out = run(&exe, "misuse", None);
+    let v = values(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(v["einval"], 1.0);
+    assert_eq!(v["start"], 0.0);
+    assert_eq!(v["ealready"], 1.0);
+    assert_eq!(v["stopped"], 0.0);
+}

@@ -1,0 +1,108 @@
+//! The Rust API on a Rust workload: a guard that samples every thread between start and stop.
+
+use std::time::{Duration, Instant};
+
+use superprof::{Options, Profiler};
+
+/// Burns CPU time of this thread for `d`.
+#[inline(never)]
+fn burn(d: Duration) -> u64 {
+    let end = thread_cpu() + d;
+    let mut x = 1u64;
+    while thread_cpu() < end {
+        for _ in 0..20_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+    x
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[inline(never)]
+fn rust_heavy() -> u64 {
+    burn(Duration::from_millis(600))
+}
+
+#[inline(never)]
+fn rust_light() -> u64 {
+    burn(Duration::from_millis(300))
+}
+
+#[test]
+fn guard_samples_a_rust_program() {
+    let _ = burn(Duration::from_millis(200)); // before start: not in the profile
+    let p = Profiler::start(Options::default()).unwrap();
+    // A second profiler while one runs is refused.
+    assert!(matches!(
+        Profiler::start(Options::default()),
+        Err(superprof::Error::AlreadyRunning)
+    ));
+    let t = std::thread::Builder::new()
+        .name("light".into())
+        .spawn(rust_light)
+        .unwrap();
+    let a = rust_heavy();
+    let b = t.join().unwrap();
+    let started = Instant::now();
+    let profile = p.stop().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    std::hint::black_box((a, b));
+    // Two threads: 0.6 s of CPU time in this one, 0.3 s in the other (gone by now, so known by
+    // its thread id), each sample with its thread and its leaf (this crate is built without frame pointers: leaf frames only).
+    let mut light = 0;
+    let mut total = 0;
+    for s in &profile.samples {
+        total += 1;
+        // SAFETY: gettid has no arguments.
+        let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+        if profile.threads[s.thread as usize].tid != me {
+            light += 1;
+        }
+        let leaf = s.stack.and_then(|st| profile.stack_frames(Some(st)).next());
+        let name = leaf.map(|f| profile.str(profile.frame(f).function).to_owned());
+        assert!(name.is_some(), "a sample without a frame");
+    }
+    assert!(total > 40, "{total} samples");
+    let share = 1.0 - light as f64 / total as f64;
+    assert!((share - 2.0 / 3.0).abs() < 0.12, "light {light} of {total}");
+    // The leaf address's frames: inlined std functions inside burn, demangled.
+    let burn = profile
+        .samples
+        .iter()
+        .filter(|s| {
+            profile.stack_frames(s.stack).any(|f| {
+                profile
+                    .str(profile.frame(f).function)
+                    .ends_with("rust_api::burn")
+            })
+        })
+        .count();
+    assert!(
+        burn * 10 >= total * 8,
+        "{burn} of {total} samples in burn (demangled)"
+    );
+    // The guard writes its output when dropped.
+    let out =
+        std::env::temp_dir().join(format!("superprof-rust-api-{}.folded", std::process::id()));
+    {
+        let _g = Profiler::start(Options {
+            output: Some(out.clone()),
+            print_table: false,
+            ..Options::default()
+        })
+        .unwrap();
+        rust_light();
+    }
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("burn"), "{text}");
+    let _ = std::fs::remove_file(&out);
+}
