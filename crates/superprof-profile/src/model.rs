@@ -92,6 +92,59 @@ impl Profile {
         &self.strings[id.0 as usize]
     }
 
+    /// Adds another profile's threads and samples (a process of the same run, say): strings,
+    /// frames and stacks are interned again; sample times are moved to this profile's start.
+    pub fn merge(&mut self, other: &Profile) {
+        let mut strs: HashMap<StrId, StrId> = HashMap::new();
+        let mut str_of = |p: &mut Profile, id: StrId| -> StrId {
+            *strs
+                .entry(id)
+                .or_insert_with(|| p.intern_str(other.str(id)))
+        };
+        let frames: Vec<FrameId> = other
+            .frames
+            .iter()
+            .map(|f| {
+                let frame = Frame {
+                    function: str_of(self, f.function),
+                    module: str_of(self, f.module),
+                    file: f.file.map(|x| str_of(self, x)),
+                    ..*f
+                };
+                self.intern_frame(frame)
+            })
+            .collect();
+        let mut stacks: Vec<StackId> = Vec::with_capacity(other.stacks.len());
+        for n in &other.stacks {
+            // Parents come before their children in the trie.
+            let parent = n.parent.map(|p| stacks[p.0 as usize]);
+            stacks.push(self.intern_stack(parent, frames[n.frame.0 as usize]));
+        }
+        let threads: Vec<u32> = other
+            .threads
+            .iter()
+            .map(|t| {
+                let name = str_of(self, t.name);
+                self.add_thread_named(t.pid, t.tid, name)
+            })
+            .collect();
+        let shift = other
+            .meta
+            .start_time_unix_ns
+            .saturating_sub(self.meta.start_time_unix_ns);
+        for smp in &other.samples {
+            self.samples.push(Sample {
+                time_ns: smp.time_ns + shift,
+                thread: threads[smp.thread as usize],
+                stack: smp.stack.map(|s| stacks[s.0 as usize]),
+                ..*smp
+            });
+        }
+        self.meta.lost_samples += other.meta.lost_samples;
+        self.meta.truncated_stacks += other.meta.truncated_stacks;
+        self.meta.duration_ns = self.meta.duration_ns.max(shift + other.meta.duration_ns);
+    }
+
     pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
         *self.frame_ids.entry(frame).or_insert_with(|| {
             self.frames.push(frame);

@@ -36,6 +36,9 @@ pub enum Command {
     Blocks(BlocksArgs),
     /// Profile an operating-system kernel (and its programs) running in QEMU, from outside
     Qemu(QemuArgs),
+    /// Run an unmodified program with libsuperprof preloaded, profiling it (and the programs
+    /// it runs) from start to exit
+    Preload(PreloadArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
     /// The demo's workload (run by `superprof demo`)
@@ -337,5 +340,22 @@ pub struct QemuArgs {
     pub word_reads: bool,
     /// Launch mode: the QEMU command line, after `--`
     #[arg(last = true, value_name = "QEMU-CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PreloadArgs {
+    /// Samples per second of CPU time
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
+    pub frequency: u32,
+    /// Output file; the format follows the extension, as for `record`. Repeat for several.
+    /// Default: superprof.parquet
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub outputs: Vec<PathBuf>,
+    /// Do not print the top table
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// The command (after `--`)
+    #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<String>,
 }

@@ -5,6 +5,7 @@ mod blocks;
 mod cli;
 mod collect;
 mod demo;
+mod preload;
 mod qemu;
 mod record;
 mod region;
@@ -55,6 +56,7 @@ fn main() -> ExitCode {
         cli::Command::Stat(args) => stat::run(&args),
         cli::Command::Blocks(args) => blocks::run(&args),
         cli::Command::Qemu(args) => qemu::run(&args),
+        cli::Command::Preload(args) => preload::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
         cli::Command::DemoWorkload { seconds } => {

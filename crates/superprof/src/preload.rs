@@ -1,0 +1,120 @@
+//! `superprof preload`: runs a program with libsuperprof preloaded (LD_PRELOAD). The library's
+//! constructor starts sampling in every process that loads it (the command, the programs it
+//! runs, its fork children), and each writes its profile into a folder at exit; superprof
+//! merges them into one profile when the command ends.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{anyhow, bail, Context, Result};
+use superprof_profile::Profile;
+
+use crate::cli::PreloadArgs;
+
+/// libsuperprof.so: $SUPERPROF_LIB, else next to the superprof binary.
+fn library() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SUPERPROF_LIB") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("SUPERPROF_LIB names {}, which is not a file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("cannot find the superprof binary")?;
+    let lib = exe
+        .parent()
+        .map(|d| d.join("libsuperprof.so"))
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            anyhow!(
+                "libsuperprof.so is not next to {} (cargo build --release builds it), and \
+                 SUPERPROF_LIB is not set",
+                exe.display()
+            )
+        })?;
+    Ok(lib)
+}
+
+pub fn run(args: &PreloadArgs) -> Result<i32> {
+    if args.frequency == 0 {
+        bail!("frequency must be at least 1 Hz");
+    }
+    let outputs = crate::record::check_output_paths(&args.outputs)?;
+    let lib = library()?;
+    let program = &args.command[0];
+    let exe = superprof_trace::resolve_command(program)
+        .filter(|p| p.exists())
+        .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
+    let dir = std::env::temp_dir().join(format!("superprof-preload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    let started = std::time::Instant::now();
+    let status = Command::new(&exe)
+        .args(&args.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("SUPERPROF_PRELOAD_DIR", &dir)
+        .env("SUPERPROF_HZ", args.frequency.to_string())
+        .status()
+        .with_context(|| format!("cannot run '{program}'"));
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    // Every process's profile, oldest first.
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&dir)?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    parts.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let mut profile: Option<Profile> = None;
+    for part in &parts {
+        match superprof_profile::parquet::read(part) {
+            Ok(p) => match &mut profile {
+                Some(all) => all.merge(&p),
+                None => profile = Some(p),
+            },
+            Err(e) => eprintln!("superprof: skipping {}: {e}", part.display()),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let code = {
+        use std::os::unix::process::ExitStatusExt;
+        status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    };
+    let Some(mut profile) = profile.filter(|p| !p.samples.is_empty()) else {
+        bail!(
+            "no samples were taken: the program ran too briefly, or it is statically linked \
+             (LD_PRELOAD needs the dynamic loader)"
+        );
+    };
+    profile.meta.command = args.command.clone();
+    profile.meta.duration_ns = started.elapsed().as_nanos() as u64;
+    let processes: std::collections::BTreeSet<u32> =
+        profile.threads.iter().map(|t| t.pid).collect();
+    eprintln!(
+        "superprof: {} samples from {} process{} ({} threads) in {:.2} s; {} dropped",
+        profile.samples.len(),
+        processes.len(),
+        if processes.len() == 1 { "" } else { "es" },
+        profile.threads.len(),
+        started.elapsed().as_secs_f64(),
+        profile.meta.lost_samples
+    );
+    if !args.quiet {
+        let stdout = std::io::stdout();
+        superprof_profile::top::write(&profile, 30, &mut stdout.lock())?;
+    }
+    for (path, format) in &outputs {
+        crate::record::write_output(&profile, path, *format)?;
+        eprintln!("superprof: wrote {}", path.display());
+    }
+    Ok(code)
+}
