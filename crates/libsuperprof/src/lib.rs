@@ -302,6 +302,12 @@ fn symbolize(
         });
     let svma = addr.wrapping_sub(bias);
     let module = m.path.to_string_lossy().into_owned();
+    // Time in superprof's own code (its start, in preload mode): named so, without loading
+    // the library's own large DWARF.
+    let own = symbolize as *const () as u64;
+    if (m.start..m.end).contains(&own) {
+        return vec![p.intern_frame_named("[superprof]", &module, None, 0, svma, false)];
+    }
     let look = if ret { svma.wrapping_sub(1) } else { svma };
     let found = symbols.symbolize(&m.path, &m.path, look);
     if found.is_empty() {
