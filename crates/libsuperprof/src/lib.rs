@@ -304,8 +304,10 @@ fn symbolize(
     let module = m.path.to_string_lossy().into_owned();
     // Time in superprof's own code (its start, in preload mode): named so, without loading
     // the library's own large DWARF.
+    // (Only when superprof is a library of its own: linked statically it is in the program.)
     let own = symbolize as *const () as u64;
-    if (m.start..m.end).contains(&own) {
+    let exe = std::fs::read_link("/proc/self/exe").ok();
+    if (m.start..m.end).contains(&own) && exe.as_ref() != Some(&m.path) {
         return vec![p.intern_frame_named("[superprof]", &module, None, 0, svma, false)];
     }
     let look = if ret { svma.wrapping_sub(1) } else { svma };

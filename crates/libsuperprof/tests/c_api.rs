@@ -17,6 +17,11 @@ fn lib_dir() -> PathBuf {
 }
 
 fn build(dir: &Path) -> PathBuf {
+    build_with(dir, false)
+}
+
+/// The fixture linked with libsuperprof.so, or with libsuperprof.a (`static_lib`).
+fn build_with(dir: &Path, static_lib: bool) -> PathBuf {
     let lib = lib_dir();
     assert!(
         lib.join("libsuperprof.so").exists(),
@@ -32,10 +37,20 @@ fn build(dir: &Path) -> PathBuf {
         .arg("-o")
         .arg(&exe)
         .arg(root().join("tests/fixtures/lib_api.c"))
-        .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lsuperprof")
+        .args(if static_lib {
+            vec![
+                lib.join("libsuperprof.a").into_os_string(),
+                "-ldl".into(),
+                "-lm".into(),
+            ]
+        } else {
+            vec![
+                "-L".into(),
+                lib.clone().into_os_string(),
+                format!("-Wl,-rpath,{}", lib.display()).into(),
+                "-lsuperprof".into(),
+            ]
+        })
         .output()
         .unwrap();
     assert!(
@@ -186,4 +201,21 @@ fn stop_without_start_and_start_twice_are_harmless() {
     assert_eq!(v["start"], 0.0);
     assert_eq!(v["ealready"], 1.0);
     assert_eq!(v["stopped"], 0.0);
+}
+
+#[test]
+fn linked_statically() {
+    let dir = tempdir("static");
+    let exe = build_with(&dir, true);
+    let folded = dir.join("static.folded");
+    run(&exe, "split", Some(&folded));
+    let text = std::fs::read_to_string(&folded).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains(";main;inside_alpha ")),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.contains(";late;late_thread_work ")),
+        "{text}"
+    );
 }
