@@ -5,9 +5,7 @@
 //! That is one ptrace stop per block instead of two. Only plain near branches are done here;
 //! anything else (loop, jrcxz, far branches, segment-based tables, syscalls) is for stepping.
 
-use iced_x86::{
-    ConditionCode, Decoder, DecoderOptions, FlowControl, MemorySize, Mnemonic, OpKind, Register,
-};
+use iced_x86::{ConditionCode, FlowControl, MemorySize, Mnemonic, OpKind, Register};
 
 /// The x86_64 registers a branch can read.
 #[derive(Debug, Clone, Copy, Default)]
@@ -75,14 +73,7 @@ pub fn x86_branch(
     regs: &X86Regs,
     read_u64: &mut dyn FnMut(u64) -> Option<u64>,
 ) -> Option<Taken> {
-    let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
-    if !d.can_decode() {
-        return None;
-    }
-    let i = d.decode();
-    if i.is_invalid() {
-        return None;
-    }
+    let i = crate::x86::decode_one(code, addr)?;
     let next = i.next_ip();
     let target = |regs: &X86Regs, read_u64: &mut dyn FnMut(u64) -> Option<u64>| -> Option<u64> {
         match i.op0_kind() {

@@ -1,19 +1,22 @@
 //! x86_64 instruction classification with iced-x86.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic};
 
 use crate::{Flow, Insn};
 
-/// Decodes the instruction at the start of `code` (at address `addr`); None if invalid.
-pub fn classify(code: &[u8], addr: u64) -> Option<Insn> {
+/// The x86_64 instruction at the start of `code` (at address `addr`); None if invalid.
+pub(crate) fn decode_one(code: &[u8], addr: u64) -> Option<Instruction> {
     let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
     if !d.can_decode() {
         return None;
     }
     let i = d.decode();
-    if i.is_invalid() {
-        return None;
-    }
+    (!i.is_invalid()).then_some(i)
+}
+
+/// Decodes the instruction at the start of `code` (at address `addr`); None if invalid.
+pub fn classify(code: &[u8], addr: u64) -> Option<Insn> {
+    let i = decode_one(code, addr)?;
     let flow = match i.flow_control() {
         FlowControl::Next => {
             if (i.has_rep_prefix() || i.has_repne_prefix()) && i.is_string_instruction() {
@@ -58,14 +61,7 @@ pub fn classify(code: &[u8], addr: u64) -> Option<Insn> {
 /// its length.
 pub fn disassemble(code: &[u8], addr: u64) -> Option<(String, u32)> {
     use iced_x86::{Formatter, GasFormatter};
-    let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
-    if !d.can_decode() {
-        return None;
-    }
-    let i = d.decode();
-    if i.is_invalid() {
-        return None;
-    }
+    let i = decode_one(code, addr)?;
     let mut f = GasFormatter::new();
     f.options_mut().set_uppercase_hex(false);
     f.options_mut().set_space_after_operand_separator(false);
@@ -91,14 +87,7 @@ pub const KEY_HEAD_SHIFT: u32 = 9;
 /// a key made of its opcode bytes with the prefixes left out: map (none, 0F, 0F38, 0F3A: 2
 /// bits), opcode byte (8 bits), then whether a byte follows (1 bit) and that byte (8 bits).
 pub fn encoding_key(code: &[u8], addr: u64) -> Option<(u32, u32)> {
-    let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
-    if !d.can_decode() {
-        return None;
-    }
-    let i = d.decode();
-    if i.is_invalid() {
-        return None;
-    }
+    let i = decode_one(code, addr)?;
     let len = i.len();
     let bytes = &code[..len];
     let mut p = 0;

@@ -797,6 +797,32 @@ impl Tracer {
         self.threads.remove(&child);
     }
 
+    /// Ends a launched command (Ctrl-C, --duration): SIGTERM, then its events are pumped, every
+    /// stop resumed so that the signal can be delivered, until it exits or `timeout` passes.
+    /// `on_event` sees each event first. Returns how the command ended, if it did.
+    pub fn terminate(
+        &mut self,
+        timeout: Duration,
+        mut on_event: impl FnMut(&TraceEvent),
+    ) -> io::Result<Option<ExitStatus>> {
+        let root = self.root;
+        crate::launch::kill(root, libc::SIGTERM);
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            let Some(ev) = self.next_event(Duration::from_millis(50))? else {
+                continue;
+            };
+            on_event(&ev);
+            match ev {
+                TraceEvent::ProcessExited { pid, status } if pid == root => {
+                    return Ok(Some(status))
+                }
+                ev => self.resume_after(&ev),
+            }
+        }
+        Ok(None)
+    }
+
     /// Handles whatever the traced threads reported, without waiting (events are queued).
     pub fn pump(&mut self) {
         let _ = self.drain();

@@ -77,3 +77,18 @@ pub fn thread_cpu_time() -> std::time::Duration {
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
+
+/// Writes a command's text result to `-o FILE` (atomically) or to stdout.
+pub fn write_text(output: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    match output {
+        Some(out) => {
+            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
+                .with_context(|| format!("cannot write '{}'", out.display()))
+        }
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}

@@ -73,21 +73,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     })?;
     if launched && exit.is_none() && stopped {
         // Ctrl-C or --duration: end the command as strace's -p detach would not; we started it.
-        superprof_trace::kill(tracer.root(), libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while exit.is_none() && Instant::now() < deadline {
-            match tracer.next_event(Duration::from_millis(50))? {
-                Some(superprof_trace::TraceEvent::ProcessExited { pid, status })
-                    if pid == tracer.root() =>
-                {
-                    exit = Some(status);
-                }
-                Some(superprof_trace::TraceEvent::ProcessExited { .. }) => {}
-                // Stops must be resumed, or the SIGTERM could never be delivered.
-                Some(ev) => tracer.resume_after(&ev),
-                None => {}
-            }
-        }
+        exit = tracer.terminate(Duration::from_secs(5), |_| {})?;
     }
     let killed = tracer.finish();
     let exit = exit.or(killed);

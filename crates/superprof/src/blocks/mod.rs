@@ -98,13 +98,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
         .blocks
         .sort_by(|a, b| b.count.cmp(&a.count).then(a.start.cmp(&b.start)));
     let text = output::render(&report, args.format, args.annotate)?;
-    match &args.output {
-        Some(out) => {
-            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
-                .with_context(|| format!("cannot write '{}'", out.display()))?
-        }
-        None => print!("{text}"),
-    }
+    crate::sys::write_text(args.output.as_deref(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
         eprintln!("superprof: the command {status}");
     }

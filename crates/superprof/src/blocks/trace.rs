@@ -668,17 +668,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         }
     }
     if launched && exit.is_none() {
-        superprof_trace::kill(root, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while exit.is_none() && Instant::now() < deadline {
-            match tracer.next_event(Duration::from_millis(50))? {
-                Some(TraceEvent::ProcessExited { pid, status }) if pid == root => {
-                    exit = Some(status)
-                }
-                Some(other) => tracer.resume_after(&other),
-                None => {}
-            }
-        }
+        exit = tracer.terminate(Duration::from_secs(5), |_| {})?;
     }
     // Every breakpoint is removed and an attached process let go here.
     let killed = tracer.finish();

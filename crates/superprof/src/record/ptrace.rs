@@ -67,15 +67,11 @@ pub(super) fn run(
     collector.read_thread_names(root);
     if launched && exit.is_none() && stopped_early {
         // Ctrl-C or --duration: end the command as perf record does, signals still forwarded.
-        superprof_trace::kill(root, libc::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while exit.is_none() && Instant::now() < deadline {
-            if let Some(ev) = tracer.next_event(Duration::from_millis(50))? {
-                on_trace_event(collector, &ev, root, &mut exit);
-                // Stops must be resumed, or the SIGTERM could never be delivered.
-                tracer.resume_after(&ev);
-            }
-        }
+        let mut seen = None;
+        let ended = tracer.terminate(Duration::from_secs(5), |ev| {
+            on_trace_event(collector, ev, root, &mut seen)
+        })?;
+        exit = ended.or(seen);
         if exit.is_none() {
             eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
         }

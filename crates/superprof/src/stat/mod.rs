@@ -236,13 +236,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     let (exit, signal_in_region) = session.trace(args)?;
     let results = session.results.take().expect("results");
     let text = output::render(&results, args.format, args.per_call)?;
-    match &args.output {
-        Some(out) => {
-            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
-                .with_context(|| format!("cannot write '{}'", out.display()))?
-        }
-        None => print!("{text}"),
-    }
+    sys::write_text(args.output.as_deref(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
         eprintln!(
             "superprof: the command {status}{}",
@@ -674,18 +668,7 @@ impl Session {
             }
         }
         if launched && exit.is_none() {
-            superprof_trace::kill(root, libc::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while exit.is_none() && Instant::now() < deadline {
-                match tracer.next_event(Duration::from_millis(50))? {
-                    Some(TraceEvent::ProcessExited { pid, status }) if pid == root => {
-                        exit = Some(status)
-                    }
-                    Some(TraceEvent::Breakpoint { tid, .. }) => tracer.resume(tid),
-                    Some(other) => tracer.resume_after(&other),
-                    None => {}
-                }
-            }
+            exit = tracer.terminate(Duration::from_secs(5), |_| {})?;
         }
         // Every breakpoint is removed and an attached process let go here.
         let killed = tracer.finish();
