@@ -59,8 +59,10 @@ static SESSION: Mutex<Option<Session>> = Mutex::new(None);
 
 extern "C" fn on_sigprof(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let errno = sys::errno();
-    IN_HANDLER.fetch_add(1, Ordering::AcqRel);
-    if ACTIVE.load(Ordering::Acquire) {
+    // SeqCst with stop's store of ACTIVE and load of IN_HANDLER: either stop sees this
+    // handler running, or this handler sees sampling off.
+    IN_HANDLER.fetch_add(1, Ordering::SeqCst);
+    if ACTIVE.load(Ordering::SeqCst) {
         let mut words = [0u64; HEADER + MAX_DEPTH];
         let (pc, sp, mut fp) = sys::context_regs(ctx);
         words[0] = sys::gettid() as u64;
@@ -87,7 +89,7 @@ extern "C" fn on_sigprof(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc
             DROPPED.fetch_add(1, Ordering::Relaxed);
         }
     }
-    IN_HANDLER.fetch_sub(1, Ordering::AcqRel);
+    IN_HANDLER.fetch_sub(1, Ordering::SeqCst);
     sys::set_errno(errno);
 }
 
@@ -162,9 +164,11 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     if sys::sigprof_has_handler() && !ACTIVE.load(Ordering::Acquire) {
         return Err(Error::HandlerInstalled);
     }
-    // A session inherited from the parent over fork: forget it.
+    // A session inherited from the parent over fork: forget it (only this thread exists in
+    // the child, so no handler runs).
     if session.take().is_some() {
-        ACTIVE.store(false, Ordering::Release);
+        ACTIVE.store(false, Ordering::SeqCst);
+        IN_HANDLER.store(0, Ordering::SeqCst);
         BUFFER.unmap();
     }
     let hz = if hz == 0 { 999 } else { hz };
@@ -172,7 +176,7 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     DROPPED.store(0, Ordering::Release);
     PID.store(sys::getpid(), Ordering::Release);
     sys::install_handler(on_sigprof).map_err(Error::Io)?;
-    ACTIVE.store(true, Ordering::Release);
+    ACTIVE.store(true, Ordering::SeqCst);
     if let Err(e) = sys::set_timer(hz) {
         ACTIVE.store(false, Ordering::Release);
         sys::ignore_sigprof();
@@ -190,27 +194,39 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     Ok(())
 }
 
-/// Stops sampling and builds the profile; also returns where it should be written.
+/// Stops sampling and builds the profile; also returns where it should be written. The
+/// session lock is not held while the profile is built (a fork meanwhile must not leave the
+/// child a held lock for long).
 fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
-    let mut guard = SESSION.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(session) = guard.take() else {
-        return Err(Error::NotRunning);
+    let (session, words) = {
+        let mut guard = SESSION.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(session) = guard.take() else {
+            return Err(Error::NotRunning);
+        };
+        let _ = sys::set_timer(0);
+        ACTIVE.store(false, Ordering::SeqCst);
+        if PID.load(Ordering::SeqCst) != sys::getpid() {
+            // A fork child stopping its parent's session: it sampled nothing of its own, and
+            // it must not write the parent's output.
+            IN_HANDLER.store(0, Ordering::SeqCst);
+            BUFFER.unmap();
+            return Err(Error::NotRunning);
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while IN_HANDLER.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        sys::ignore_sigprof();
+        let words = BUFFER.contents();
+        if IN_HANDLER.load(Ordering::SeqCst) == 0 {
+            BUFFER.unmap();
+        } else {
+            // A handler that never finished may still write: leave it the mapping.
+            BUFFER.forget();
+        }
+        (session, words)
     };
-    let _ = sys::set_timer(0);
-    ACTIVE.store(false, Ordering::Release);
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while IN_HANDLER.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
-        std::thread::yield_now();
-    }
-    sys::ignore_sigprof();
-    let words = BUFFER.contents();
-    BUFFER.unmap();
-    let inherited = PID.load(Ordering::Acquire) != sys::getpid();
-    let mut profile = build_profile(&words, &session);
-    if inherited {
-        // A fork child stopping its parent's session: nothing of its own was sampled.
-        profile.samples.clear();
-    }
+    let profile = build_profile(&words, &session);
     Ok((profile, session.output))
 }
 
@@ -364,7 +380,10 @@ fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), E
         superprof_profile::write_atomic(path, |w| {
             superprof_profile::output::write(profile, format, "superprof (in process)", w)
         })
-        .map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) => Error::Io(std::io::Error::from_raw_os_error(code)),
+            None => Error::Io(std::io::Error::other(e.to_string())),
+        })?;
     }
     Ok(())
 }
@@ -412,7 +431,7 @@ pub extern "C" fn perf_start() {
     match r {
         Ok(Ok(())) | Ok(Err(Error::AlreadyRunning)) => {}
         Ok(Err(e)) => eprintln!("superprof: perf_start: {e}"),
-        Err(_) => std::process::abort(),
+        Err(_) => eprintln!("superprof: perf_start failed"),
     }
 }
 
@@ -427,7 +446,7 @@ pub extern "C" fn perf_stop() {
     match r {
         Ok(Ok(())) => {}
         Ok(Err(e)) => eprintln!("superprof: perf_stop: {e}"),
-        Err(_) => std::process::abort(),
+        Err(_) => eprintln!("superprof: perf_stop failed"),
     }
 }
 
@@ -453,7 +472,7 @@ pub unsafe extern "C" fn superprof_start(
     match std::panic::catch_unwind(|| start_session(hz, out)) {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => e.errno(),
-        Err(_) => std::process::abort(),
+        Err(_) => libc::EIO,
     }
 }
 
@@ -472,13 +491,16 @@ pub extern "C" fn superprof_stop() -> libc::c_int {
             }
             e.errno()
         }
-        Err(_) => std::process::abort(),
+        Err(_) => libc::EIO,
     }
 }
 
+/// Preload mode's settings, read once by the constructor: the folder and the frequency.
+static PRELOAD: std::sync::OnceLock<(PathBuf, u32)> = std::sync::OnceLock::new();
+
 /// Preload mode: where this process's profile goes.
 fn preload_output() -> Option<PathBuf> {
-    let dir = std::env::var_os("SUPERPROF_PRELOAD_DIR")?;
+    let (dir, _) = PRELOAD.get()?;
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -487,10 +509,7 @@ fn preload_output() -> Option<PathBuf> {
 
 fn preload_start() {
     let Some(out) = preload_output() else { return };
-    let hz = std::env::var("SUPERPROF_HZ")
-        .ok()
-        .and_then(|h| h.parse().ok())
-        .unwrap_or(999);
+    let hz = PRELOAD.get().map_or(999, |(_, hz)| *hz);
     if let Err(e) = start_session(hz, Some(out)) {
         eprintln!("superprof: cannot profile pid {}: {e}", sys::getpid());
     }
@@ -507,14 +526,23 @@ extern "C" fn preload_exit() {
 }
 
 extern "C" fn preload_fork_child() {
-    // The child of a fork has no timer: it starts its own session and profile file.
+    // The child of a fork has no timer: it starts its own session and profile file, unless
+    // another thread held the session lock at the fork (it would never be released here).
+    if SESSION.try_lock().is_err() {
+        return;
+    }
     let _ = std::panic::catch_unwind(preload_start);
 }
 
 extern "C" fn preload_init() {
-    if std::env::var_os("SUPERPROF_PRELOAD_DIR").is_none() {
+    let Some(dir) = std::env::var_os("SUPERPROF_PRELOAD_DIR") else {
         return;
-    }
+    };
+    let hz = std::env::var("SUPERPROF_HZ")
+        .ok()
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(999);
+    let _ = PRELOAD.set((PathBuf::from(dir), hz));
     let _ = std::panic::catch_unwind(|| {
         preload_start();
         sys::at_exit(preload_exit);

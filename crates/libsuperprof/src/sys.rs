@@ -190,6 +190,12 @@ impl Buffer {
         unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
     }
 
+    /// Drops the buffer without unmapping it (a handler may still be writing there).
+    pub fn forget(&self) {
+        self.ptr.store(std::ptr::null_mut(), Ordering::SeqCst);
+        self.len.store(0, Ordering::SeqCst);
+    }
+
     /// Unmaps the buffer (call only when no handler can write any more).
     pub fn unmap(&self) {
         let p = self.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);

@@ -73,7 +73,8 @@ impl Gdb {
         }
         g.stream.set_timeout(Duration::from_secs(5))?;
         // Where the guest is: a stop reply (QEMU stopped it on connect).
-        let _ = g.request(b"?")?;
+        g.send(b"?")?;
+        let _ = g.recv()?;
         Ok(g)
     }
 
@@ -107,7 +108,12 @@ impl Gdb {
                 }
             }
             let mut chunk = [0u8; 65536];
-            let n = self.stream.read(&mut chunk).map_err(read_error)?;
+            let n = match self.stream.read(&mut chunk) {
+                Ok(n) => n,
+                // A signal (Ctrl-C) interrupted the read: superprof decides what to do next.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(read_error(e)),
+            };
             if n == 0 {
                 return Err(QemuError::Gone);
             }
@@ -117,7 +123,26 @@ impl Gdb {
 
     fn request(&mut self, data: &[u8]) -> Result<Vec<u8>> {
         self.send(data)?;
-        self.recv()
+        self.reply()
+    }
+
+    /// The reply to a request: console output (`O...`) and stray stop replies are skipped, a
+    /// guest that ended (`W`, `X`) is [`QemuError::Gone`], and a File-I/O request (`F...`,
+    /// semihosting) is answered "not supported".
+    fn reply(&mut self) -> Result<Vec<u8>> {
+        loop {
+            let r = self.recv()?;
+            match r.first() {
+                Some(b'O') if r != b"OK" => continue,
+                Some(b'W') | Some(b'X') if r.len() >= 3 => return Err(QemuError::Gone),
+                Some(b'T') | Some(b'S') if r.len() >= 3 => continue,
+                Some(b'F') => {
+                    self.send(b"F-1,58")?;
+                    continue;
+                }
+                _ => return Ok(r),
+            }
+        }
     }
 
     fn check_stop_reply(r: &[u8]) -> Result<()> {
@@ -190,7 +215,14 @@ impl Backend for Gdb {
             return Ok(());
         }
         self.send_raw(&[0x03])?;
-        let r = self.recv()?;
+        // Console output may come first.
+        let r = loop {
+            let r = self.recv()?;
+            if r.first() == Some(&b'O') && r != b"OK" {
+                continue;
+            }
+            break r;
+        };
         Self::check_stop_reply(&r)?;
         self.running = false;
         Ok(())

@@ -28,11 +28,7 @@ impl Qmp {
             reader: BufReader::new(stream),
             arch: None,
             word_reads: false,
-            scratch: std::env::temp_dir().join(format!(
-                "superprof-memsave-{}-{}",
-                std::process::id(),
-                addr.len()
-            )),
+            scratch: private_dir()?.join("memsave"),
             shutdown: false,
             stopped: false,
         };
@@ -101,6 +97,29 @@ impl Qmp {
     }
 }
 
+/// A new folder only this user can use, for memsave's file (a name chosen by someone else
+/// cannot be reused: creating it must succeed).
+fn private_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    for attempt in 0..100u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "superprof-qmp-{}-{nanos:x}-{attempt}",
+            std::process::id()
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(QemuError::Protocol(
+        "cannot create a private temporary folder".into(),
+    ))
+}
+
 /// The value of `NAME=hex` in `info registers` output.
 fn reg(text: &str, name: &str) -> Option<u64> {
     let mut rest = text;
@@ -139,8 +158,9 @@ impl Backend for Qmp {
     }
 
     fn stop(&mut self) -> Result<()> {
-        self.execute("stop", json!({}))?;
+        // Set first: if the answer is lost, the guest may be stopped all the same.
         self.stopped = true;
+        self.execute("stop", json!({}))?;
         Ok(())
     }
 
@@ -230,6 +250,9 @@ impl Drop for Qmp {
             let _ = self.execute("cont", json!({}));
         }
         let _ = std::fs::remove_file(&self.scratch);
+        if let Some(dir) = self.scratch.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 

@@ -45,8 +45,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     let exe = superprof_trace::resolve_command(program)
         .filter(|p| p.exists())
         .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
-    let dir = std::env::temp_dir().join(format!("superprof-preload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = crate::sys::private_temp_dir("superprof-preload")?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
         _ => lib.display().to_string(),
@@ -57,7 +56,12 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         .env("LD_PRELOAD", preload)
         .env("SUPERPROF_PRELOAD_DIR", &dir)
         .env("SUPERPROF_HZ", args.frequency.to_string())
-        .status()
+        .spawn()
+        .and_then(|mut child| {
+            // Ctrl-C is the command's to take; superprof merges what it left.
+            let _ignore = crate::sys::IgnoreInterrupts::new();
+            child.wait()
+        })
         .with_context(|| format!("cannot run '{program}'"));
     let status = match status {
         Ok(s) => s,
@@ -66,20 +70,27 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
             return Err(e);
         }
     };
-    // Every process's profile, oldest first.
-    let mut parts: Vec<PathBuf> = std::fs::read_dir(&dir)?
-        .filter_map(|e| Some(e.ok()?.path()))
+    // Every process's profile, merged in the order they started.
+    let parts: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default();
+    let mut read: Vec<Profile> = parts
+        .iter()
         .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .filter_map(|part| match superprof_profile::parquet::read(part) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("superprof: skipping {}: {e}", part.display());
+                None
+            }
+        })
         .collect();
-    parts.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    read.sort_by_key(|p| p.meta.start_time_unix_ns);
     let mut profile: Option<Profile> = None;
-    for part in &parts {
-        match superprof_profile::parquet::read(part) {
-            Ok(p) => match &mut profile {
-                Some(all) => all.merge(&p),
-                None => profile = Some(p),
-            },
-            Err(e) => eprintln!("superprof: skipping {}: {e}", part.display()),
+    for p in read {
+        match &mut profile {
+            Some(all) => all.merge(&p),
+            None => profile = Some(p),
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -90,10 +101,12 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
             .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
     };
     let Some(mut profile) = profile.filter(|p| !p.samples.is_empty()) else {
-        bail!(
-            "no samples were taken: the program ran too briefly, or it is statically linked \
-             (LD_PRELOAD needs the dynamic loader)"
+        eprintln!(
+            "superprof: no samples were taken: the program ran too briefly, was killed before \
+             it could write its profile, or is statically linked (LD_PRELOAD needs the dynamic \
+             loader)"
         );
+        return Ok(if code == 0 { 1 } else { code });
     };
     profile.meta.command = args.command.clone();
     profile.meta.duration_ns = started.elapsed().as_nanos() as u64;

@@ -92,3 +92,66 @@ pub fn write_text(output: Option<&std::path::Path>, text: &str) -> anyhow::Resul
         }
     }
 }
+
+/// A new folder under the temporary folder that only this user can use; its name cannot have
+/// been chosen by someone else (creating it must succeed).
+pub fn private_temp_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    for attempt in 0..100u32 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{nanos:x}-{attempt}",
+            std::process::id()
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(
+        "cannot create a private temporary folder",
+    ))
+}
+
+/// The command gets SIGKILL when superprof dies, whatever kills superprof.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
+    // which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// Ignores SIGINT and SIGQUIT in superprof while a command it waits for runs (the terminal
+/// sends them to the command too, as for system()); the previous dispositions come back on
+/// drop.
+pub struct IgnoreInterrupts(libc::sighandler_t, libc::sighandler_t);
+
+impl IgnoreInterrupts {
+    pub fn new() -> IgnoreInterrupts {
+        // SAFETY: setting SIGINT and SIGQUIT to SIG_IGN; the old dispositions are kept.
+        unsafe {
+            IgnoreInterrupts(
+                libc::signal(libc::SIGINT, libc::SIG_IGN),
+                libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            )
+        }
+    }
+}
+
+impl Drop for IgnoreInterrupts {
+    fn drop(&mut self) {
+        // SAFETY: putting back the dispositions `new` replaced.
+        unsafe {
+            libc::signal(libc::SIGINT, self.0);
+            libc::signal(libc::SIGQUIT, self.1);
+        }
+    }
+}

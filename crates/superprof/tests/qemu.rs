@@ -443,3 +443,47 @@ fn bad_input_gives_one_line() {
         "{f:?}"
     );
 }
+
+#[test]
+fn ctrl_c_keeps_the_samples_and_the_guest_runs_on() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-sigint");
+    let k = build(&dir, Arch::Aarch64);
+    let q = start_qemu(&dir, Arch::Aarch64, &k);
+    let folded = dir.path("int.folded");
+    let child = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&k.kernel)
+        .arg("--gdb")
+        .arg(&q.gdb)
+        .args(["--interval", "1", "--duration", "30", "-o"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(Folded::read(&folded).total() > 100, "{stderr}");
+    // The guest was let go: QMP says it runs.
+    use std::io::{BufRead, BufReader, Write};
+    let s = std::os::unix::net::UnixStream::connect(&q.qmp).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap(); // greeting
+    w.write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-status\"}\n")
+        .unwrap();
+    let mut status = String::new();
+    while !status.contains("\"status\"") {
+        status.clear();
+        r.read_line(&mut status).unwrap();
+    }
+    assert!(status.contains("\"running\""), "{status}");
+}

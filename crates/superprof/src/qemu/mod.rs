@@ -54,8 +54,7 @@ fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
     let exe = superprof_trace::resolve_command(program)
         .filter(|p| p.exists())
         .ok_or_else(|| anyhow!("cannot run '{program}': command not found (is QEMU installed?)"))?;
-    let dir = std::env::temp_dir().join(format!("superprof-qemu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = sys::private_temp_dir("superprof-qemu")?;
     let sock = dir.join(match args.backend {
         QemuBackendArg::Gdb => "gdb.sock",
         QemuBackendArg::Qmp => "qmp.sock",
@@ -64,11 +63,14 @@ fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
         QemuBackendArg::Gdb => "-gdb",
         QemuBackendArg::Qmp => "-qmp",
     };
-    let child = Command::new(&exe)
-        .args(&args.command[1..])
+    let mut cmd = Command::new(&exe);
+    cmd.args(&args.command[1..])
         .arg(flag)
         .arg(format!("unix:{},server=on,wait=off", sock.display()))
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    // QEMU ends with superprof, even if superprof is killed.
+    sys::die_with_parent(&mut cmd);
+    let child = cmd
         .spawn()
         .with_context(|| format!("cannot run '{program}'"))?;
     let mut launched = Launched { child, dir };
@@ -80,11 +82,16 @@ fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
         }
         if sock.exists() {
             let addr = sock.to_string_lossy().into_owned();
-            let backend: Box<dyn Backend> = match args.backend {
-                QemuBackendArg::Gdb => Box::new(Gdb::connect(&addr)?),
-                QemuBackendArg::Qmp => Box::new(Qmp::connect(&addr)?),
+            let backend: superprof_qemu::Result<Box<dyn Backend>> = match args.backend {
+                QemuBackendArg::Gdb => Gdb::connect(&addr).map(|b| Box::new(b) as Box<dyn Backend>),
+                QemuBackendArg::Qmp => Qmp::connect(&addr).map(|b| Box::new(b) as Box<dyn Backend>),
             };
-            return Ok((launched, backend));
+            match backend {
+                Ok(b) => return Ok((launched, b)),
+                // Bound but not listening yet: try again.
+                Err(QemuError::Connect { .. }) if Instant::now() < deadline => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         if Instant::now() > deadline {
             bail!("QEMU did not open its {flag} socket within 20 s");
@@ -123,9 +130,13 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     if sources != 1 {
         bail!("give one of --qmp SOCKET, --gdb SOCKET or -- QEMU-COMMAND...");
     }
-    if !args.interval.is_finite() || args.interval < 0.0 {
-        bail!("--interval must be 0 or more milliseconds");
+    if !args.interval.is_finite() || !(0.0..=3_600_000.0).contains(&args.interval) {
+        bail!("--interval must be 0 to 3600000 milliseconds");
     }
+    let duration = Duration::try_from_secs_f64(args.duration)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow!("--duration must be a number of seconds above 0"))?;
     let kernel_path = &args.kernel;
     if !kernel_path.is_file() {
         bail!(
@@ -198,7 +209,6 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     // A debugger's connection stops the guest: let it run first.
     backend.resume()?;
     let interval = Duration::from_secs_f64(args.interval / 1000.0);
-    let duration = Duration::from_secs_f64(args.duration.max(0.0));
     let start = Instant::now();
     let mut samples: Vec<RawSample> = Vec::new();
     let mut gone = false;
@@ -215,9 +225,12 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             gone = true;
             break;
         }
-        let now = Instant::now();
-        if now < next {
-            std::thread::sleep(next - now);
+        // Wait in short slices, so that Ctrl-C and the end of --duration are seen at once.
+        while Instant::now() < next && !sys::stop_requested() && start.elapsed() < duration {
+            std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+        }
+        if sys::stop_requested() || (!args.one_shot && start.elapsed() >= duration) {
+            break;
         }
         // ±25% of jitter, so that sampling does not lock onto a period of the guest's work.
         next = Instant::now() + interval.mul_f64(0.75 + 0.5 * jitter.next());
@@ -234,6 +247,12 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             }
             Err(QemuError::Gone) => {
                 gone = true;
+                break;
+            }
+            // Ctrl-C in the middle of a sample: the samples so far are kept.
+            Err(_) if sys::stop_requested() => break,
+            Err(e) if !samples.is_empty() => {
+                eprintln!("superprof: sampling stopped: {e}; keeping the samples so far");
                 break;
             }
             Err(e) => return Err(e.into()),

@@ -156,7 +156,9 @@ impl Sampler {
             let Some(off) = text.windows(window.len()).position(|w| w == window) else {
                 continue;
             };
-            let start = pc - off as u64;
+            let Some(start) = pc.checked_sub(off as u64) else {
+                continue;
+            };
             // The whole .text, read back from the guest and hashed.
             let mut guest = vec![0u8; text.len()];
             if mem.backend.read(start, &mut guest).ok()? != text.len() || hash(&guest) != hash(text)
@@ -170,7 +172,7 @@ impl Sampler {
                     elf.path.display()
                 );
             }
-            let range = start..start + text.len() as u64;
+            let range = start..start.saturating_add(text.len() as u64);
             self.unwinder
                 .add_module(&elf.image, &elf.name, range.clone(), bias);
             self.placed.push((range, u, bias));
