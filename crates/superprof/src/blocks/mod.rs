@@ -11,6 +11,7 @@
 //!   statically decoded blocks that contain them.
 
 mod code;
+mod count;
 mod output;
 mod sample;
 mod trace;

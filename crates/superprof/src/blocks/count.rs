@@ -1,0 +1,464 @@
+//! The `count` engine: exact executions of basic blocks, on the coordinator's breakpoints.
+//!
+//! A breakpoint at each region's entry, and at the last instruction of every block execution
+//! reaches (the analyzer says which instruction that is). A thread stopped at a block's end
+//! has its branch emulated or is single-stepped; the pc it lands on starts the next block,
+//! whose end gets a breakpoint in turn. A call gets a breakpoint after itself, where it comes
+//! back. Entries counted there ("start" breakpoints) see every execution; landings after a
+//! branch see only those that arrive by a branch, and a block cut in two by a landing in its
+//! middle passes its executions on to the second half (see [`Counts::blocks`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use superprof_analyze::{Analyzer, Arch, BlockEnd};
+use superprof_trace::Tracer;
+
+/// Why a thread is being single-stepped.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    from: u64,
+    /// The stack pointer before the step (a call pushes its return address below it).
+    sp: u64,
+    code: [u8; 16],
+    /// Stepping a block's last instruction (else: stepping to learn, inside a block).
+    block_end: bool,
+}
+
+/// The count engine's state for one process.
+pub struct Counts {
+    analyzer: Box<dyn Analyzer>,
+    arch: Arch,
+    /// Runtime [lo, hi) of the regions.
+    ranges: Vec<(u64, u64)>,
+    /// Breakpoints that count every execution of their address.
+    starts: HashSet<u64>,
+    /// Breakpoints on blocks' last instructions.
+    ends: HashSet<u64>,
+    /// Executions counted per address: every one at a start, the branch arrivals elsewhere.
+    arrivals: BTreeMap<u64, u64>,
+    /// Where the block run from each start ends (exclusive): the nearest end seen.
+    block_end_of: HashMap<u64, u64>,
+    /// Learning: straight single steps that landed on each address. A block end learned late
+    /// (a conditional branch first seen not taken) had executions pass it this way.
+    passes: HashMap<u64, u64>,
+    /// The analyzer's answer per block start, once it knows.
+    known: HashMap<u64, BlockEnd>,
+    /// Per thread: the block it is in.
+    current: HashMap<u32, u64>,
+    steps: HashMap<u32, Step>,
+    pub stops: u64,
+    /// Single steps inside blocks, to learn (the others step blocks' last instructions).
+    learn_steps: u64,
+    /// Whether block-ending branches are emulated (decode on x86_64) rather than stepped.
+    emulate: bool,
+    /// Branches emulated.
+    emulated: u64,
+    /// Per thread: whether it runs with a CET shadow stack (then calls and returns are
+    /// stepped, so that the shadow stack stays in step).
+    shadow_stack: HashMap<u32, bool>,
+}
+
+impl Counts {
+    fn in_region(&self, addr: u64) -> Option<(u64, u64)> {
+        self.ranges
+            .iter()
+            .copied()
+            .find(|&(lo, hi)| (lo..hi).contains(&addr))
+    }
+
+    /// Forgets the program (it called exec); the analyzer keeps what it learned.
+    pub fn reset(&mut self) {
+        self.ranges.clear();
+        self.starts.clear();
+        self.ends.clear();
+        self.arrivals.clear();
+        self.block_end_of.clear();
+        self.known.clear();
+        self.current.clear();
+        self.steps.clear();
+        self.passes.clear();
+        self.shadow_stack.clear();
+    }
+
+    /// The block run from `start` ended before `end`.
+    fn ended(&mut self, start: u64, end: u64) {
+        if end <= start {
+            return; // not a run from `start` (the thread came another way)
+        }
+        let e = self.block_end_of.entry(start).or_insert(end);
+        *e = (*e).min(end);
+    }
+
+    fn is_syscall(&self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
+        let mut code = [0u8; 16];
+        let n = tracer.read_code(pid, addr, &mut code);
+        self.arch
+            .classify(&code[..n], addr)
+            .is_some_and(|i| i.flow == superprof_analyze::Flow::Syscall)
+    }
+
+    pub fn has_bp(&self, addr: u64) -> bool {
+        self.starts.contains(&addr) || self.ends.contains(&addr)
+    }
+
+    fn add_start(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
+        if self.starts.insert(addr) {
+            self.insert(tracer, pid, addr);
+        }
+    }
+
+    fn add_end(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
+        if self.ends.insert(addr) {
+            self.insert(tracer, pid, addr);
+        }
+    }
+
+    fn insert(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
+        let _ = tracer.set_breakpoint(pid, addr);
+    }
+
+    /// Whether a breakpoint is really in the code at `addr`.
+    fn inserted(&self, addr: u64) -> bool {
+        self.has_bp(addr)
+    }
+
+    fn block_end(&mut self, tracer: &Tracer, pid: u32, pc: u64, limit: u64) -> BlockEnd {
+        if let Some(&k) = self.known.get(&pc) {
+            return k;
+        }
+        let mut read = |addr: u64, buf: &mut [u8]| tracer.read_code(pid, addr, buf);
+        let k = self.analyzer.block_end(pc, limit, &mut read);
+        if self.analyzer.answers_are_final() && !matches!(k, BlockEnd::Unknown { .. }) {
+            self.known.insert(pc, k);
+        }
+        k
+    }
+
+    fn start_step(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, block_end: bool) {
+        let mut code = [0u8; 16];
+        tracer.read_code(pid, pc, &mut code);
+        let sp = tracer.regs(tid).map_or(0, |r| r.sp);
+        if !block_end {
+            self.learn_steps += 1;
+        }
+        self.steps.insert(
+            tid,
+            Step {
+                from: pc,
+                sp,
+                code,
+                block_end,
+            },
+        );
+        if tracer.single_step(tid).is_err() {
+            self.steps.remove(&tid);
+        }
+    }
+
+    /// A thread stopped at `pc` inside a region (already counted where it must be): put a
+    /// breakpoint at the end of its block, or step it, and let it go.
+    fn advance(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, on_bp: bool) {
+        let Some((_, hi)) = self.in_region(pc) else {
+            tracer.resume(tid);
+            return;
+        };
+        let cur = self.current.get(&tid).copied();
+        match self.block_end(tracer, pid, pc, hi) {
+            BlockEnd::Last { addr, len, .. } => {
+                if let Some(c) = cur {
+                    self.ended(c, addr + len as u64);
+                }
+                let next = addr + len as u64;
+                if self.is_syscall(tracer, pid, addr) {
+                    // The kernel returns right after a syscall: counting there needs no step
+                    // (which could block with the other threads held).
+                    if self.in_region(next).is_some() {
+                        self.add_start(tracer, pid, next);
+                    }
+                    self.current.remove(&tid);
+                    tracer.resume(tid);
+                    return;
+                }
+                self.add_end(tracer, pid, addr);
+                if addr == pc && (on_bp || !self.inserted(pc)) {
+                    self.start_step(tracer, tid, pid, pc, true);
+                } else {
+                    // It stops at the breakpoint (at once if it sits on it).
+                    tracer.resume(tid);
+                }
+            }
+            BlockEnd::Open { end, .. } => {
+                if let Some(c) = cur {
+                    self.ended(c, end);
+                }
+                // It runs off the region's end: where it comes back is not known.
+                self.current.remove(&tid);
+                tracer.resume(tid);
+            }
+            BlockEnd::Unknown { .. } => {
+                if on_bp || !self.inserted(pc) {
+                    self.start_step(tracer, tid, pid, pc, false);
+                } else {
+                    tracer.resume(tid);
+                }
+            }
+        }
+    }
+
+    pub fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
+        self.stops += 1;
+        self.steps.remove(&tid);
+        if self.starts.contains(&addr) {
+            *self.arrivals.entry(addr).or_default() += 1;
+            self.current.insert(tid, addr);
+        }
+        if self.ends.contains(&addr) {
+            if !(self.emulate && self.emulate_branch(tracer, tid, pid, addr)) {
+                self.start_step(tracer, tid, pid, addr, true);
+            }
+            return;
+        }
+        self.advance(tracer, tid, pid, addr, true);
+    }
+
+    /// Sends a thread stopped on the branch at `addr` where the branch would, without running
+    /// it (one stop instead of a stop and a step). False if this branch is for stepping.
+    #[cfg(target_arch = "x86_64")]
+    fn emulate_branch(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> bool {
+        let mut code = [0u8; 16];
+        let n = tracer.read_code(pid, addr, &mut code);
+        let Ok(mut raw) = tracer.raw_regs(tid) else {
+            return false;
+        };
+        let regs = superprof_analyze::X86Regs {
+            gpr: [
+                raw.rax, raw.rcx, raw.rdx, raw.rbx, raw.rsp, raw.rbp, raw.rsi, raw.rdi, raw.r8,
+                raw.r9, raw.r10, raw.r11, raw.r12, raw.r13, raw.r14, raw.r15,
+            ],
+            rflags: raw.eflags,
+            fs_base: raw.fs_base,
+            gs_base: raw.gs_base,
+        };
+        let mut read_u64 = |a: u64| {
+            let mut b = [0u8; 8];
+            (tracer.read_code(pid, a, &mut b) == 8).then(|| u64::from_ne_bytes(b))
+        };
+        let Some(t) = superprof_analyze::x86_branch(&code[..n], addr, &regs, &mut read_u64) else {
+            return false;
+        };
+        if (t.push.is_some() || t.pop)
+            && *self.shadow_stack.entry(tid).or_insert_with(|| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).is_ok_and(|s| {
+                    s.lines()
+                        .any(|l| l.starts_with("x86_Thread_features:") && l.contains("shstk"))
+                })
+            })
+        {
+            return false;
+        }
+        let Some(len) = self.arch.classify(&code[..n], addr).map(|i| i.len as u64) else {
+            return false;
+        };
+        if let Some(ret) = t.push {
+            let sp = raw.rsp.wrapping_sub(8);
+            if tracer.poke(tid, sp, ret).is_err() {
+                return false;
+            }
+            raw.rsp = sp;
+        }
+        if t.pop {
+            raw.rsp = raw.rsp.wrapping_add(8);
+        }
+        raw.rip = t.pc;
+        if tracer.set_raw_regs(tid, &raw).is_err() {
+            return false;
+        }
+        tracer.leave_breakpoint(tid);
+        self.emulated += 1;
+        self.arrive(tracer, tid, pid, addr + len, t.pc, t.push.is_some());
+        true
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn emulate_branch(&mut self, _: &mut Tracer, _: u32, _: u32, _: u64) -> bool {
+        false
+    }
+
+    pub fn on_stepped(&mut self, tracer: &mut Tracer, tid: u32, pid: u32) {
+        self.stops += 1;
+        let Some(step) = self.steps.remove(&tid) else {
+            tracer.resume(tid);
+            return;
+        };
+        let Ok(regs) = tracer.regs(tid) else {
+            tracer.resume(tid);
+            return;
+        };
+        let pc = regs.pc;
+        self.analyzer.observe(step.from, &step.code, pc);
+        let len = self.arch.insn_len(&step.code, step.from).unwrap_or(0) as u64;
+        let next = step.from + len;
+        if !step.block_end && pc == next {
+            // Straight on inside the block.
+            if !self.starts.contains(&pc) {
+                *self.passes.entry(pc).or_default() += 1;
+            } else if !self.inserted(pc) {
+                // A start whose breakpoint is not in yet: count it here.
+                *self.arrivals.entry(pc).or_default() += 1;
+                self.current.insert(tid, pc);
+            }
+            self.advance(tracer, tid, pid, pc, false);
+            return;
+        }
+        let call = pc != next && is_call(tracer, pid, &regs, &step, next);
+        self.arrive(tracer, tid, pid, next, pc, call);
+    }
+
+    /// The block of `tid` ended with the instruction before `next`, and its pc is now `pc`,
+    /// the start of the next block; `call`: that instruction was a call.
+    fn arrive(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, next: u64, pc: u64, call: bool) {
+        if let Some(c) = self.current.remove(&tid) {
+            self.ended(c, next);
+        }
+        // A call comes back right after itself, perhaps from code outside the regions (the
+        // callee, or a cold part the callee jumped to): count the return there.
+        if call && self.in_region(next).is_some() {
+            self.add_start(tracer, pid, next);
+        }
+        if self.in_region(pc).is_none() {
+            tracer.resume(tid);
+            return;
+        }
+        if self.starts.contains(&pc) && self.inserted(pc) {
+            tracer.resume(tid); // its breakpoint counts it
+            return;
+        }
+        *self.arrivals.entry(pc).or_default() += 1;
+        self.current.insert(tid, pc);
+        self.advance(tracer, tid, pid, pc, false);
+    }
+
+    /// The blocks and their executions, in runtime addresses: (start, end, count). Leaders are
+    /// the addresses counted; a block runs from its leader to its end or the next leader, and
+    /// one cut by the next leader falls through into it, passing its executions on (unless a
+    /// start breakpoint there counted them already). A leader right after a block end that
+    /// was learned late also had executions arrive by straight single steps.
+    ///
+    /// First, each run is cut where the analyzer now knows a block end that it learned after
+    /// the run was first seen; the executions that went on past it were single-stepped
+    /// (passes). `code` reads the program's code at a runtime address.
+    pub fn blocks(&mut self, code: &dyn Fn(u64, usize) -> Vec<u8>) -> Vec<(u64, u64, u64)> {
+        let mut work: Vec<u64> = self.arrivals.keys().copied().collect();
+        while let Some(s) = work.pop() {
+            let Some(&e) = self.block_end_of.get(&s).filter(|&&e| e > s) else {
+                continue;
+            };
+            let bytes = code(s, (e - s) as usize);
+            let mut off = 0usize;
+            while off < bytes.len() {
+                let at = s + off as u64;
+                let Some(insn) = self.arch.classify(&bytes[off..], at) else {
+                    break;
+                };
+                let next = at + insn.len as u64;
+                if next < e && self.analyzer.ends_block(&bytes[off..], at) {
+                    self.block_end_of.insert(s, next);
+                    if let std::collections::btree_map::Entry::Vacant(v) = self.arrivals.entry(next)
+                    {
+                        v.insert(0);
+                        self.block_end_of.insert(next, e);
+                        work.push(next);
+                    }
+                    break;
+                }
+                off += insn.len as usize;
+            }
+        }
+        let mut out: Vec<(u64, u64, u64)> = Vec::new();
+        let leaders: Vec<(u64, u64)> = self.arrivals.iter().map(|(&a, &n)| (a, n)).collect();
+        let mut prev: Option<(u64, u64)> = None; // (full end of the previous leader's run, its executions)
+        for (i, &(s, arrivals)) in leaders.iter().enumerate() {
+            let mut exec = arrivals;
+            let passes = self.passes.get(&s).copied().unwrap_or(0);
+            match prev {
+                // A start breakpoint counts every execution since it was set; passes are
+                // from before.
+                _ if self.starts.contains(&s) => exec += passes,
+                Some((prev_end, prev_exec)) if prev_end > s => exec += prev_exec,
+                _ => exec += passes,
+            }
+            let Some(&full_end) = self.block_end_of.get(&s).filter(|&&e| e > s) else {
+                prev = None;
+                continue;
+            };
+            let end = leaders
+                .get(i + 1)
+                .map_or(full_end, |&(n, _)| n.min(full_end));
+            out.push((s, end, exec));
+            prev = Some((full_end, exec));
+        }
+        out
+    }
+}
+
+/// Whether a step that went from `step.from` to elsewhere was a call: it left the address
+/// after itself (`next`) in the link register (AArch64) or pushed it (x86_64).
+fn is_call(
+    tracer: &Tracer,
+    pid: u32,
+    regs: &superprof_unwind::UserRegs,
+    step: &Step,
+    next: u64,
+) -> bool {
+    if cfg!(target_arch = "aarch64") {
+        return regs.lr == next;
+    }
+    let mut buf = [0u8; 8];
+    regs.sp.wrapping_add(8) == step.sp
+        && tracer.read_memory(pid, regs.sp, &mut buf) == 8
+        && u64::from_ne_bytes(buf) == next
+}
+
+impl Counts {
+    /// An engine with `analyzer`; `emulate`: work branches out from the registers instead of
+    /// stepping them (x86_64 with the decoder).
+    pub fn new(analyzer: Box<dyn Analyzer>, emulate: bool) -> Counts {
+        Counts {
+            analyzer,
+            arch: Arch::HOST,
+            ranges: Vec::new(),
+            starts: HashSet::new(),
+            ends: HashSet::new(),
+            arrivals: BTreeMap::new(),
+            block_end_of: HashMap::new(),
+            known: HashMap::new(),
+            current: HashMap::new(),
+            steps: HashMap::new(),
+            learn_steps: 0,
+            emulate,
+            emulated: 0,
+            shadow_stack: HashMap::new(),
+            passes: HashMap::new(),
+            stops: 0,
+        }
+    }
+
+    /// Counts a region from its entry at runtime address `lo`, up to `hi`.
+    pub fn add_region(&mut self, tracer: &mut Tracer, pid: u32, lo: u64, hi: u64) {
+        self.ranges.push((lo, hi));
+        self.add_start(tracer, pid, lo);
+    }
+
+    /// A thread ended.
+    pub fn forget_thread(&mut self, tid: u32) {
+        self.steps.remove(&tid);
+        self.current.remove(&tid);
+    }
+
+    /// The analyzer's name and what it did.
+    pub fn analyzer_stats(&self) -> (&'static str, superprof_analyze::AnalyzerStats) {
+        let mut stats = self.analyzer.stats();
+        stats.single_steps = self.learn_steps;
+        (self.analyzer.name(), stats)
+    }
+}
