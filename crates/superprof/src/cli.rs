@@ -71,17 +71,8 @@ pub struct RecordArgs {
     /// auto (perf, falling back to ptrace with a notice)
     #[arg(long, value_enum, default_value_t = SamplerArg::Auto)]
     pub sampler: SamplerArg,
-    /// Attach to this running process and all its threads
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_name = "PID",
-        conflicts_with = "command"
-    )]
-    pub pid: Option<u32>,
-    /// The command to launch and profile (after `--`)
-    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
-    pub command: Vec<String>,
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 #[derive(Debug, Args)]
@@ -151,17 +142,8 @@ pub struct SyscallsArgs {
     /// Stop after this many seconds
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Attach to this running process and all its threads
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_name = "PID",
-        conflicts_with = "command"
-    )]
-    pub pid: Option<u32>,
-    /// The command to launch and trace (after `--`)
-    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
-    pub command: Vec<String>,
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -271,17 +253,8 @@ pub struct BlocksArgs {
     /// Stop after this many seconds (an attached process runs on, with no breakpoint left)
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Attach to this running process and all its threads
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_name = "PID",
-        conflicts_with = "command"
-    )]
-    pub pid: Option<u32>,
-    /// The command to launch (after `--`)
-    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
-    pub command: Vec<String>,
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -357,5 +330,21 @@ pub struct PreloadArgs {
     pub quiet: bool,
     /// The command (after `--`)
     #[arg(last = true, value_name = "CMD", required = true)]
+    pub command: Vec<String>,
+}
+
+/// The process to work on: attached with -p, or a command launched after `--`.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Attach to this running process and all its threads
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with = "command"
+    )]
+    pub pid: Option<u32>,
+    /// The command to launch (after `--`)
+    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
     pub command: Vec<String>,
 }

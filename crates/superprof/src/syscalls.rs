@@ -30,9 +30,9 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         follow_forks: args.follow_forks,
         syscalls: true,
     };
-    let (mut tracer, launched) = match args.pid {
+    let (mut tracer, launched) = match args.target.pid {
         Some(pid) => (Tracer::attach(pid, opts)?, false),
-        None => (Tracer::spawn(&args.command, opts)?, true),
+        None => (Tracer::spawn(&args.target.command, opts)?, true),
     };
     let start = Instant::now();
     let start_ns = superprof_sample::monotonic_ns();

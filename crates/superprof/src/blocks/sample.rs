@@ -108,7 +108,7 @@ fn place_static(
 }
 
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
-    let (target, exe) = match args.pid {
+    let (target, exe) = match args.target.pid {
         Some(pid) => (
             Target::Pid(pid),
             std::fs::read_link(format!("/proc/{pid}/exe"))
@@ -116,12 +116,13 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         ),
         None => {
             let cmd = args
+                .target
                 .command
                 .first()
                 .ok_or_else(|| anyhow!("no command given after --"))?;
             let exe = superprof_trace::resolve_command(cmd)
                 .ok_or_else(|| anyhow!("cannot run '{cmd}': command not found"))?;
-            (Target::Command(args.command.clone()), exe)
+            (Target::Command(args.target.command.clone()), exe)
         }
     };
     let exe = std::fs::canonicalize(&exe).unwrap_or(exe);

@@ -224,9 +224,9 @@ impl Session<'_> {
 /// Runs the target under the breakpoints of `count` or `coverage`.
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
     let opts = TraceOptions::default();
-    let (mut tracer, launched) = match args.pid {
+    let (mut tracer, launched) = match args.target.pid {
         Some(pid) => (Tracer::attach(pid, opts)?, false),
-        None => (Tracer::spawn(&args.command, opts)?, true),
+        None => (Tracer::spawn(&args.target.command, opts)?, true),
     };
     let root = tracer.root();
     let analyzer: Box<dyn Analyzer> = match args.analyzer {

@@ -51,9 +51,9 @@ impl RecordConfig {
             outputs: a.outputs,
             duration: a.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
             quiet: a.quiet,
-            target: match a.pid {
+            target: match a.target.pid {
                 Some(pid) => Target::Pid(pid),
-                None => Target::Command(a.command),
+                None => Target::Command(a.target.command),
             },
             top_rows: 30,
         }
