@@ -245,6 +245,18 @@ fn both_backends(arch: Arch) {
     assert!(kernel_stack || user_stack, "{text}");
     assert!(text.contains(" _start ("), "{text}");
     assert!(text.contains("#0  0x0000"), "{text}");
+    // Only the kernel's samples, or only the program's.
+    for (flag, root) in [("--kernel-only", "kernel"), ("--user-only", user.as_str())] {
+        let (_, folded) = profile(
+            &dir,
+            &k,
+            &["--gdb", &gdb, "--interval", "2", "--duration", "1", flag],
+            "only.folded",
+        );
+        let f = Folded::read(&folded);
+        assert!(f.total() > 20, "{flag}: {f:?}");
+        assert!(f.0.iter().all(|(s, _)| s[1] == root), "{flag}: {f:?}");
+    }
     // The guest still runs after superprof let go.
     let mut q = q;
     assert!(q.child.try_wait().unwrap().is_none());
