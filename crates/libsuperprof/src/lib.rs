@@ -47,6 +47,97 @@ static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 static PID: AtomicU32 = AtomicU32::new(0);
 
+#[cfg(target_arch = "x86_64")]
+type Unwinder = framehop::x86_64::UnwinderX86_64<
+    superprof_unwind::SectionBytes,
+    framehop::MustNotAllocateDuringUnwind,
+>;
+#[cfg(target_arch = "x86_64")]
+type UnwindCache = framehop::x86_64::CacheX86_64<framehop::MustNotAllocateDuringUnwind>;
+#[cfg(target_arch = "aarch64")]
+type Unwinder = framehop::aarch64::UnwinderAarch64<
+    superprof_unwind::SectionBytes,
+    framehop::MustNotAllocateDuringUnwind,
+>;
+#[cfg(target_arch = "aarch64")]
+type UnwindCache = framehop::aarch64::CacheAarch64<framehop::MustNotAllocateDuringUnwind>;
+
+/// framehop over the CFI of every module mapped at start (built before sampling; the handler
+/// only reads it), and caches that handlers borrow one at a time.
+static UNWINDER: sys::Shared<Unwinder> = sys::Shared::new();
+static CACHES: sys::Pool<Scratch, 8> = sys::Pool::new();
+
+/// What one unwind works with: framehop's cache, and room for a copy of the top of the stack
+/// (one read for the words the unwinder wants, instead of a read per word).
+struct Scratch {
+    cache: UnwindCache,
+    stack: Vec<u8>,
+}
+
+/// Bytes of stack copied per sample (deeper words are read one by one).
+const STACK_COPY: usize = 12 << 10;
+
+/// The unwinder for the modules this process maps now.
+fn build_unwinder() -> Unwinder {
+    use framehop::Unwinder as _;
+    let mut u = Unwinder::new();
+    for m in superprof_unwind::maps::executable_mappings(sys::getpid()).unwrap_or_default() {
+        if !m.path.is_absolute() {
+            continue;
+        }
+        let Some(img) = superprof_unwind::ElfImage::open(&m.path) else {
+            continue;
+        };
+        let bias = img.bias_for_mapping(m.start, m.end - m.start, m.offset);
+        u.add_module(img.framehop_module(
+            m.path.to_string_lossy().into_owned(),
+            m.start..m.end,
+            bias,
+        ));
+    }
+    u
+}
+
+/// The stack with framehop (CFI, frame pointers where there is none), into `out`; the
+/// number of frames, 0 when it could not run.
+fn unwind_cfi(pc: u64, sp: u64, fp: u64, lr: u64, out: &mut [u64]) -> usize {
+    use framehop::Unwinder as _;
+    let Some(u) = UNWINDER.get() else { return 0 };
+    CACHES
+        .with(|scratch| {
+            #[cfg(target_arch = "x86_64")]
+            let regs = {
+                let _ = lr;
+                framehop::x86_64::UnwindRegsX86_64::new(pc, sp, fp)
+            };
+            #[cfg(target_arch = "aarch64")]
+            let regs = framehop::aarch64::UnwindRegsAarch64::new(lr, sp, fp);
+            // The stack from sp, as far as it is mapped (the copy stops at its top).
+            let copied = sys::read_into(sp, &mut scratch.stack);
+            let stack = &scratch.stack[..copied];
+            let mut read = |a: u64| {
+                let off = a.wrapping_sub(sp) as usize;
+                match stack.get(off..off.wrapping_add(8)) {
+                    Some(b) if a >= sp => Ok(u64::from_ne_bytes(b.try_into().map_err(|_| ())?)),
+                    _ => sys::read_word(a).ok_or(()),
+                }
+            };
+            let mut it = u.iter_frames(pc, regs, &mut scratch.cache, &mut read);
+            let mut n = 0;
+            while n < out.len() {
+                match it.next() {
+                    Ok(Some(f)) => {
+                        out[n] = f.address();
+                        n += 1;
+                    }
+                    _ => break,
+                }
+            }
+            n
+        })
+        .unwrap_or(0)
+}
+
 /// The session: what start decided, for stop.
 struct Session {
     hz: u32,
@@ -66,24 +157,32 @@ extern "C" fn on_sigprof(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc
         let mut words = [0u64; HEADER + MAX_DEPTH];
         let (pc, sp, mut fp) = sys::context_regs(ctx);
         words[0] = sys::gettid() as u64;
-        words[HEADER] = pc;
-        let mut n = 1;
-        // Frame records: [fp] = the caller's fp, [fp + 8] = the return address. A frame
-        // pointer must be 8-byte aligned, above the stack pointer and growing.
-        while n < MAX_DEPTH && fp >= sp && fp & 7 == 0 && fp - sp < (64 << 20) {
-            let Some([next, ret]) = sys::read_pair(fp) else {
-                break;
-            };
-            if ret == 0 {
-                break;
+        // framehop first (CFI: code without frame pointers too); the frame-pointer chain
+        // when it gets no further than the leaf.
+        let cfi = unwind_cfi(pc, sp, fp, sys::context_lr(ctx), &mut words[HEADER..]);
+        let n = if cfi > 1 {
+            cfi
+        } else {
+            words[HEADER] = pc;
+            let mut n = 1;
+            // Frame records: [fp] = the caller's fp, [fp + 8] = the return address. A frame
+            // pointer must be 8-byte aligned, above the stack pointer and growing.
+            while n < MAX_DEPTH && fp >= sp && fp & 7 == 0 && fp - sp < (64 << 20) {
+                let Some([next, ret]) = sys::read_pair(fp) else {
+                    break;
+                };
+                if ret == 0 {
+                    break;
+                }
+                words[HEADER + n] = ret;
+                n += 1;
+                if next <= fp {
+                    break;
+                }
+                fp = next;
             }
-            words[HEADER + n] = ret;
-            n += 1;
-            if next <= fp {
-                break;
-            }
-            fp = next;
-        }
+            n
+        };
         words[1] = n as u64;
         if !BUFFER.push(&words[..HEADER + n]) {
             DROPPED.fetch_add(1, Ordering::Relaxed);
@@ -173,6 +272,11 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     }
     let hz = if hz == 0 { 999 } else { hz };
     BUFFER.map(BUFFER_WORDS).map_err(Error::Io)?;
+    UNWINDER.set(Box::new(build_unwinder()));
+    CACHES.fill(|| Scratch {
+        cache: UnwindCache::new_in(),
+        stack: vec![0; STACK_COPY],
+    });
     DROPPED.store(0, Ordering::Release);
     PID.store(sys::getpid(), Ordering::Release);
     sys::install_handler(on_sigprof).map_err(Error::Io)?;
@@ -220,9 +324,13 @@ fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
         let words = BUFFER.contents();
         if IN_HANDLER.load(Ordering::SeqCst) == 0 {
             BUFFER.unmap();
+            drop(UNWINDER.take());
+            CACHES.clear();
         } else {
-            // A handler that never finished may still write: leave it the mapping.
+            // A handler that never finished may still use them: leave them to it.
             BUFFER.forget();
+            UNWINDER.leak();
+            CACHES.leak();
         }
         (session, words)
     };

@@ -218,3 +218,165 @@ pub fn at_fork_child(f: extern "C" fn()) {
     // SAFETY: registering a child handler that lives for the whole program.
     unsafe { libc::pthread_atfork(None, None, Some(f)) };
 }
+
+/// Copies memory of this process from `addr` into `buf` (at most 16 KiB), as far as it is
+/// mapped: returns how many bytes. One syscall, split at page boundaries, so that a read
+/// running off the end of a mapping keeps the pages before it.
+pub fn read_into(addr: u64, buf: &mut [u8]) -> usize {
+    const PAGES: usize = 5;
+    let len = buf.len().min(16 << 10);
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut local = [empty; PAGES];
+    let mut remote = [empty; PAGES];
+    let (mut done, mut k) = (0usize, 0usize);
+    while done < len && k < PAGES {
+        let a = addr + done as u64;
+        let chunk = ((4096 - a % 4096) as usize).min(len - done);
+        local[k] = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr() as *mut libc::c_void,
+            iov_len: chunk,
+        };
+        remote[k] = libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: chunk,
+        };
+        done += chunk;
+        k += 1;
+    }
+    // SAFETY: process_vm_readv on ourselves into `buf` (the local iovecs cover disjoint parts
+    // of it); the kernel validates the remote ranges and stops at the first unmapped one.
+    let n = unsafe {
+        libc::process_vm_readv(
+            getpid() as libc::pid_t,
+            local.as_ptr(),
+            k as libc::c_ulong,
+            remote.as_ptr(),
+            k as libc::c_ulong,
+            0,
+        )
+    };
+    n.max(0) as usize
+}
+
+/// Reads one 8-byte word of this process, or None where it is not mapped.
+pub fn read_word(addr: u64) -> Option<u64> {
+    let mut out = 0u64;
+    let local = libc::iovec {
+        iov_base: &mut out as *mut u64 as *mut libc::c_void,
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: as in read_pair, into a local 8-byte word.
+    let n = unsafe { libc::process_vm_readv(getpid() as libc::pid_t, &local, 1, &remote, 1, 0) };
+    (n == 8).then_some(out)
+}
+
+/// The link register of the interrupted context (AArch64; 0 on x86_64).
+pub fn context_lr(ctx: *mut libc::c_void) -> u64 {
+    #[cfg(target_arch = "aarch64")]
+    {
+        if ctx.is_null() {
+            return 0;
+        }
+        let uc = ctx as *const libc::ucontext_t;
+        // SAFETY: the kernel passes a valid ucontext_t to a SA_SIGINFO handler.
+        return unsafe { (*uc).uc_mcontext.regs[30] };
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = ctx;
+        0
+    }
+}
+
+/// A value built before sampling and read by the signal handler: set and taken outside
+/// handlers, read inside them (stop waits for running handlers before taking it).
+pub struct Shared<T>(AtomicPtr<T>);
+
+impl<T> Shared<T> {
+    pub const fn new() -> Shared<T> {
+        Shared(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    pub fn set(&self, v: Box<T>) {
+        drop(self.take());
+        self.0.store(Box::into_raw(v), Ordering::SeqCst);
+    }
+
+    /// The value, for a handler.
+    pub fn get(&self) -> Option<&T> {
+        let p = self.0.load(Ordering::SeqCst);
+        // SAFETY: a pointer from Box::into_raw, freed only by `take`, which stop calls once
+        // no handler runs.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// Takes the value back (no handler may be running).
+    pub fn take(&self) -> Option<Box<T>> {
+        let p = self.0.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        // SAFETY: the pointer came from Box::into_raw and is handed out once.
+        (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+    }
+
+    /// Forgets the value without freeing it (a handler may still read it).
+    pub fn leak(&self) {
+        self.0.store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+}
+
+/// A fixed set of values that concurrent handlers borrow one at a time, without locks.
+pub struct Pool<T, const N: usize> {
+    items: [Shared<T>; N],
+    busy: [std::sync::atomic::AtomicBool; N],
+}
+
+impl<T, const N: usize> Pool<T, N> {
+    pub const fn new() -> Pool<T, N> {
+        Pool {
+            items: [const { Shared::new() }; N],
+            busy: [const { std::sync::atomic::AtomicBool::new(false) }; N],
+        }
+    }
+
+    pub fn fill(&self, mut make: impl FnMut() -> T) {
+        for it in &self.items {
+            it.set(Box::new(make()));
+        }
+    }
+
+    pub fn clear(&self) {
+        for it in &self.items {
+            drop(it.take());
+        }
+    }
+
+    pub fn leak(&self) {
+        for it in &self.items {
+            it.leak();
+        }
+    }
+
+    /// Runs `f` with a free item, if one is free.
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        for (i, b) in self.busy.iter().enumerate() {
+            if b.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                let p = self.items[i].0.load(Ordering::SeqCst);
+                let r = (!p.is_null()).then(|| {
+                    // SAFETY: the busy flag gives this caller the item alone until released.
+                    f(unsafe { &mut *p })
+                });
+                b.store(false, Ordering::SeqCst);
+                return r;
+            }
+        }
+        None
+    }
+}

@@ -17,11 +17,11 @@ fn lib_dir() -> PathBuf {
 }
 
 fn build(dir: &Path) -> PathBuf {
-    build_with(dir, false)
+    build_with(dir, false, "-fno-omit-frame-pointer")
 }
 
 /// The fixture linked with libsuperprof.so, or with libsuperprof.a (`static_lib`).
-fn build_with(dir: &Path, static_lib: bool) -> PathBuf {
+fn build_with(dir: &Path, static_lib: bool, frame_pointers: &str) -> PathBuf {
     let lib = lib_dir();
     assert!(
         lib.join("libsuperprof.so").exists(),
@@ -30,7 +30,7 @@ fn build_with(dir: &Path, static_lib: bool) -> PathBuf {
     );
     let exe = dir.join("lib_api");
     let out = Command::new("gcc")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-I"])
+        .args(["-O2", "-g", frame_pointers, "-pthread", "-I"])
         .arg(root().join("include"))
         .arg("-I")
         .arg(root().join("tests/fixtures"))
@@ -206,7 +206,7 @@ fn stop_without_start_and_start_twice_are_harmless() {
 #[test]
 fn linked_statically() {
     let dir = tempdir("static");
-    let exe = build_with(&dir, true);
+    let exe = build_with(&dir, true, "-fno-omit-frame-pointer");
     let folded = dir.join("static.folded");
     run(&exe, "split", Some(&folded));
     let text = std::fs::read_to_string(&folded).unwrap();
@@ -216,6 +216,26 @@ fn linked_statically() {
     );
     assert!(
         text.lines().any(|l| l.contains(";late;late_thread_work ")),
+        "{text}"
+    );
+}
+
+#[test]
+fn full_stacks_without_frame_pointers() {
+    let dir = tempdir("nofp");
+    let exe = build_with(&dir, false, "-fomit-frame-pointer");
+    let folded = dir.join("nofp.folded");
+    run(&exe, "split", Some(&folded));
+    let text = std::fs::read_to_string(&folded).unwrap();
+    // Unwound from the CFI (.eh_frame) down to the entry point and the thread start.
+    assert!(
+        text.lines()
+            .any(|l| l.contains("__libc_start_call_main;main;inside_alpha ")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("start_thread;late;late_thread_work ")),
         "{text}"
     );
 }

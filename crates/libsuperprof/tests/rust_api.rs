@@ -27,14 +27,15 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+// (Work after the call keeps them out of tail calls: each has a frame of its own.)
 #[inline(never)]
 fn rust_heavy() -> u64 {
-    burn(Duration::from_millis(600))
+    std::hint::black_box(burn(Duration::from_millis(600))) + 1
 }
 
 #[inline(never)]
 fn rust_light() -> u64 {
-    burn(Duration::from_millis(300))
+    std::hint::black_box(burn(Duration::from_millis(300))) + 1
 }
 
 #[test]
@@ -57,7 +58,7 @@ fn guard_samples_a_rust_program() {
     assert!(started.elapsed() < Duration::from_secs(10));
     std::hint::black_box((a, b));
     // Two threads: 0.6 s of CPU time in this one, 0.3 s in the other (gone by now, so known by
-    // its thread id), each sample with its thread and its leaf (this crate is built without frame pointers: leaf frames only).
+    // its thread id).
     let mut light = 0;
     let mut total = 0;
     for s in &profile.samples {
@@ -75,6 +76,31 @@ fn guard_samples_a_rust_program() {
     let share = 1.0 - light as f64 / total as f64;
     assert!((share - 2.0 / 3.0).abs() < 0.12, "light {light} of {total}");
     // The leaf address's frames: inlined std functions inside burn, demangled.
+    // Full stacks (from the CFI: Rust code has no frame pointers here): each function under
+    // its caller.
+    let through = |f: &str| {
+        profile
+            .samples
+            .iter()
+            .filter(|s| {
+                profile
+                    .stack_frames(s.stack)
+                    .any(|x| profile.str(profile.frame(x).function).ends_with(f))
+            })
+            .count()
+    };
+    let (heavy, light_fn) = (
+        through("rust_api::rust_heavy"),
+        through("rust_api::rust_light"),
+    );
+    assert!(
+        heavy + light_fn >= total * 8 / 10,
+        "heavy {heavy}, light {light_fn}, total {total}"
+    );
+    assert!(
+        (heavy as f64 / (heavy + light_fn) as f64 - 2.0 / 3.0).abs() < 0.12,
+        "heavy {heavy}, light {light_fn}"
+    );
     let burn = profile
         .samples
         .iter()

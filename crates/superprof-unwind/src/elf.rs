@@ -127,7 +127,7 @@ impl ElfImage {
         }
     }
 
-    pub(crate) fn framehop_module(
+    pub fn framehop_module(
         &self,
         name: String,
         avma: Range<u64>,

@@ -27,7 +27,7 @@ mod process;
 mod regs;
 mod sys;
 
-pub use elf::{ElfCache, ElfImage, ModuleId};
+pub use elf::{ElfCache, ElfImage, ModuleId, SectionBytes};
 pub use framehop::FrameAddress;
 pub use guest::{frame_parts, GuestArch, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, UnwindOutcome};
