@@ -13,6 +13,8 @@ pub struct Gdb {
     arch: Option<GuestArch>,
     running: bool,
     no_ack: bool,
+    /// The vCPUs' thread ids, as the stub names them (`p1.1`, `p1.2`...).
+    threads: Option<Vec<String>>,
 }
 
 fn hex_byte(b: &[u8]) -> Option<u8> {
@@ -38,6 +40,7 @@ impl Gdb {
             arch: None,
             running: false,
             no_ack: false,
+            threads: None,
         };
         g.stream.set_timeout(Duration::from_secs(3))?;
         // A running guest is stopped by the connection, and QEMU says so first (a stop
@@ -226,6 +229,46 @@ impl Backend for Gdb {
         Self::check_stop_reply(&r)?;
         self.running = false;
         Ok(())
+    }
+
+    fn vcpus(&mut self) -> Result<usize> {
+        if let Some(t) = &self.threads {
+            return Ok(t.len());
+        }
+        let mut ids = Vec::new();
+        let mut r = self.request(b"qfThreadInfo")?;
+        while r.first() == Some(&b'm') {
+            ids.extend(
+                String::from_utf8_lossy(&r[1..])
+                    .split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned),
+            );
+            r = self.request(b"qsThreadInfo")?;
+        }
+        if ids.is_empty() {
+            ids.push("0".to_owned()); // a stub without threads: the one CPU
+        }
+        let n = ids.len();
+        self.threads = Some(ids);
+        Ok(n)
+    }
+
+    fn select(&mut self, index: usize) -> Result<()> {
+        self.vcpus()?;
+        let Some(id) = self.threads.as_ref().and_then(|t| t.get(index)).cloned() else {
+            return Err(QemuError::Protocol(format!("no vCPU {index}")));
+        };
+        if id == "0" {
+            return Ok(());
+        }
+        match self.request(format!("Hg{id}").as_bytes())?.as_slice() {
+            b"OK" => Ok(()),
+            r => Err(QemuError::Protocol(format!(
+                "cannot select vCPU {index}: {}",
+                String::from_utf8_lossy(r)
+            ))),
+        }
     }
 
     fn regs(&mut self) -> Result<GuestRegs> {

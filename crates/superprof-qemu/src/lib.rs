@@ -66,6 +66,10 @@ pub trait Backend {
     fn arch(&mut self) -> Result<GuestArch>;
     /// Stops the guest (every vCPU).
     fn stop(&mut self) -> Result<()>;
+    /// The guest's vCPUs (their number is their index for [`Backend::select`]).
+    fn vcpus(&mut self) -> Result<usize>;
+    /// Makes vCPU `index` the current one, for [`Backend::regs`] and [`Backend::read`].
+    fn select(&mut self, index: usize) -> Result<()>;
     /// Registers of the current vCPU of a stopped guest.
     fn regs(&mut self) -> Result<GuestRegs>;
     /// Reads guest virtual memory (as the current vCPU sees it); returns the bytes read.

@@ -18,6 +18,9 @@ pub struct Qmp {
     shutdown: bool,
     /// Stopped by us and not resumed yet.
     stopped: bool,
+    /// The vCPU that `info registers` and `memsave` look at.
+    cpu: usize,
+    cpus: Option<usize>,
 }
 
 impl Qmp {
@@ -31,6 +34,8 @@ impl Qmp {
             scratch: private_dir()?.join("memsave"),
             shutdown: false,
             stopped: false,
+            cpu: 0,
+            cpus: None,
         };
         let greeting = q.next_message().map_err(|e| match e {
             QemuError::Timeout(_) | QemuError::Gone | QemuError::Protocol(_) => {
@@ -92,7 +97,10 @@ impl Qmp {
     }
 
     fn hmp(&mut self, line: &str) -> Result<String> {
-        let r = self.execute("human-monitor-command", json!({ "command-line": line }))?;
+        let r = self.execute(
+            "human-monitor-command",
+            json!({ "command-line": line, "cpu-index": self.cpu }),
+        )?;
         Ok(r.as_str().unwrap_or_default().to_owned())
     }
 }
@@ -164,6 +172,26 @@ impl Backend for Qmp {
         Ok(())
     }
 
+    fn vcpus(&mut self) -> Result<usize> {
+        if let Some(n) = self.cpus {
+            return Ok(n);
+        }
+        let n = self
+            .execute("query-cpus-fast", json!({}))?
+            .as_array()
+            .map_or(1, |a| a.len().max(1));
+        self.cpus = Some(n);
+        Ok(n)
+    }
+
+    fn select(&mut self, index: usize) -> Result<()> {
+        if index >= self.vcpus()? {
+            return Err(QemuError::Protocol(format!("no vCPU {index}")));
+        }
+        self.cpu = index;
+        Ok(())
+    }
+
     fn regs(&mut self) -> Result<GuestRegs> {
         let arch = self.arch()?;
         let text = self.hmp("info registers")?;
@@ -213,7 +241,7 @@ impl Backend for Qmp {
         let file = self.scratch.to_string_lossy().into_owned();
         let r = self.execute(
             "memsave",
-            json!({ "val": addr, "size": buf.len(), "filename": file }),
+            json!({ "val": addr, "size": buf.len(), "filename": file, "cpu-index": self.cpu }),
         );
         match r {
             Ok(_) => {

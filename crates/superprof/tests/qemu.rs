@@ -110,9 +110,14 @@ impl Drop for Qemu {
 }
 
 fn start_qemu(dir: &TempDir, arch: Arch, k: &Kernels) -> Qemu {
+    start_qemu_with(dir, arch, k, &[])
+}
+
+fn start_qemu_with(dir: &TempDir, arch: Arch, k: &Kernels, extra: &[&str]) -> Qemu {
     let gdb = dir.path("gdb.sock");
     let qmp = dir.path("qmp.sock");
-    let cmd = qemu_command(arch, k);
+    let mut cmd = qemu_command(arch, k);
+    cmd.extend(extra.iter().map(|a| a.to_string()));
     let child = Command::new(&cmd[0])
         .args(&cmd[1..])
         .arg("-gdb")
@@ -498,4 +503,57 @@ fn ctrl_c_keeps_the_samples_and_the_guest_runs_on() {
         r.read_line(&mut status).unwrap();
     }
     assert!(status.contains("\"running\""), "{status}");
+}
+
+#[test]
+fn every_vcpu_of_an_smp_guest_is_sampled() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-smp");
+    let k = build(&dir, Arch::Aarch64);
+    // CPU 1, started by the kernel through PSCI, spends all its time in spin under work_c.
+    let q = start_qemu_with(&dir, Arch::Aarch64, &k, &["-smp", "2"]);
+    let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
+    for (backend, args) in [
+        (
+            "gdbstub",
+            vec!["--gdb", q.gdb.to_str().unwrap(), "--interval", "1"],
+        ),
+        (
+            "QMP",
+            vec!["--qmp", q.qmp.to_str().unwrap(), "--interval", "4"],
+        ),
+    ] {
+        let mut args = args;
+        args.extend(["--duration", "2"]);
+        let (out, folded) = profile(&dir, &k, &args, "smp.folded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("over 2 vCPUs"), "{backend}: {stderr}");
+        let f = Folded::read(&folded);
+        let count = |vcpu: &str, pred: &dyn Fn(&[String]) -> bool| -> u64 {
+            f.0.iter()
+                .filter(|(s, _)| s[0] == vcpu && pred(s))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let cpu1 = count("vcpu1", &|_| true);
+        let cpu1_c = count("vcpu1", &|s| {
+            s.join(";")
+                .ends_with("kernel;secondary_start;kmain2;work_c;spin")
+        });
+        assert!(
+            cpu1 > 50 && cpu1_c as f64 >= 0.9 * cpu1 as f64,
+            "{backend}: {f:?}"
+        );
+        // CPU 0 keeps its split.
+        let cpu0 = count("vcpu0", &|_| true) as f64;
+        let a = count("vcpu0", &|s| {
+            s.join(";").ends_with("kernel;_start;kmain;work_a;spin")
+        }) as f64;
+        let u = count("vcpu0", &|s| {
+            s.join(";")
+                .ends_with(&format!("{user};_start;user_main;user_spin"))
+        }) as f64;
+        assert!((a / cpu0 - 0.6).abs() <= 0.1, "{backend}: {f:?}");
+        assert!((u / cpu0 - 0.2).abs() <= 0.1, "{backend}: {f:?}");
+    }
 }

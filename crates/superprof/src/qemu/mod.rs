@@ -211,6 +211,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     let interval = Duration::from_secs_f64(args.interval / 1000.0);
     let start = Instant::now();
     let mut samples: Vec<RawSample> = Vec::new();
+    let mut rounds = 0u64;
     let mut gone = false;
     let mut next = start;
     let seed = std::time::SystemTime::now()
@@ -235,15 +236,18 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         // ±25% of jitter, so that sampling does not lock onto a period of the guest's work.
         next = Instant::now() + interval.mul_f64(0.75 + 0.5 * jitter.next());
         match sampler.sample(backend.as_mut(), start.elapsed()) {
-            Ok(s) => {
-                let keep = match s.owner {
-                    Owner::Kernel => !args.user_only,
-                    Owner::User(_) => !args.kernel_only,
-                    Owner::Unknown => !args.kernel_only && !args.user_only,
-                };
-                if keep {
-                    samples.push(s);
+            Ok(taken) => {
+                for s in taken {
+                    let keep = match s.owner {
+                        Owner::Kernel => !args.user_only,
+                        Owner::User(_) => !args.kernel_only,
+                        Owner::Unknown => !args.kernel_only && !args.user_only,
+                    };
+                    if keep {
+                        samples.push(s);
+                    }
                 }
+                rounds += 1;
             }
             Err(QemuError::Gone) => {
                 gone = true;
@@ -257,20 +261,26 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             }
             Err(e) => return Err(e.into()),
         }
-        if args.one_shot && !samples.is_empty() {
+        if args.one_shot && rounds > 0 {
             break;
         }
     }
     let elapsed = start.elapsed();
     let mut symbols = superprof_symbols::Symbolizer::default();
     if args.one_shot {
-        let s = samples
-            .first()
-            .ok_or_else(|| anyhow!("no sample could be taken"))?;
-        print!(
-            "{}",
-            one_stack(&sampler, &mut symbols, s, args.show_addresses)
-        );
+        if samples.is_empty() {
+            bail!("no sample could be taken");
+        }
+        let several = samples.iter().any(|s| s.vcpu > 0);
+        for s in &samples {
+            if several {
+                println!("vcpu{}:", s.vcpu);
+            }
+            print!(
+                "{}",
+                one_stack(&sampler, &mut symbols, s, args.show_addresses)
+            );
+        }
     }
     if let Some(mut l) = launched.take() {
         if !gone {
@@ -293,11 +303,13 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     }
     let n = samples.len();
     let complete = samples.iter().filter(|s| s.complete).count();
+    let vcpus = samples.iter().map(|s| s.vcpu + 1).max().unwrap_or(1);
     eprintln!(
-        "superprof: {n} samples in {:.2} s ({:.0} samples/s), {:.0} µs per sample, {:.1}% fully unwound",
+        "superprof: {n} samples in {:.2} s ({:.0} samples/s{}), {:.0} µs per sample, {:.1}% fully unwound",
         elapsed.as_secs_f64(),
         n as f64 / elapsed.as_secs_f64().max(1e-9),
-        if n == 0 { 0.0 } else { sampler.busy.as_secs_f64() * 1e6 / n as f64 },
+        if vcpus > 1 { format!(" over {vcpus} vCPUs") } else { String::new() },
+        if rounds == 0 { 0.0 } else { sampler.busy.as_secs_f64() * 1e6 / rounds as f64 },
         if n == 0 { 0.0 } else { 100.0 * complete as f64 / n as f64 },
     );
     if n == 0 {
@@ -437,9 +449,12 @@ fn build_profile(
         .map_or(0, |d| d.as_nanos() as u64)
         .saturating_sub(elapsed.as_nanos() as u64);
     p.meta.truncated_stacks = samples.iter().filter(|s| !s.complete).count() as u64;
-    let thread = p.add_thread(0, 1, "vcpu0");
+    let mut threads: HashMap<usize, u32> = HashMap::new();
     let mut cache = HashMap::new();
     for s in samples {
+        let thread = *threads
+            .entry(s.vcpu)
+            .or_insert_with(|| p.add_thread(0, s.vcpu as u32 + 1, &format!("vcpu{}", s.vcpu)));
         let (root, root_module) = root_name(sampler, s.owner);
         let root_module = root_module.to_string_lossy().into_owned();
         let rf = p.intern_frame_named(&root, &root_module, None, 0, 0, false);

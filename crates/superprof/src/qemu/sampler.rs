@@ -65,6 +65,8 @@ pub enum Owner {
 /// ELF it belongs to and its bias), and whether the unwind reached the stack's root.
 pub struct RawSample {
     pub time: Duration,
+    /// The vCPU it was taken on.
+    pub vcpu: usize,
     pub owner: Owner,
     pub frames: Vec<(u64, bool, Owner, u64)>,
     pub complete: bool,
@@ -182,14 +184,34 @@ impl Sampler {
         None
     }
 
-    /// Takes one sample: the guest is stopped, read, and let go.
+    /// Takes one sample of every vCPU: the guest is stopped, read, and let go.
     pub fn sample(
         &mut self,
         backend: &mut dyn Backend,
         t: Duration,
-    ) -> Result<RawSample, QemuError> {
+    ) -> Result<Vec<RawSample>, QemuError> {
         let started = Instant::now();
         backend.stop()?;
+        let vcpus = backend.vcpus()?;
+        let mut out = Vec::with_capacity(vcpus);
+        for vcpu in 0..vcpus {
+            if vcpus > 1 {
+                backend.select(vcpu)?;
+            }
+            out.push(self.sample_vcpu(backend, t, vcpu)?);
+        }
+        backend.resume()?;
+        self.busy += started.elapsed();
+        Ok(out)
+    }
+
+    /// The current vCPU's stack.
+    fn sample_vcpu(
+        &mut self,
+        backend: &mut dyn Backend,
+        t: Duration,
+        vcpu: usize,
+    ) -> Result<RawSample, QemuError> {
         let regs = backend.regs()?;
         let mut mem = MemCache {
             backend,
@@ -209,9 +231,10 @@ impl Sampler {
                 lr: regs.lr,
             };
             let mut read = |a: u64| mem.word(a).ok_or(());
-            let mut out = Vec::new();
-            complete = self.unwinder.unwind(&uregs, &mut read, &mut out) == UnwindOutcome::Complete;
-            for f in &out {
+            let mut unwound = Vec::new();
+            complete =
+                self.unwinder.unwind(&uregs, &mut read, &mut unwound) == UnwindOutcome::Complete;
+            for f in &unwound {
                 let (addr, ret) = frame_parts(f);
                 let (o, bias) = self.owner_of(addr).unwrap_or((Owner::Unknown, 0));
                 frames.push((addr, ret, o, bias));
@@ -219,10 +242,9 @@ impl Sampler {
         } else {
             frames.push((regs.pc, false, Owner::Unknown, 0));
         }
-        mem.backend.resume()?;
-        self.busy += started.elapsed();
         Ok(RawSample {
             time: t,
+            vcpu,
             owner: owner.map_or(Owner::Unknown, |(o, _)| o),
             frames,
             complete,
