@@ -330,6 +330,22 @@ fn launch_mode_starts_and_ends_qemu() {
     assert!(Folded::read(&dir.path("launch-qmp.folded")).total() > 20);
 }
 
+/// `superprof qemu` through the gdbstub for 30 s, after 1.5 s of it.
+fn profile_for_long(k: &Kernels, q: &Qemu, folded: &Path) -> std::process::Child {
+    let child = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&k.kernel)
+        .arg("--gdb")
+        .arg(&q.gdb)
+        .args(["--interval", "1", "--duration", "30", "-o"])
+        .arg(folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    child
+}
+
 #[test]
 fn qemu_ending_mid_run_keeps_the_samples() {
     let _cpu = cpu_lock();
@@ -337,17 +353,7 @@ fn qemu_ending_mid_run_keeps_the_samples() {
     let k = build(&dir, Arch::Aarch64);
     let mut q = start_qemu(&dir, Arch::Aarch64, &k);
     let folded = dir.path("ends.folded");
-    let child = superprof()
-        .args(["qemu", "--kernel"])
-        .arg(&k.kernel)
-        .arg("--gdb")
-        .arg(&q.gdb)
-        .args(["--interval", "2", "--duration", "30", "-o"])
-        .arg(&folded)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let child = profile_for_long(&k, &q, &folded);
     let _ = q.child.kill();
     let _ = q.child.wait();
     let out = child.wait_with_output().unwrap();
@@ -468,17 +474,7 @@ fn ctrl_c_keeps_the_samples_and_the_guest_runs_on() {
     let k = build(&dir, Arch::Aarch64);
     let q = start_qemu(&dir, Arch::Aarch64, &k);
     let folded = dir.path("int.folded");
-    let child = superprof()
-        .args(["qemu", "--kernel"])
-        .arg(&k.kernel)
-        .arg("--gdb")
-        .arg(&q.gdb)
-        .args(["--interval", "1", "--duration", "30", "-o"])
-        .arg(&folded)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let child = profile_for_long(&k, &q, &folded);
     Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
