@@ -228,6 +228,8 @@ fn count_equals_callgrind_on_pie_and_non_pie_code() {
         let stepped = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
         assert_eq!(blocks_of(&stepped), blocks, "{name}");
         assert!(stepped["stops"].as_u64() > decode["stops"].as_u64());
+        assert!(decode["branches_emulated"].as_u64().unwrap() > 300);
+        assert_eq!(stepped["branches_emulated"].as_u64(), Some(0));
     }
 }
 

@@ -51,8 +51,8 @@ pub struct Counts {
     learn_steps: u64,
     /// Whether block-ending branches are emulated (decode on x86_64) rather than stepped.
     emulate: bool,
-    /// Branches emulated.
-    emulated: u64,
+    /// Branches worked out from the registers (no single step).
+    pub emulated: u64,
     /// Per thread: whether it runs with a CET shadow stack (then calls and returns are
     /// stepped, so that the shadow stack stays in step).
     shadow_stack: HashMap<u32, bool>,

@@ -73,6 +73,8 @@ pub struct Report {
     pub blocks: Vec<BlockRow>,
     /// Breakpoint stops and single steps taken (count and coverage).
     pub stops: u64,
+    /// Count: block ends whose branch was worked out from the registers instead of stepped.
+    pub emulated: u64,
     /// Sample mode: samples outside the regions (other modules, the kernel).
     pub samples_elsewhere: u64,
 }

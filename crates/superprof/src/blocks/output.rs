@@ -92,7 +92,11 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             }
             match r.mode {
                 BlocksMode::Sample => doc["samples_elsewhere"] = json!(r.samples_elsewhere),
-                _ => doc["stops"] = json!(r.stops),
+                BlocksMode::Coverage => doc["stops"] = json!(r.stops),
+                BlocksMode::Count => {
+                    doc["stops"] = json!(r.stops);
+                    doc["branches_emulated"] = json!(r.emulated);
+                }
             }
             if coverage {
                 doc["blocks_hit"] = json!(r.blocks.iter().filter(|b| b.hit == Some(true)).count());
@@ -180,9 +184,11 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 BlocksMode::Count => {
                     let _ = writeln!(
                         out,
-                        "{} blocks, {total} block executions; {} ptrace stops",
+                        "{} blocks, {total} block executions; {} ptrace stops, {} branches worked \
+                         out from the registers",
                         r.blocks.len(),
-                        r.stops
+                        r.stops,
+                        r.emulated
                     );
                 }
                 BlocksMode::Sample => {

@@ -228,6 +228,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             regions,
             blocks,
             stops: 0,
+            emulated: 0,
             samples_elsewhere: total.saturating_sub(inside),
         },
         recorded.exit,

@@ -305,6 +305,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             regions,
             blocks,
             stops: s.counts.stops,
+            emulated: s.counts.emulated,
             samples_elsewhere: 0,
         },
         exit.or(killed),
