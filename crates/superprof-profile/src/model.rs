@@ -259,3 +259,69 @@ impl Profile {
         self.samples.iter().map(|s| s.weight).sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A profile of one process with the stack `main;f` (n samples) and `main;g` (m).
+    fn profile(pid: u32, start: u64, n: u64, m: u64) -> Profile {
+        let mut p = Profile::default();
+        p.meta.start_time_unix_ns = start;
+        let t = p.add_thread(pid, pid, "prog");
+        let main = p.intern_frame_named("main", "/bin/prog", Some("prog.c"), 3, 0x10, false);
+        let f = p.intern_frame_named("f", "/bin/prog", Some("prog.c"), 7, 0x20, false);
+        let g = p.intern_frame_named("g", "/bin/prog", None, 0, 0x30, false);
+        let root = p.intern_stack(None, main);
+        let sf = p.intern_stack(Some(root), f);
+        let sg = p.intern_stack(Some(root), g);
+        for i in 0..n {
+            p.add_sample(i, t, 0, 1, Some(sf));
+        }
+        for i in 0..m {
+            p.add_sample(i, t, 0, 1, Some(sg));
+        }
+        p
+    }
+
+    fn leaves(p: &Profile) -> Vec<(String, u32, u64)> {
+        let mut v: Vec<(String, u32, u64)> = p
+            .samples
+            .iter()
+            .map(|s| {
+                let leaf = p.stack_frames(s.stack).next().unwrap();
+                let path: Vec<&str> = p
+                    .stack_frames(s.stack)
+                    .map(|f| p.str(p.frame(f).function))
+                    .collect();
+                assert_eq!(path.last(), Some(&"main"));
+                (
+                    p.str(p.frame(leaf).function).to_owned(),
+                    p.threads[s.thread as usize].pid,
+                    s.time_ns,
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn merge_keeps_every_sample_with_its_stack_thread_and_time() {
+        let mut a = profile(1, 1_000, 2, 1);
+        let b = profile(2, 1_500, 1, 2);
+        a.merge(&b);
+        let l = leaves(&a);
+        assert_eq!(l.len(), 6);
+        let f: Vec<_> = l.iter().filter(|x| x.0 == "f").collect();
+        let g: Vec<_> = l.iter().filter(|x| x.0 == "g").collect();
+        assert_eq!((f.len(), g.len()), (3, 3));
+        // b's samples: its own process, times moved by the 500 ns between the starts.
+        assert!(f.contains(&&("f".to_owned(), 2, 500)));
+        assert!(g.contains(&&("g".to_owned(), 2, 501)));
+        // Frames and stacks interned once: the same frames for both processes.
+        assert_eq!(a.frames().len(), 3);
+        assert_eq!(a.stacks().len(), 3);
+        assert_eq!(a.threads.len(), 2);
+    }
+}
