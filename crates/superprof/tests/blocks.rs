@@ -364,6 +364,25 @@ fn a_blocking_syscall_in_the_region_and_a_wrapper_that_execs() {
 }
 
 #[test]
+fn blocks_entered_from_a_cold_part_are_counted() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("blocks-cold");
+    let exe = compile(&dir, "cold", &["blocks_cold.c"], &["-O2", "-g"]);
+    // The compiler did split it (else this test would test nothing new).
+    let nm = Command::new("nm").arg(&exe).output().unwrap();
+    assert!(String::from_utf8_lossy(&nm.stdout).contains("rejoin.cold"));
+    let truth = callgrind(&dir, &exe, &["200"]);
+    for analyzer in ["decode", "learn"] {
+        let doc = blocks_json(
+            &dir,
+            &["-r", "rejoin", "--analyzer", analyzer],
+            &[exe.as_os_str(), "200".as_ref()],
+        );
+        assert_matches_callgrind(analyzer, &blocks_of(&doc), &region_ranges(&doc), &truth);
+    }
+}
+
+#[test]
 fn a_range_must_start_on_an_instruction() {
     let dir = TempDir::new("blocks-range");
     let exe = compile(&dir, "br", &["branches.c"], &["-O2", "-g"]);

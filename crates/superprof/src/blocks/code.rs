@@ -125,6 +125,53 @@ impl ElfCode {
         out
     }
 
+    /// Where code outside [lo, hi) jumps back into it: the direct jump targets in [lo, hi) of
+    /// the functions that [lo, hi) itself jumps out to (a compiler's `f.cold` part that
+    /// rejoins `f`, say). Entries there are not seen by following branches from the region.
+    pub fn reentries(&self, lo: u64, hi: u64) -> Vec<u64> {
+        use superprof_analyze::{decode_all_for, Flow};
+        let jump_target = |f: Flow| match f {
+            Flow::Jump { target } | Flow::Conditional { target } => Some(target),
+            _ => None,
+        };
+        let mut outside: Vec<u64> = Vec::new();
+        for f in self.functions_in(lo, hi) {
+            let Some(bytes) = self.bytes(f.addr, f.size) else {
+                continue;
+            };
+            for i in decode_all_for(self.arch, bytes, f.addr) {
+                if !(lo..hi).contains(&i.addr) {
+                    continue;
+                }
+                if let Some(t) = jump_target(i.flow).filter(|t| !(lo..hi).contains(t)) {
+                    if let Some(g) = self.function_at(t) {
+                        if !outside.contains(&g.addr) {
+                            outside.push(g.addr);
+                        }
+                    }
+                }
+            }
+        }
+        let mut back: Vec<u64> = Vec::new();
+        for start in outside {
+            let Some(g) = self.function_at(start) else {
+                continue;
+            };
+            let Some(bytes) = self.bytes(g.addr, g.size) else {
+                continue;
+            };
+            for i in decode_all_for(self.arch, bytes, g.addr) {
+                if let Some(t) = jump_target(i.flow).filter(|t| (lo..hi).contains(t)) {
+                    // Only where an instruction of the region starts.
+                    if !back.contains(&t) && self.is_instruction_start(t) {
+                        back.push(t);
+                    }
+                }
+            }
+        }
+        back
+    }
+
     /// How many instructions [start, end) holds.
     pub fn instructions(&self, start: u64, end: u64) -> u32 {
         self.bytes(start, end.saturating_sub(start)).map_or(0, |b| {

@@ -449,6 +449,11 @@ impl Counts {
         self.add_start(tracer, pid, lo);
     }
 
+    /// Counts every execution of runtime address `at` (where code from outside comes in).
+    pub fn add_entry(&mut self, tracer: &mut Tracer, pid: u32, at: u64) {
+        self.add_start(tracer, pid, at);
+    }
+
     /// A thread ended.
     pub fn forget_thread(&mut self, tid: u32) {
         self.steps.remove(&tid);

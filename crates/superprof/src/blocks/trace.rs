@@ -78,6 +78,13 @@ impl Session<'_> {
                 self.cover_blocks[i] = blocks;
             } else {
                 self.counts.add_region(tracer, pid, p.lo, p.hi);
+                // Code outside the region that jumps back into it (f.cold parts).
+                if let Some(c) = &code {
+                    let bias = p.file.bias;
+                    for at in c.reentries(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)) {
+                        self.counts.add_entry(tracer, pid, at.wrapping_add(bias));
+                    }
+                }
             }
             self.codes[i] = code;
             self.regions[i] = Some(p);
