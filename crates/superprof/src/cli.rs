@@ -1,8 +1,18 @@
 //! Command-line arguments, parsed by clap into plain structs.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// A number of seconds (`--duration`): finite, not negative.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("'{s}' must be a finite number of seconds, 0 or more"))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SamplerArg {
@@ -59,8 +69,8 @@ pub struct RecordArgs {
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub outputs: Vec<PathBuf>,
     /// Stop recording after this many seconds
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub duration: Option<Duration>,
     /// Bytes of user stack copied with each sample
     #[arg(long = "stack-size", value_name = "BYTES", default_value_t = 32768)]
     pub stack_size: u32,
@@ -140,8 +150,8 @@ pub struct SyscallsArgs {
     #[arg(long = "follow-forks")]
     pub follow_forks: bool,
     /// Stop after this many seconds
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub duration: Option<Duration>,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -179,8 +189,8 @@ pub struct StatArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Stop after this many seconds (an attached process runs on, with no breakpoint left)
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub duration: Option<Duration>,
     /// List the events of a kind (hardware, software, cache, tracepoint) and whether this
     /// machine supports them
     #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "all")]
@@ -251,8 +261,8 @@ pub struct BlocksArgs {
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
     pub frequency: u32,
     /// Stop after this many seconds (an attached process runs on, with no breakpoint left)
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub duration: Option<Duration>,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -284,8 +294,8 @@ pub struct QemuArgs {
     #[arg(long, value_name = "MS", default_value_t = 10.0)]
     pub interval: f64,
     /// Seconds to profile
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
-    pub duration: f64,
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    pub duration: Duration,
     /// Print one symbolized stack and exit
     #[arg(long = "one-shot")]
     pub one_shot: bool,

@@ -39,7 +39,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     let start_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+    let duration = args.duration;
     // The table streams (to stderr, or to the temp file behind -o); JSON is one document.
     let mut sink = match &args.output {
         Some(_) => Sink::Buffer(Vec::new()),

@@ -108,15 +108,6 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
     Ok(exit.map_or(0, |e| e.shell_code()))
 }
 
-/// `--duration` as a Duration: finite and not negative.
-fn duration(secs: Option<f64>) -> Result<Option<std::time::Duration>> {
-    secs.map(|d| {
-        std::time::Duration::try_from_secs_f64(d)
-            .map_err(|_| anyhow!("--duration must be a number of seconds, 0 or more"))
-    })
-    .transpose()
-}
-
 /// The mapped file that holds runtime address `addr`.
 fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
     let maps = superprof_unwind::maps::executable_mappings(pid).ok()?;

@@ -137,7 +137,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         },
         sampler_kind: SamplerKind::Perf,
         outputs: Vec::new(),
-        duration: super::duration(args.duration)?,
+        duration: args.duration,
         quiet: true,
         target,
         top_rows: 0,

@@ -264,7 +264,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         }
     }
     let start = Instant::now();
-    let duration = super::duration(args.duration)?;
+    let duration = args.duration;
     let mut exit = None;
     loop {
         if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {

@@ -49,7 +49,7 @@ impl RecordConfig {
                 crate::cli::SamplerArg::Auto => SamplerKind::Auto,
             },
             outputs: a.outputs,
-            duration: a.duration.map(|d| Duration::from_secs_f64(d.max(0.0))),
+            duration: a.duration,
             quiet: a.quiet,
             target: match a.target.pid {
                 Some(pid) => Target::Pid(pid),

@@ -590,7 +590,7 @@ impl Session {
             }
         }
         let start = Instant::now();
-        let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+        let duration = args.duration;
         let mut exit = None;
         let mut died_inside = false;
         loop {
