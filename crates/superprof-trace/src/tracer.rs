@@ -413,14 +413,25 @@ impl Tracer {
         let n = sys::read_memory(pid, addr, buf);
         let end = addr + n as u64;
         let bp_len = sys::BREAKPOINT.len() as u64;
-        for ((p, at), orig) in &self.breakpoints {
-            if *p != pid || *at + bp_len <= addr || *at >= end {
-                continue;
-            }
+        let mut restore = |at: u64, orig: &[u8]| {
             for (k, &b) in orig.iter().enumerate() {
                 let a = at + k as u64;
                 if (addr..end).contains(&a) {
                     buf[(a - addr) as usize] = b;
+                }
+            }
+        };
+        if (n as u64 + bp_len) < self.breakpoints.len() as u64 {
+            // A short read among many breakpoints: look up each address it covers.
+            for at in addr.saturating_sub(bp_len - 1)..end {
+                if let Some(orig) = self.breakpoints.get(&(pid, at)) {
+                    restore(at, orig);
+                }
+            }
+        } else {
+            for ((p, at), orig) in &self.breakpoints {
+                if *p == pid && *at + bp_len > addr && *at < end {
+                    restore(*at, orig);
                 }
             }
         }

@@ -47,6 +47,8 @@ pub struct Counts {
     current: HashMap<u32, u64>,
     steps: HashMap<u32, Step>,
     pub stops: u64,
+    /// Original code bytes at the addresses stepped or emulated from.
+    code: HashMap<u64, ([u8; 16], usize)>,
     /// Single steps inside blocks, to learn (the others step blocks' last instructions).
     learn_steps: u64,
     /// Whether block-ending branches are emulated (decode on x86_64) rather than stepped.
@@ -78,6 +80,7 @@ impl Counts {
         self.steps.clear();
         self.passes.clear();
         self.shadow_stack.clear();
+        self.code.clear();
     }
 
     /// The block run from `start` ended before `end`.
@@ -89,11 +92,21 @@ impl Counts {
         *e = (*e).min(end);
     }
 
-    fn is_syscall(&self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
-        let mut code = [0u8; 16];
-        let n = tracer.read_code(pid, addr, &mut code);
-        self.arch
-            .classify(&code[..n], addr)
+    /// The original code at `addr` (read once per address: block ends are hit again and
+    /// again, and the code does not change under us).
+    fn code_at(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> &[u8] {
+        let (code, n) = self.code.entry(addr).or_insert_with(|| {
+            let mut code = [0u8; 16];
+            let n = tracer.read_code(pid, addr, &mut code);
+            (code, n)
+        });
+        &code[..*n]
+    }
+
+    fn is_syscall(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
+        let arch = self.arch;
+        let code = self.code_at(tracer, pid, addr);
+        arch.classify(code, addr)
             .is_some_and(|i| i.flow == superprof_analyze::Flow::Syscall)
     }
 
@@ -101,7 +114,9 @@ impl Counts {
         self.starts.contains(&addr) || self.ends.contains(&addr)
     }
 
-    fn add_start(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
+    /// A breakpoint that counts every execution of `addr` (a region's entry, where a call
+    /// returns, where code from outside jumps in).
+    pub fn add_start(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
         if self.starts.insert(addr) {
             self.insert(tracer, pid, addr);
         }
@@ -115,11 +130,6 @@ impl Counts {
 
     fn insert(&mut self, tracer: &mut Tracer, pid: u32, addr: u64) {
         let _ = tracer.set_breakpoint(pid, addr);
-    }
-
-    /// Whether a breakpoint is really in the code at `addr`.
-    fn inserted(&self, addr: u64) -> bool {
-        self.has_bp(addr)
     }
 
     fn block_end(&mut self, tracer: &Tracer, pid: u32, pc: u64, limit: u64) -> BlockEnd {
@@ -136,7 +146,8 @@ impl Counts {
 
     fn start_step(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, block_end: bool) {
         let mut code = [0u8; 16];
-        tracer.read_code(pid, pc, &mut code);
+        let bytes = self.code_at(tracer, pid, pc);
+        code[..bytes.len()].copy_from_slice(bytes);
         let sp = tracer.regs(tid).map_or(0, |r| r.sp);
         if !block_end {
             self.learn_steps += 1;
@@ -180,7 +191,7 @@ impl Counts {
                     return;
                 }
                 self.add_end(tracer, pid, addr);
-                if addr == pc && (on_bp || !self.inserted(pc)) {
+                if addr == pc && on_bp {
                     self.start_step(tracer, tid, pid, pc, true);
                 } else {
                     // It stops at the breakpoint (at once if it sits on it).
@@ -196,7 +207,7 @@ impl Counts {
                 tracer.resume(tid);
             }
             BlockEnd::Unknown { .. } => {
-                if on_bp || !self.inserted(pc) {
+                if on_bp || !self.has_bp(pc) {
                     self.start_step(tracer, tid, pid, pc, false);
                 } else {
                     tracer.resume(tid);
@@ -226,7 +237,9 @@ impl Counts {
     #[cfg(target_arch = "x86_64")]
     fn emulate_branch(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> bool {
         let mut code = [0u8; 16];
-        let n = tracer.read_code(pid, addr, &mut code);
+        let bytes = self.code_at(tracer, pid, addr);
+        let n = bytes.len();
+        code[..n].copy_from_slice(bytes);
         let Ok(mut raw) = tracer.raw_regs(tid) else {
             return false;
         };
@@ -302,10 +315,6 @@ impl Counts {
             // Straight on inside the block.
             if !self.starts.contains(&pc) {
                 *self.passes.entry(pc).or_default() += 1;
-            } else if !self.inserted(pc) {
-                // A start whose breakpoint is not in yet: count it here.
-                *self.arrivals.entry(pc).or_default() += 1;
-                self.current.insert(tid, pc);
             }
             self.advance(tracer, tid, pid, pc, false);
             return;
@@ -329,7 +338,7 @@ impl Counts {
             tracer.resume(tid);
             return;
         }
-        if self.starts.contains(&pc) && self.inserted(pc) {
+        if self.starts.contains(&pc) {
             tracer.resume(tid); // its breakpoint counts it
             return;
         }
@@ -440,6 +449,7 @@ impl Counts {
             shadow_stack: HashMap::new(),
             passes: HashMap::new(),
             stops: 0,
+            code: HashMap::new(),
         }
     }
 
@@ -447,11 +457,6 @@ impl Counts {
     pub fn add_region(&mut self, tracer: &mut Tracer, pid: u32, lo: u64, hi: u64) {
         self.ranges.push((lo, hi));
         self.add_start(tracer, pid, lo);
-    }
-
-    /// Counts every execution of runtime address `at` (where code from outside comes in).
-    pub fn add_entry(&mut self, tracer: &mut Tracer, pid: u32, at: u64) {
-        self.add_start(tracer, pid, at);
     }
 
     /// A thread ended.

@@ -82,7 +82,7 @@ impl Session<'_> {
                 if let Some(c) = &code {
                     let bias = p.file.bias;
                     for at in c.reentries(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)) {
-                        self.counts.add_entry(tracer, pid, at.wrapping_add(bias));
+                        self.counts.add_start(tracer, pid, at.wrapping_add(bias));
                     }
                 }
             }
