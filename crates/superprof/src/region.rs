@@ -78,35 +78,44 @@ fn parse_lines(s: &str) -> Option<Result<RegionSpec>> {
     Some(Ok(RegionSpec::Lines(f1.to_owned(), l1, f2.to_owned(), l2)))
 }
 
-/// Runtime addresses [start, end) of a source range: all the code its lines compile to, from
-/// the lowest address to the end of the highest (in one file: every line of the range that has
-/// code; across two files: the first line's code to the last line's), in the first module whose
-/// DWARF has them.
-pub fn line_range(
+/// ELF addresses [start, end) of a source range in one file (`path`, readable at `open_path`):
+/// all the code its lines compile to, from the lowest address to the end of the highest (in
+/// one source file: every line of the range that has code; across two: the first line's code
+/// to the last line's).
+pub fn line_range_in(
     symbolizer: &mut superprof_symbols::Symbolizer,
-    pid: u32,
+    path: &std::path::Path,
+    open_path: &std::path::Path,
     (f1, l1): (&str, u32),
     (f2, l2): (&str, u32),
 ) -> Option<(u64, u64)> {
-    for file in superprof_trace::mapped_files(pid).ok()? {
-        let rows = |sym: &mut superprof_symbols::Symbolizer, f: &str, lines| {
-            sym.line_rows(&file.path, &file.open_path, f, lines)
-        };
-        let (first, last) = if f1 == f2 {
-            let all = rows(symbolizer, f1, l1..=l2);
-            (all.clone(), all)
-        } else {
-            (rows(symbolizer, f1, l1..=l1), rows(symbolizer, f2, l2..=l2))
-        };
-        let (Some(&(start, _)), Some(end)) = (first.first(), last.iter().map(|(a, n)| a + n).max())
-        else {
-            continue;
-        };
-        if end > start {
-            return Some((start + file.bias, end + file.bias));
-        }
-    }
-    None
+    let mut rows = |f: &str, lines| symbolizer.line_rows(path, open_path, f, lines);
+    let (first, last) = if f1 == f2 {
+        let all = rows(f1, l1..=l2);
+        (all.clone(), all)
+    } else {
+        (rows(f1, l1..=l1), rows(f2, l2..=l2))
+    };
+    let start = first.first()?.0;
+    let end = last.iter().map(|(a, n)| a + n).max()?;
+    (end > start).then_some((start, end))
+}
+
+/// Runtime addresses [start, end) of a source range ([`line_range_in`]), in the first file
+/// of process `pid` whose DWARF has them.
+pub fn line_range(
+    symbolizer: &mut superprof_symbols::Symbolizer,
+    pid: u32,
+    first: (&str, u32),
+    last: (&str, u32),
+) -> Option<(u64, u64)> {
+    superprof_trace::mapped_files(pid)
+        .ok()?
+        .into_iter()
+        .find_map(|file| {
+            let (a, b) = line_range_in(symbolizer, &file.path, &file.open_path, first, last)?;
+            Some((a.wrapping_add(file.bias), b.wrapping_add(file.bias)))
+        })
 }
 
 /// The load bias of the main executable.
@@ -117,6 +126,35 @@ pub fn exe_bias(pid: u32) -> Option<u64> {
         .into_iter()
         .find(|f| f.path == exe)
         .map(|f| f.bias)
+}
+
+/// The one function a region name means (exact, else a unique substring of one of the
+/// program's own functions): None when there is none, an error naming them when several.
+pub fn unique_function(pid: u32, name: &str) -> Result<Option<superprof_trace::FunctionAddress>> {
+    let found = superprof_trace::find_functions_matching(pid, name)?;
+    let mut names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    if names.len() > 1 {
+        bail!(
+            "region '{name}' is ambiguous: it matches {}",
+            names[..names.len().min(10)].join(", ")
+        );
+    }
+    Ok(found.into_iter().next())
+}
+
+/// The message for a function never found, with near names.
+pub fn not_found(pid: u32, name: &str) -> String {
+    let near = suggestions(pid, name);
+    format!(
+        "no function '{name}' in the program or its libraries{}",
+        if near.is_empty() {
+            String::new()
+        } else {
+            format!("; did you mean {}?", near.join(", "))
+        }
+    )
 }
 
 /// Function names close to `name` (by edit distance), for an error message.

@@ -25,7 +25,7 @@ use superprof_trace::{ExitStatus, MappedFile};
 pub use code::ElfCode;
 
 use crate::cli::{BlocksArgs, BlocksMode};
-use crate::region::{exe_bias, line_range, suggestions, RegionSpec};
+use crate::region::{exe_bias, line_range, unique_function, RegionSpec};
 
 /// A region placed in the process: runtime addresses [lo, hi) in `file`.
 #[derive(Debug, Clone)]
@@ -136,17 +136,7 @@ fn place(
 ) -> Result<Option<Placed>> {
     Ok(match spec {
         RegionSpec::Function(name) => {
-            let found = superprof_trace::find_functions_matching(pid, name)?;
-            let mut names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
-            names.sort();
-            names.dedup();
-            if names.len() > 1 {
-                bail!(
-                    "region '{name}' is ambiguous: it matches {}",
-                    names[..names.len().min(10)].join(", ")
-                );
-            }
-            let Some(f) = found.first() else {
+            let Some(f) = unique_function(pid, name)? else {
                 return Ok(None);
             };
             if f.size == 0 {
@@ -200,20 +190,12 @@ fn place(
     })
 }
 
-/// The error for a function region that was never found.
+/// The error for a region that was never placed.
 fn not_found(pid: u32, spec: &RegionSpec) -> anyhow::Error {
-    let RegionSpec::Function(name) = spec else {
-        return anyhow!("region {} was not found", spec.label());
-    };
-    let near = suggestions(pid, name);
-    anyhow!(
-        "no function '{name}' in the program or its libraries{}",
-        if near.is_empty() {
-            String::new()
-        } else {
-            format!("; did you mean {}?", near.join(", "))
-        }
-    )
+    match spec {
+        RegionSpec::Function(name) => anyhow!("{}", crate::region::not_found(pid, name)),
+        _ => anyhow!("region {} was not found", spec.label()),
+    }
 }
 
 /// The whole executable as one region: from its first function to the end of its last.

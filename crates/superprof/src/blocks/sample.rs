@@ -12,7 +12,7 @@ use superprof_trace::{ExitStatus, MappedFile};
 use super::{rows, ElfCode, Placed, Report};
 use crate::cli::{BlocksArgs, BlocksMode};
 use crate::record::{self, RecordConfig, SamplerKind, Target};
-use crate::region::RegionSpec;
+use crate::region::{line_range_in, RegionSpec};
 
 fn file(path: &Path) -> MappedFile {
     MappedFile {
@@ -77,26 +77,13 @@ fn place_static(
         }),
         RegionSpec::Lines(f1, l1, f2, l2) => {
             for m in std::iter::once(exe).chain(modules.iter().map(PathBuf::as_path)) {
-                let (first, last) = if f1 == f2 {
-                    let all = symbols.line_rows(m, m, f1, *l1..=*l2);
-                    (all.clone(), all)
-                } else {
-                    (
-                        symbols.line_rows(m, m, f1, *l1..=*l1),
-                        symbols.line_rows(m, m, f2, *l2..=*l2),
-                    )
-                };
-                if let (Some(&(lo, _)), Some(hi)) =
-                    (first.first(), last.iter().map(|(a, n)| a + n).max())
-                {
-                    if hi > lo {
-                        return Ok(Placed {
-                            name: spec.label(),
-                            lo,
-                            hi,
-                            file: file(m),
-                        });
-                    }
+                if let Some((lo, hi)) = line_range_in(symbols, m, m, (f1, *l1), (f2, *l2)) {
+                    return Ok(Placed {
+                        name: spec.label(),
+                        lo,
+                        hi,
+                        file: file(m),
+                    });
                 }
             }
             bail!(

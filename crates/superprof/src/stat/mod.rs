@@ -19,7 +19,7 @@ use superprof_sample::{Counter, EventKind, EventSpec, Reading};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use crate::cli::StatArgs;
-use crate::region::{exe_bias, line_range, suggestions, RegionSpec};
+use crate::region::{exe_bias, line_range, not_found, unique_function, RegionSpec};
 use crate::sys;
 
 /// Totals of one event over a region's calls.
@@ -327,23 +327,9 @@ impl Session {
             }
             let region = match spec {
                 RegionSpec::Function(name) => {
-                    let found = superprof_trace::find_functions_matching(pid, name)?;
-                    let mut names: Vec<String> = found.iter().map(|f| f.name.clone()).collect();
-                    names.sort();
-                    names.dedup();
-                    if names.len() > 1 {
-                        bail!(
-                            "region '{name}' is ambiguous: it matches {}",
-                            names
-                                .iter()
-                                .take(10)
-                                .cloned()
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        );
-                    }
+                    let found = unique_function(pid, name)?;
                     let mut sites: Vec<(u64, Site)> = found
-                        .first()
+                        .as_ref()
                         .map(|f| {
                             let site = Site {
                                 end: None,
@@ -353,12 +339,12 @@ impl Session {
                         })
                         .unwrap_or_default();
                     // Its inlined copies are sites of the same region.
-                    let target = found.first().map_or(name.as_str(), |f| f.name.as_str());
+                    let target = found.as_ref().map_or(name.as_str(), |f| f.name.as_str());
                     for (start, end) in inlined_sites(
                         &mut self.symbols,
                         pid,
                         target,
-                        found.first().map(|f| &f.module),
+                        found.as_ref().map(|f| &f.module),
                     ) {
                         let site = Site {
                             end: Some(end),
@@ -375,18 +361,7 @@ impl Session {
                         None => {
                             all = false;
                             if explain {
-                                let near = suggestions(pid, name);
-                                self.missing.insert(
-                                    i,
-                                    format!(
-                                        "no function '{name}' in the program or its libraries{}",
-                                        if near.is_empty() {
-                                            String::new()
-                                        } else {
-                                            format!("; did you mean {}?", near.join(", "))
-                                        }
-                                    ),
-                                );
+                                self.missing.insert(i, not_found(pid, name));
                             }
                             Region {
                                 name: name.clone(),
