@@ -358,10 +358,7 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
     p.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    let maps = superprof_unwind::maps::executable_mappings(pid).unwrap_or_default();
-    let mut images: std::collections::HashMap<PathBuf, Option<superprof_unwind::ElfImage>> =
-        Default::default();
-    let mut symbols = superprof_symbols::Symbolizer::default();
+    let mut symbols = Symbols::new(pid);
     let mut frames_of: std::collections::HashMap<(u64, bool), Vec<superprof_profile::FrameId>> =
         Default::default();
     let mut threads: std::collections::HashMap<u32, u32> = Default::default();
@@ -386,7 +383,7 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
             let ret = depth > 0;
             let ids = frames_of
                 .entry((addr, ret))
-                .or_insert_with(|| symbolize(&mut p, &maps, &mut images, &mut symbols, addr, ret))
+                .or_insert_with(|| symbols.frames(&mut p, addr, ret))
                 .clone();
             for f in ids {
                 parent = Some(p.intern_stack(parent, f));
@@ -398,67 +395,86 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
     p
 }
 
-/// The profile frames of one address, outermost first.
-fn symbolize(
-    p: &mut Profile,
-    maps: &[superprof_unwind::maps::MapEntry],
-    images: &mut std::collections::HashMap<PathBuf, Option<superprof_unwind::ElfImage>>,
-    symbols: &mut superprof_symbols::Symbolizer,
-    addr: u64,
-    ret: bool,
-) -> Vec<superprof_profile::FrameId> {
-    let Some(m) = maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
-        return vec![p.intern_frame_named(
-            &format!("{addr:#x}"),
-            "[unknown]",
-            None,
-            0,
-            addr,
-            false,
-        )];
-    };
-    let bias = images
-        .entry(m.path.clone())
-        .or_insert_with(|| superprof_unwind::ElfImage::open(&m.path))
-        .as_ref()
-        .map_or(m.start.wrapping_sub(m.offset), |img| {
-            img.bias_for_mapping(m.start, m.end - m.start, m.offset)
-        });
-    let svma = addr.wrapping_sub(bias);
-    let module = m.path.to_string_lossy().into_owned();
-    // Time in superprof's own code (its start, in preload mode): named so, without loading
-    // the library's own large DWARF.
-    // (Only when superprof is a library of its own: linked statically it is in the program.)
-    let own = symbolize as *const () as u64;
-    let exe = std::fs::read_link("/proc/self/exe").ok();
-    if (m.start..m.end).contains(&own) && exe.as_ref() != Some(&m.path) {
-        return vec![p.intern_frame_named("[superprof]", &module, None, 0, svma, false)];
+/// What symbolizing this process's addresses needs, gathered once per stop.
+struct Symbols {
+    maps: Vec<superprof_unwind::maps::MapEntry>,
+    images: std::collections::HashMap<PathBuf, Option<superprof_unwind::ElfImage>>,
+    symbolizer: superprof_symbols::Symbolizer,
+    /// The mapping of superprof's own code when it is a library of its own (linked
+    /// statically, it is in the program and symbolized as the program).
+    own: Option<std::ops::Range<u64>>,
+}
+
+impl Symbols {
+    fn new(pid: u32) -> Symbols {
+        let maps = superprof_unwind::maps::executable_mappings(pid).unwrap_or_default();
+        let here = Symbols::frames as *const () as u64;
+        let exe = std::fs::read_link("/proc/self/exe").ok();
+        let own = maps
+            .iter()
+            .find(|m| (m.start..m.end).contains(&here) && exe.as_ref() != Some(&m.path))
+            .map(|m| m.start..m.end);
+        Symbols {
+            maps,
+            images: Default::default(),
+            symbolizer: superprof_symbols::Symbolizer::default(),
+            own,
+        }
     }
-    let look = if ret { svma.wrapping_sub(1) } else { svma };
-    let found = symbols.symbolize(&m.path, &m.path, look);
-    if found.is_empty() {
-        let name = format!(
-            "{}+{svma:#x}",
-            m.path
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-        );
-        return vec![p.intern_frame_named(&name, &module, None, 0, svma, false)];
+
+    /// The profile frames of one address, outermost first.
+    fn frames(&mut self, p: &mut Profile, addr: u64, ret: bool) -> Vec<superprof_profile::FrameId> {
+        let Some(m) = self.maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
+            return vec![p.intern_frame_named(
+                &format!("{addr:#x}"),
+                "[unknown]",
+                None,
+                0,
+                addr,
+                false,
+            )];
+        };
+        let bias = self
+            .images
+            .entry(m.path.clone())
+            .or_insert_with(|| superprof_unwind::ElfImage::open(&m.path))
+            .as_ref()
+            .map_or(m.start.wrapping_sub(m.offset), |img| {
+                img.bias_for_mapping(m.start, m.end - m.start, m.offset)
+            });
+        let svma = addr.wrapping_sub(bias);
+        let module = m.path.to_string_lossy().into_owned();
+        // Time in superprof's own code (its start, in preload mode): named so, without
+        // loading the library's own large DWARF.
+        if self.own.as_ref().is_some_and(|r| r.contains(&addr)) {
+            return vec![p.intern_frame_named("[superprof]", &module, None, 0, svma, false)];
+        }
+        let look = if ret { svma.wrapping_sub(1) } else { svma };
+        let found = self.symbolizer.symbolize(&m.path, &m.path, look);
+        if found.is_empty() {
+            let name = format!(
+                "{}+{svma:#x}",
+                m.path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+            );
+            return vec![p.intern_frame_named(&name, &module, None, 0, svma, false)];
+        }
+        found
+            .into_iter()
+            .map(|f| {
+                let name = f.function.unwrap_or_else(|| format!("{module}+{svma:#x}"));
+                p.intern_frame_named(
+                    &name,
+                    &module,
+                    f.file.as_deref(),
+                    f.line.unwrap_or(0),
+                    svma,
+                    f.inlined,
+                )
+            })
+            .collect()
     }
-    found
-        .into_iter()
-        .map(|f| {
-            let name = f.function.unwrap_or_else(|| format!("{module}+{svma:#x}"));
-            p.intern_frame_named(
-                &name,
-                &module,
-                f.file.as_deref(),
-                f.line.unwrap_or(0),
-                svma,
-                f.inlined,
-            )
-        })
-        .collect()
 }
 
 /// Prints the table on stderr and writes `output` (format by extension).

@@ -144,14 +144,14 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             kernel_path.display()
         );
     }
-    let arch = GuestElf::arch(kernel_path).ok_or_else(|| {
+    let not_elf = || {
         anyhow!(
             "'{}' is not an x86_64 or AArch64 ELF file: give the guest kernel's ELF",
             kernel_path.display()
         )
-    })?;
-    let kernel = GuestElf::open(kernel_path)
-        .ok_or_else(|| anyhow!("cannot read kernel ELF '{}'", kernel_path.display()))?;
+    };
+    let kernel = GuestElf::open(kernel_path).ok_or_else(not_elf)?;
+    let arch = kernel.arch.ok_or_else(not_elf)?;
     if !kernel.has_symbols {
         eprintln!(
             "superprof: {} has no symbol table: frames are shown as addresses",

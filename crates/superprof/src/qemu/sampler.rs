@@ -18,6 +18,8 @@ pub struct GuestElf {
     /// `.text`: ELF address and bytes (programs are recognized by it).
     pub text: (u64, Vec<u8>),
     pub has_symbols: bool,
+    /// The machine it is for (None: neither x86_64 nor AArch64).
+    pub arch: Option<GuestArch>,
 }
 
 impl GuestElf {
@@ -30,6 +32,11 @@ impl GuestElf {
             .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
             .unwrap_or_default();
         let has_symbols = obj.symbols().next().is_some() || obj.dynamic_symbols().next().is_some();
+        let arch = match obj.architecture() {
+            object::Architecture::X86_64 => Some(GuestArch::X86_64),
+            object::Architecture::Aarch64 => Some(GuestArch::Aarch64),
+            _ => None,
+        };
         Some(GuestElf {
             path: path.to_owned(),
             name: path
@@ -38,17 +45,8 @@ impl GuestElf {
             image: Arc::new(ElfImage::open(path)?),
             text,
             has_symbols,
+            arch,
         })
-    }
-
-    pub fn arch(path: &Path) -> Option<GuestArch> {
-        use object::Object;
-        let data = std::fs::read(path).ok()?;
-        match object::File::parse(&*data).ok()?.architecture() {
-            object::Architecture::X86_64 => Some(GuestArch::X86_64),
-            object::Architecture::Aarch64 => Some(GuestArch::Aarch64),
-            _ => None,
-        }
     }
 }
 
