@@ -51,7 +51,7 @@ def main():
     br = os.path.join(OUT, "branches")
     hot = os.path.join(OUT, "blocks_hot")
     subprocess.run(["gcc", "-O2", "-g", "-I", FIX, "-o", br, os.path.join(FIX, "branches.c")], check=True)
-    subprocess.run(["gcc", "-O1", "-g", "-o", hot, os.path.join(FIX, "blocks_hot.c")], check=True)
+    subprocess.run(["gcc", "-O1", "-g", "-I", FIX, "-o", hot, os.path.join(FIX, "blocks_hot.c")], check=True)
     cg = ["valgrind", "--tool=callgrind", "--dump-instr=yes", "--collect-jumps=yes",
           f"--callgrind-out-file={OUT}/callgrind.out"]
     o = ["--format", "json", "-o", os.path.join(OUT, "blocks.json")]
