@@ -5,6 +5,127 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Signals superprof was started with ignored (bit `sig - 1`): nohup's SIGHUP, the SIGINT and
+/// SIGQUIT a shell ignores for a background job. See [`note_inherited_signals`].
+static INHERITED_IGNORED: AtomicU64 = AtomicU64::new(0);
+
+/// The highest signal number the kernel has (SIGRTMAX).
+const MAX_SIGNAL: i32 = 64;
+
+/// The kernel's `struct sigaction` (x86_64 and AArch64 alike). The C library's sigaction
+/// refuses the two signals it keeps for itself (32 and 33), which a process can still inherit
+/// ignored: glibc's posix_spawn leaves them so in its children.
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// rt_sigaction, straight to the kernel: sets `sig` to `handler` (SIG_DFL or SIG_IGN) if
+/// given, and returns the disposition it had. Async-signal-safe.
+fn kernel_sigaction(sig: i32, handler: Option<usize>) -> Option<usize> {
+    let new = handler.map(|h| KernelSigaction {
+        handler: h,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    });
+    let mut old = KernelSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    let new_ptr = new
+        .as_ref()
+        .map_or(std::ptr::null(), |n| n as *const KernelSigaction);
+    // SAFETY: both pointers are null or point to a KernelSigaction, the layout the kernel
+    // reads and writes for an 8-byte signal set; SIG_DFL and SIG_IGN need no restorer.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig as libc::c_long,
+            new_ptr,
+            &mut old as *mut KernelSigaction,
+            8 as libc::c_long,
+        )
+    };
+    (rc == 0).then_some(old.handler)
+}
+
+/// The C library's own signals (SIGCANCEL, SIGSETXID), never passed on ignored.
+fn libc_internal(sig: i32) -> bool {
+    sig == 32 || sig == 33
+}
+
+/// Notes which signals superprof was started with ignored, before it changes any disposition
+/// (call it first in `main`). A command superprof launches gets these ignored, as it would
+/// have run alone, and every other signal at its default; SIGPIPE, which the Rust runtime
+/// ignores before `main`, and the C library's own signals are always at their default.
+pub fn note_inherited_signals() {
+    let mut mask = 0u64;
+    for sig in 1..=MAX_SIGNAL {
+        if sig == libc::SIGPIPE
+            || sig == libc::SIGKILL
+            || sig == libc::SIGSTOP
+            || libc_internal(sig)
+        {
+            continue;
+        }
+        if kernel_sigaction(sig, None) == Some(libc::SIG_IGN) {
+            mask |= 1 << (sig - 1);
+        }
+    }
+    INHERITED_IGNORED.store(mask, Ordering::SeqCst);
+}
+
+/// Whether superprof was started with `sig` ignored (see [`note_inherited_signals`]).
+pub fn inherited_ignored(sig: i32) -> bool {
+    (1..=MAX_SIGNAL).contains(&sig)
+        && INHERITED_IGNORED.load(Ordering::SeqCst) & (1 << (sig - 1)) != 0
+}
+
+/// Puts every signal of the calling process back as a command started directly would have
+/// it: the disposition superprof inherited (ignored, or the default), none blocked. Only
+/// async-signal-safe calls: meant for a forked child about to exec.
+pub fn reset_signals_for_exec() {
+    let inherited = INHERITED_IGNORED.load(Ordering::SeqCst);
+    for sig in 1..=MAX_SIGNAL {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        let action = if inherited & (1 << (sig - 1)) != 0 {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        kernel_sigaction(sig, Some(action));
+    }
+    // SAFETY: installing an empty mask for the calling thread.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+}
+
+/// The command superprof launched (0: none), for [`wait_launched`].
+static LAUNCHED: AtomicU32 = AtomicU32::new(0);
+
+/// Waits for the command superprof launched, if it is still superprof's to reap: after an
+/// error or a panic in superprof, which let it go, so that it ends as it would have alone
+/// (its output before the shell's prompt) and its status is known. `None` if there is none.
+pub fn wait_launched() -> Option<ExitStatus> {
+    let pid = LAUNCHED.swap(0, Ordering::SeqCst);
+    if pid == 0 {
+        return None;
+    }
+    wait_exit(pid).ok()
+}
 
 /// A forked child that waits before calling exec until [`PendingChild::release`].
 pub struct PendingChild {
@@ -68,10 +189,9 @@ impl PendingChild {
             unsafe {
                 // Our copy of the write end would keep the read below from ever seeing EOF.
                 libc::close(go_w.as_raw_fd());
-                // The command starts with no signal blocked (superprof blocks SIGCHLD).
-                let mut empty: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut empty);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                // The command starts with no signal blocked (superprof blocks SIGCHLD) and the
+                // dispositions it would have alone (superprof ignores SIGPIPE, handles SIGINT).
+                reset_signals_for_exec();
                 let mut b = 0u8;
                 while libc::read(go_r.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1) < 0 {}
                 extern "C" {
@@ -86,6 +206,7 @@ impl PendingChild {
         }
         drop(go_r);
         drop(st_w);
+        LAUNCHED.store(pid as u32, Ordering::SeqCst);
         Ok(PendingChild {
             pid: pid as u32,
             go: Some(go_w),

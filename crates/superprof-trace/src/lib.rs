@@ -33,7 +33,8 @@ pub mod syscalls;
 mod tracer;
 
 pub use launch::{
-    kill, process_alive, resolve_command, try_wait, wait_exit, wait_exit_timeout, ExitStatus,
+    inherited_ignored, kill, note_inherited_signals, process_alive, reset_signals_for_exec,
+    resolve_command, try_wait, wait_exit, wait_exit_timeout, wait_launched, ExitStatus,
     PendingChild,
 };
 pub use locate::{

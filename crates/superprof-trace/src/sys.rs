@@ -67,6 +67,35 @@ pub fn event_msg(tid: u32) -> io::Result<u64> {
     Ok(msg as u64)
 }
 
+/// Whether the signal of a thread's signal-delivery stop was raised by the kernel (a trap, a
+/// fault) rather than sent by a process (kill, tgkill, sigqueue: si_code <= 0, the kernel's own
+/// SI_FROMUSER rule). `None` if the siginfo cannot be read.
+pub fn signal_from_kernel(tid: u32) -> Option<bool> {
+    // siginfo_t is 128 bytes; si_code is the third int.
+    let mut info = [0i32; 32];
+    // `data` points to a 128-byte buffer, the size of the siginfo_t PTRACE_GETSIGINFO writes.
+    ptrace(libc::PTRACE_GETSIGINFO, tid, 0, info.as_mut_ptr() as usize).ok()?;
+    Some(info[2] > 0)
+}
+
+/// Whether two processes share one address space (kcmp KCMP_VM): a vfork child, or a child of
+/// clone(CLONE_VM). `None` where kcmp is unavailable.
+pub fn same_memory(a: u32, b: u32) -> Option<bool> {
+    const KCMP_VM: libc::c_long = 1;
+    // SAFETY: kcmp takes integers only and writes nothing.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            a as libc::c_long,
+            b as libc::c_long,
+            KCMP_VM,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        )
+    };
+    (rc >= 0).then_some(rc == 0)
+}
+
 /// The registers unwinding needs.
 pub fn regs(tid: u32) -> io::Result<UserRegs> {
     let r = raw_regs(tid)?;

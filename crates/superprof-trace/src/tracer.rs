@@ -46,8 +46,37 @@ struct Thread {
     release_at_first_stop: bool,
     /// Auto-attached and its first stop (PTRACE_EVENT_STOP) not seen yet.
     fresh: bool,
-    /// A vfork child: it shares its parent's memory until it execs.
+    /// A child that shares its parent's memory (vfork, posix_spawn, clone(CLONE_VM)) until it
+    /// execs or exits.
     shares_memory: bool,
+    /// The process whose breakpoint table covers this thread's memory; 0: its own. A child
+    /// sharing its parent's memory uses the parent's: a breakpoint there is in both.
+    space: u32,
+    /// Blocked in vfork until this child execs or exits: it runs no code meanwhile and cannot
+    /// stop for us, so it is not held during steps.
+    in_vfork: Option<u32>,
+    /// A child that is not followed but shares the memory of a traced process: kept traced
+    /// (its traps are ours too) until it execs or exits, then let go.
+    borrowed: bool,
+    /// A new process whose first stop came before its parent's fork event: kept stopped
+    /// until that event says whether it shares the parent's memory.
+    awaiting_origin: bool,
+}
+
+impl Thread {
+    /// Whether it is a borrowed child (see `borrowed`), and the process whose memory it shares.
+    fn borrowed_in(&self) -> (bool, u32) {
+        (self.borrowed, self.space())
+    }
+
+    /// The process whose breakpoints are in this thread's memory.
+    fn space(&self) -> u32 {
+        if self.space == 0 {
+            self.pid
+        } else {
+            self.space
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,13 +87,15 @@ pub enum TraceEvent {
         pid: u32,
     },
     /// A thread reached a breakpoint set with [`Tracer::set_breakpoint`]; it stays stopped on
-    /// it until [`Tracer::resume`], which steps over the breakpoint.
+    /// it until [`Tracer::resume`], which steps over the breakpoint. `pid` is the process whose
+    /// memory holds the breakpoint: for a child that shares its parent's memory (vfork,
+    /// posix_spawn) until it execs, the parent.
     Breakpoint {
         tid: u32,
         pid: u32,
         addr: u64,
     },
-    /// A [`Tracer::single_step`] finished.
+    /// A [`Tracer::single_step`] finished (`pid` as for `Breakpoint`).
     Stepped {
         tid: u32,
         pid: u32,
@@ -88,6 +119,8 @@ pub enum TraceEvent {
     Exec {
         pid: u32,
     },
+    /// A thread ended, or left the memory of `pid`: a child that shared it (vfork,
+    /// posix_spawn) and is not followed called exec or exited.
     ThreadExited {
         tid: u32,
         pid: u32,
@@ -132,8 +165,9 @@ fn ptrace_hint() -> String {
     )
 }
 
-/// A traced process tree. Dropping it lets every thread go: an attached process runs on, a
-/// launched one is killed (as PTRACE_O_EXITKILL would when superprof exits).
+/// A traced process tree. [`Tracer::finish`] lets every thread go: an attached process runs
+/// on, a launched one is killed (as PTRACE_O_EXITKILL would when superprof exits). Dropping
+/// it unfinished (an error, a panic) lets every process go, a launched one too.
 pub struct Tracer {
     root: u32,
     launched: bool,
@@ -291,6 +325,11 @@ impl Tracer {
         self.root
     }
 
+    /// The process whose breakpoint table covers the memory of process `pid`.
+    fn space_of(&self, pid: u32) -> u32 {
+        self.threads.get(&pid).map_or(pid, |t| t.space())
+    }
+
     /// Threads that are running (neither stopped for us nor in a group-stop).
     pub fn running_threads(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.threads
@@ -367,8 +406,10 @@ impl Tracer {
             self.step_alone(tid, None)
         };
         if done && !self.late_steps.contains(&tid) {
-            self.events
-                .push_back(TraceEvent::Stepped { tid, pid: t.pid });
+            self.events.push_back(TraceEvent::Stepped {
+                tid,
+                pid: t.space(),
+            });
         }
         Ok(())
     }
@@ -411,6 +452,7 @@ impl Tracer {
     /// breakpoints are set. Returns the bytes read.
     pub fn read_code(&self, pid: u32, addr: u64, buf: &mut [u8]) -> usize {
         let n = sys::read_memory(pid, addr, buf);
+        let pid = self.space_of(pid);
         let end = addr + n as u64;
         let bp_len = sys::BREAKPOINT.len() as u64;
         let mut restore = |at: u64, orig: &[u8]| {
@@ -445,7 +487,8 @@ impl Tracer {
 
     /// Puts a software breakpoint at `addr` in process `pid`.
     pub fn set_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
-        if self.breakpoints.contains_key(&(pid, addr)) {
+        let space = self.space_of(pid);
+        if self.breakpoints.contains_key(&(space, addr)) {
             return Ok(());
         }
         let mut orig = vec![0u8; sys::BREAKPOINT.len()];
@@ -456,16 +499,17 @@ impl Tracer {
             ));
         }
         sys::write_memory(pid, addr, sys::BREAKPOINT)?;
-        self.breakpoints.insert((pid, addr), orig);
-        self.tombstones.remove(&(pid, addr));
+        self.breakpoints.insert((space, addr), orig);
+        self.tombstones.remove(&(space, addr));
         Ok(())
     }
 
     /// Removes a breakpoint, putting the original code back.
     pub fn remove_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
-        match self.breakpoints.remove(&(pid, addr)) {
+        let space = self.space_of(pid);
+        match self.breakpoints.remove(&(space, addr)) {
             Some(orig) => {
-                self.tombstones.insert((pid, addr));
+                self.tombstones.insert((space, addr));
                 sys::write_memory(pid, addr, &orig)
             }
             None => Ok(()),
@@ -474,18 +518,24 @@ impl Tracer {
 
     /// Addresses of the breakpoints set in `pid`.
     pub fn breakpoints(&self, pid: u32) -> impl Iterator<Item = u64> + '_ {
+        let space = self.space_of(pid);
         self.breakpoints
             .keys()
-            .filter(move |(p, _)| *p == pid)
+            .filter(move |(p, _)| *p == space)
             .map(|(_, a)| *a)
     }
 
     /// If a SIGTRAP stop of `tid` comes from one of our breakpoints: moves the pc back onto
-    /// it, marks the thread stopped there, and returns the address.
-    fn hit_breakpoint(&mut self, tid: u32, pid: u32) -> Option<u64> {
+    /// it, marks the thread stopped there, and returns the address. A SIGTRAP that a process
+    /// sent (kill -TRAP) is never ours, wherever the pc is.
+    fn hit_breakpoint(&mut self, tid: u32) -> Option<u64> {
+        let space = self.threads.get(&tid)?.space();
+        if sys::signal_from_kernel(tid) != Some(true) {
+            return None;
+        }
         let pc = sys::regs(tid).ok()?.pc;
         let addr = pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
-        if !self.breakpoints.contains_key(&(pid, addr)) {
+        if !self.breakpoints.contains_key(&(space, addr)) {
             return None;
         }
         sys::set_pc(tid, addr).ok()?;
@@ -498,10 +548,16 @@ impl Tracer {
 
     /// Whether a SIGTRAP of `tid` comes from a breakpoint removed since; if so the pc is moved
     /// back onto the restored instruction.
-    fn trapped_on_tombstone(&mut self, tid: u32, pid: u32) -> bool {
+    fn trapped_on_tombstone(&mut self, tid: u32) -> bool {
+        let Some(space) = self.threads.get(&tid).map(|t| t.space()) else {
+            return false;
+        };
+        if sys::signal_from_kernel(tid) != Some(true) {
+            return false;
+        }
         let Ok(r) = sys::regs(tid) else { return false };
         let addr = r.pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
-        self.tombstones.contains(&(pid, addr)) && sys::set_pc(tid, addr).is_ok()
+        self.tombstones.contains(&(space, addr)) && sys::set_pc(tid, addr).is_ok()
     }
 
     /// Steps `tid` over the breakpoint it is stopped on: holds every other thread of its
@@ -514,8 +570,7 @@ impl Tracer {
         let Some(addr) = t.at_breakpoint else {
             return true;
         };
-        let pid = t.pid;
-        if !self.breakpoints.contains_key(&(pid, addr)) {
+        if !self.breakpoints.contains_key(&(t.space(), addr)) {
             // Removed while the thread sat on it: the original code is back, nothing to step.
             if let Some(t) = self.threads.get_mut(&tid) {
                 t.at_breakpoint = None;
@@ -531,15 +586,19 @@ impl Tracer {
     /// does not end within a second (a syscall that blocks) lets the others go; its
     /// `Stepped` comes when it ends (`late_steps`).
     fn step_alone(&mut self, tid: u32, lift: Option<u64>) -> bool {
-        let Some(pid) = self.threads.get(&tid).map(|t| t.pid) else {
+        let Some((pid, space)) = self.threads.get(&tid).map(|t| (t.pid, t.space())) else {
             return false;
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        // 1. Hold the others.
+        // 1. Hold the others: every thread that runs code in this memory (a child sharing it
+        // too), except a parent blocked in vfork, which runs none and cannot stop.
+        let must_hold = |o: u32, x: &Thread| {
+            o != tid && x.space() == space && x.state == State::Running && x.in_vfork.is_none()
+        };
         let others: Vec<u32> = self
             .threads
             .iter()
-            .filter(|(&o, x)| o != tid && x.pid == pid && x.state == State::Running)
+            .filter(|(&o, x)| must_hold(o, x))
             .map(|(&o, _)| o)
             .collect();
         for o in others {
@@ -549,19 +608,17 @@ impl Tracer {
                 }
             }
         }
-        while self
-            .threads
-            .iter()
-            .any(|(&o, x)| o != tid && x.pid == pid && x.state == State::Running)
+        while self.threads.iter().any(|(&o, x)| must_hold(o, x))
             && std::time::Instant::now() < deadline
         {
             match sys::wait_any_nohang() {
-                Ok(Some((t2, st))) => self.handle_while_holding(pid, t2, st),
+                Ok(Some((t2, st))) => self.handle_while_holding(space, t2, st),
                 _ => sys::wait_sigchld(Duration::from_millis(10)),
             }
         }
         // 2. Lift, step, put back.
-        let orig = lift.and_then(|addr| Some((addr, self.breakpoints.get(&(pid, addr))?.clone())));
+        let orig =
+            lift.and_then(|addr| Some((addr, self.breakpoints.get(&(space, addr))?.clone())));
         if let Some((addr, o)) = &orig {
             let _ = sys::write_memory(pid, *addr, o);
         }
@@ -579,7 +636,9 @@ impl Tracer {
                         break;
                     }
                     match st.stop_sig() {
-                        Some(libc::SIGTRAP) if st.event() == 0 => {
+                        Some(libc::SIGTRAP)
+                            if st.event() == 0 && sys::signal_from_kernel(tid) != Some(false) =>
+                        {
                             done = true; // stepped
                             break;
                         }
@@ -601,12 +660,12 @@ impl Tracer {
                         None => {}
                     }
                 }
-                Ok(Some((t2, st))) => self.handle_while_holding(pid, t2, st),
+                Ok(Some((t2, st))) => self.handle_while_holding(space, t2, st),
                 _ => sys::wait_sigchld(Duration::from_millis(10)),
             }
         }
         if let Some((addr, _)) = orig {
-            if self.breakpoints.contains_key(&(pid, addr)) {
+            if self.breakpoints.contains_key(&(space, addr)) {
                 let _ = sys::write_memory(pid, addr, sys::BREAKPOINT);
             }
         }
@@ -637,22 +696,29 @@ impl Tracer {
         alive
     }
 
-    /// A wait status that arrives while the threads of `pid` are being held.
-    fn handle_while_holding(&mut self, pid: u32, tid: u32, st: sys::WaitStatus) {
+    /// A wait status that arrives while the threads running in the memory of `space` are
+    /// being held.
+    fn handle_while_holding(&mut self, space: u32, tid: u32, st: sys::WaitStatus) {
         let Some(sig) = st.stop_sig() else {
             return self.handle(tid, st); // an exit
         };
         let known = self.threads.get(&tid).copied();
-        let of_pid = known.map_or_else(|| sys::tgid_of(tid) == Some(pid), |t| t.pid == pid);
-        if !of_pid {
+        let group = known.map_or_else(|| sys::tgid_of(tid), |t| Some(t.pid));
+        let in_space = match known {
+            Some(t) => t.space() == space,
+            None => group.is_some_and(|g| g != tid && self.space_of(g) == space),
+        };
+        if !in_space {
             return self.handle(tid, st);
         }
+        let pid = group.unwrap_or(space);
         if known.is_none() {
             // A thread born just before the hold: adopt it held, at its first stop.
             self.threads.insert(
                 tid,
                 Thread {
                     pid,
+                    space: if pid == space { 0 } else { space },
                     state: State::Stopped,
                     held: true,
                     ..Thread::default()
@@ -687,11 +753,14 @@ impl Tracer {
                 t.held = true;
             }
             0 if sig == libc::SIGTRAP => {
-                if self.hit_breakpoint(tid, pid).is_some() {
+                if self.hit_breakpoint(tid).is_some() {
                     let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
-                    self.events
-                        .push_back(TraceEvent::Breakpoint { tid, pid, addr });
-                } else if self.trapped_on_tombstone(tid, pid) {
+                    self.events.push_back(TraceEvent::Breakpoint {
+                        tid,
+                        pid: space,
+                        addr,
+                    });
+                } else if self.trapped_on_tombstone(tid) {
                     let t = self.threads.get_mut(&tid).expect("known");
                     t.state = State::Stopped;
                     t.held = true;
@@ -757,39 +826,92 @@ impl Tracer {
         true
     }
 
-    /// A new process from a fork: followed (it inherits the parent's breakpoints, which its
-    /// memory holds too) or not (its copy of the breakpoints is removed at its first stop and
-    /// it is let go). Returns whether it is followed.
-    fn new_process(&mut self, child: u32, parent: u32) -> bool {
-        if self.opts.follow_forks {
-            let copies: Vec<((u32, u64), Vec<u8>)> = self
-                .breakpoints
-                .iter()
-                .filter(|((p, _), _)| *p == parent)
-                .map(|((_, a), b)| ((child, *a), b.clone()))
-                .collect();
-            self.breakpoints.extend(copies);
-            return true;
+    /// A new process `child` forked by thread `parent_tid`, sharing its memory (vfork,
+    /// posix_spawn, clone(CLONE_VM)) or with a copy of it. A sharing child uses the parent's
+    /// breakpoints: followed or not, it stays traced until it execs or exits, its traps
+    /// handled as the parent's. A copy is followed with the breakpoints its memory holds, or
+    /// has them removed at its first stop and is let go. Returns whether it is followed.
+    fn new_process(&mut self, child: u32, parent_tid: u32, shares: bool) -> bool {
+        let follow = self.opts.follow_forks;
+        let parent_space = self
+            .threads
+            .get(&parent_tid)
+            .map_or(parent_tid, |t| t.space());
+        let Some(t) = self.threads.get_mut(&child) else {
+            return false;
+        };
+        if shares {
+            t.shares_memory = true;
+            t.space = parent_space;
+            t.borrowed = !follow;
+            return follow;
         }
-        if let Some(t) = self.threads.get_mut(&child) {
-            t.release_at_first_stop = true;
-        }
-        // Remember what to clean in the child's copy until its first stop.
+        // Followed: its memory holds the breakpoints. Not: what to clean at its first stop.
+        t.release_at_first_stop = !follow;
         let copies: Vec<((u32, u64), Vec<u8>)> = self
             .breakpoints
             .iter()
-            .filter(|((p, _), _)| *p == parent)
+            .filter(|((p, _), _)| *p == parent_space)
             .map(|((_, a), b)| ((child, *a), b.clone()))
             .collect();
         self.breakpoints.extend(copies);
-        false
+        follow
+    }
+
+    /// Process `pid` no longer runs in its memory (it exited or called exec). Its breakpoint
+    /// table goes to a process still sharing that memory, if any, or is dropped; a parent
+    /// blocked in vfork on it goes on.
+    fn leave_memory(&mut self, pid: u32) {
+        for t in self.threads.values_mut() {
+            if t.in_vfork == Some(pid) {
+                t.in_vfork = None;
+            }
+        }
+        if self.space_of(pid) != pid {
+            return; // it used another process's table
+        }
+        let heir = self
+            .threads
+            .values()
+            .find(|t| t.pid != pid && t.space() == pid)
+            .map(|t| t.pid);
+        match heir {
+            Some(heir) => {
+                let moved: Vec<((u32, u64), Vec<u8>)> = self
+                    .breakpoints
+                    .iter()
+                    .filter(|((p, _), _)| *p == pid)
+                    .map(|((_, a), b)| ((heir, *a), b.clone()))
+                    .collect();
+                self.breakpoints.retain(|(p, _), _| *p != pid);
+                self.breakpoints.extend(moved);
+                let tombs: Vec<(u32, u64)> = self
+                    .tombstones
+                    .iter()
+                    .filter(|(p, _)| *p == pid)
+                    .map(|(_, a)| (heir, *a))
+                    .collect();
+                self.tombstones.retain(|(p, _)| *p != pid);
+                self.tombstones.extend(tombs);
+                for t in self.threads.values_mut() {
+                    if t.pid != pid && t.space() == pid {
+                        t.space = if t.pid == heir { 0 } else { heir };
+                    }
+                }
+            }
+            None => {
+                self.breakpoints.retain(|(p, _), _| *p != pid);
+                self.tombstones.retain(|(p, _)| *p != pid);
+            }
+        }
     }
 
     /// Lets an unfollowed child go: restores the code under the breakpoints it inherited, and
     /// detaches it (it is stopped).
     fn release_child(&mut self, child: u32) {
         self.released.insert(child);
-        let shared = self.threads.get(&child).is_some_and(|t| t.shares_memory);
+        // Only a child with its own copy of the memory is released this way (a sharing one
+        // stays traced until it execs or exits).
         let mine: Vec<(u64, Vec<u8>)> = self
             .breakpoints
             .iter()
@@ -797,11 +919,7 @@ impl Tracer {
             .map(|((_, a), b)| (*a, b.clone()))
             .collect();
         for (addr, orig) in mine {
-            // A vfork child shares the parent's memory: restoring would lift the parent's
-            // breakpoints. It execs (or exits) at once, so it is let go as it is.
-            if !shared {
-                let _ = sys::write_memory(child, addr, &orig);
-            }
+            let _ = sys::write_memory(child, addr, &orig);
             self.breakpoints.remove(&(child, addr));
         }
         let _ = sys::detach(child, 0);
@@ -887,10 +1005,16 @@ impl Tracer {
                 // The main thread reports last, once the whole group is gone; its pid may be
                 // reused, so nothing of it is kept.
                 self.threads.retain(|_, x| x.pid != t.pid);
-                self.breakpoints.retain(|(p, _), _| *p != t.pid);
-                self.tombstones.retain(|(p, _)| *p != t.pid);
-                self.events
-                    .push_back(TraceEvent::ProcessExited { pid: t.pid, status });
+                self.leave_memory(t.pid);
+                if t.borrowed {
+                    self.events.push_back(TraceEvent::ThreadExited {
+                        tid,
+                        pid: t.space(),
+                    });
+                } else {
+                    self.events
+                        .push_back(TraceEvent::ProcessExited { pid: t.pid, status });
+                }
             } else {
                 self.events
                     .push_back(TraceEvent::ThreadExited { tid, pid: t.pid });
@@ -902,21 +1026,23 @@ impl Tracer {
             // A thread or child auto-attached through TRACECLONE/TRACEFORK that reports
             // before its parent's event: adopt it; this is its first stop.
             let pid = sys::tgid_of(tid).unwrap_or(tid);
-            self.add_thread(tid, pid);
-            if let Some(t) = self.threads.get_mut(&tid) {
-                t.fresh = false;
+            if !self.add_thread(tid, pid) {
+                self.resume_with(tid, 0);
+                return;
             }
-            if pid == tid && pid != self.root {
-                let parent = parent_of(tid).unwrap_or(0);
-                if !self.new_process(tid, parent) {
-                    self.release_child(tid);
-                    return;
-                }
-                self.events
-                    .push_back(TraceEvent::NewProcess { pid, parent });
-            } else {
-                self.events.push_back(TraceEvent::NewThread { tid, pid });
+            let is_process = pid == tid && pid != self.root;
+            let space = self.space_of(pid);
+            let t = self.threads.get_mut(&tid).expect("just added");
+            t.fresh = false;
+            if is_process {
+                // Whether it shares its parent's memory comes with the parent's fork event:
+                // it waits, stopped, until then.
+                t.awaiting_origin = true;
+                t.state = State::Stopped;
+                return;
             }
+            t.space = if space == pid { 0 } else { space };
+            self.events.push_back(TraceEvent::NewThread { tid, pid });
             self.resume_with(tid, 0);
             return;
         }
@@ -924,35 +1050,33 @@ impl Tracer {
         match st.event() {
             sys::PTRACE_EVENT_CLONE | sys::PTRACE_EVENT_FORK | sys::PTRACE_EVENT_VFORK => {
                 if let Ok(new) = sys::event_msg(tid) {
-                    let new = new as u32;
-                    let is_thread = st.event() == sys::PTRACE_EVENT_CLONE
-                        && sys::tgid_of(new).is_none_or(|g| g == pid);
-                    let new_pid = if is_thread { pid } else { new };
-                    if self.add_thread(new, new_pid) {
-                        if st.event() == sys::PTRACE_EVENT_VFORK {
-                            if let Some(t) = self.threads.get_mut(&new) {
-                                t.shares_memory = true;
-                            }
-                        }
-                        if is_thread {
-                            self.events
-                                .push_back(TraceEvent::NewThread { tid: new, pid });
-                        } else if self.new_process(new, pid) {
-                            self.events.push_back(TraceEvent::NewProcess {
-                                pid: new,
-                                parent: pid,
-                            });
-                        }
-                    }
+                    self.on_fork_event(tid, pid, new as u32, st.event());
                 }
                 self.resume_with(tid, 0);
             }
             sys::PTRACE_EVENT_EXEC => {
                 // Every other thread of the process is gone; the exec'ing one is now `pid`.
-                // The old code, and the breakpoints in it, are gone too.
+                // The old code, and the breakpoints in it, are gone too (or stay with a
+                // process that still shares that memory).
+                let (borrowed, old_space) = self.threads[&tid].borrowed_in();
                 self.threads.retain(|&t2, x| x.pid != pid || t2 == tid);
-                self.breakpoints.retain(|(p, _), _| *p != pid);
-                self.tombstones.retain(|(p, _)| *p != pid);
+                self.leave_memory(pid);
+                if borrowed {
+                    // A child that shared a traced process's memory, not followed: from now
+                    // on it is a program of its own; let it go.
+                    self.threads.remove(&tid);
+                    self.released.insert(pid);
+                    let _ = sys::detach(tid, 0);
+                    self.events.push_back(TraceEvent::ThreadExited {
+                        tid,
+                        pid: old_space,
+                    });
+                    return;
+                }
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.space = 0;
+                    t.shares_memory = false;
+                }
                 if tid != pid {
                     self.threads.remove(&tid);
                     self.threads.insert(
@@ -1012,24 +1136,83 @@ impl Tracer {
                 }
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
             }
-            _ if sig == libc::SIGTRAP && self.late_steps.remove(&tid) => {
+            _ if sig == libc::SIGTRAP
+                && self.late_steps.contains(&tid)
+                && sys::signal_from_kernel(tid) != Some(false) =>
+            {
+                self.late_steps.remove(&tid);
+                let space = self.space_of(pid);
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.state = State::Stopped;
                 }
-                self.events.push_back(TraceEvent::Stepped { tid, pid });
-            }
-            _ if sig == libc::SIGTRAP && self.hit_breakpoint(tid, pid).is_some() => {
-                let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
                 self.events
-                    .push_back(TraceEvent::Breakpoint { tid, pid, addr });
+                    .push_back(TraceEvent::Stepped { tid, pid: space });
             }
-            _ if sig == libc::SIGTRAP && self.trapped_on_tombstone(tid, pid) => {
+            _ if sig == libc::SIGTRAP && self.hit_breakpoint(tid).is_some() => {
+                let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
+                let space = self.space_of(pid);
+                self.events.push_back(TraceEvent::Breakpoint {
+                    tid,
+                    pid: space,
+                    addr,
+                });
+            }
+            _ if sig == libc::SIGTRAP && self.trapped_on_tombstone(tid) => {
                 // It trapped on a breakpoint removed since: back onto the restored code.
                 self.resume_with(tid, 0);
             }
             _ => {
                 // A signal on its way to the target: deliver it.
                 self.resume_with(tid, sig);
+            }
+        }
+    }
+
+    /// A fork, vfork or clone event of thread `tid` (of process `pid`) that made `new`.
+    fn on_fork_event(&mut self, tid: u32, pid: u32, new: u32, event: i32) {
+        let is_thread =
+            event == sys::PTRACE_EVENT_CLONE && sys::tgid_of(new).is_none_or(|g| g == pid);
+        if is_thread {
+            let space = self.threads.get(&tid).map_or(0, |t| t.space);
+            if self.add_thread(new, pid) {
+                if let Some(t) = self.threads.get_mut(&new) {
+                    t.space = space;
+                }
+                self.events
+                    .push_back(TraceEvent::NewThread { tid: new, pid });
+            }
+            return;
+        }
+        let awaiting = self.threads.get(&new).is_some_and(|t| t.awaiting_origin);
+        if !self.add_thread(new, new) && !awaiting {
+            return;
+        }
+        let shares = event == sys::PTRACE_EVENT_VFORK || sys::same_memory(pid, new) == Some(true);
+        let followed = self.new_process(new, tid, shares);
+        if event == sys::PTRACE_EVENT_VFORK {
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.in_vfork = Some(new);
+            }
+        }
+        if followed {
+            self.events.push_back(TraceEvent::NewProcess {
+                pid: new,
+                parent: pid,
+            });
+        }
+        if awaiting {
+            // Its first stop came first and is still held: go on from it now.
+            let release = match self.threads.get_mut(&new) {
+                Some(t) => {
+                    t.awaiting_origin = false;
+                    t.release_at_first_stop
+                }
+                None => false,
+            };
+            if release {
+                self.release_child(new);
+            } else {
+                self.resume_with(new, 0);
             }
         }
     }
@@ -1158,13 +1341,16 @@ impl Tracer {
         removed: &HashSet<(u32, u64)>,
         swallow: &mut HashSet<u32>,
     ) -> bool {
-        let pid = self.threads.get(&tid).map_or(tid, |t| t.pid);
+        let (pid, space) = self
+            .threads
+            .get(&tid)
+            .map_or((tid, tid), |t| (t.pid, t.space()));
         let ours = |pc: u64| {
             let addr = pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
-            removed.contains(&(pid, addr)).then_some(addr)
+            removed.contains(&(space, addr)).then_some(addr)
         };
         let pc = sys::regs(tid).map(|r| r.pc).unwrap_or(0);
-        if forward == libc::SIGTRAP {
+        if forward == libc::SIGTRAP && sys::signal_from_kernel(tid) != Some(false) {
             if let Some(addr) = ours(pc) {
                 let _ = sys::set_pc(tid, addr);
                 forward = 0;
@@ -1197,18 +1383,15 @@ fn sigtrap_pending(pid: u32, tid: u32) -> bool {
 }
 
 impl Drop for Tracer {
+    /// An error or a panic in superprof drops the tracer without `finish`: every process is
+    /// let go, a launched command too, with its code as it was. superprof's trouble must not
+    /// end the program.
     fn drop(&mut self) {
-        self.finish();
+        if !self.done {
+            self.done = true;
+            self.detach_all();
+        }
     }
-}
-
-/// The parent process of `pid`, from /proc.
-fn parent_of(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("PPid:"))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 fn list_tasks(pid: u32) -> io::Result<Vec<u32>> {

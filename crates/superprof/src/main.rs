@@ -19,6 +19,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // What a launched command inherits from superprof: first, before anything changes it.
+    superprof_trace::note_inherited_signals();
     // The ptrace engine waits for SIGCHLD; it must be blocked before any thread starts.
     superprof_trace::block_sigchld();
     let cli = match cli::Cli::try_parse() {
@@ -50,7 +52,42 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
+    // A panic unwinds through the tracers, which let every process go on (see
+    // `superprof_trace::Tracer`'s Drop); the command is then waited for, as after an error.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli.command)));
+    let result = match result {
+        Ok(result) => result,
+        Err(_) => {
+            let _ = after_failure();
+            return ExitCode::from(101);
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) if e.downcast_ref::<NothingToShow>().is_some() => {
+            let n = e.downcast_ref::<NothingToShow>().expect("checked");
+            eprintln!("superprof: {}", n.why);
+            ExitCode::from(n.status.shell_code().clamp(0, 255) as u8)
+        }
+        // A closed pipe (`superprof report ... | head`) is not an error worth a message.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("superprof: {}", one_line(&e));
+            let _ = after_failure();
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// After an error or a panic: a launched command that superprof let go runs to its end, with
+/// Ctrl-C its own to take (as a shell waits for a command), before superprof exits.
+fn after_failure() -> Option<superprof_trace::ExitStatus> {
+    let _ignore = sys::IgnoreInterrupts::new();
+    superprof_trace::wait_launched()
+}
+
+fn run(command: cli::Command) -> anyhow::Result<i32> {
+    match command {
         cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
         cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Stat(args) => stat::run(&args),
@@ -63,17 +100,25 @@ fn main() -> ExitCode {
             demo::workload(seconds);
             Ok(0)
         }
-    };
-    match result {
-        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-        // A closed pipe (`superprof report ... | head`) is not an error worth a message.
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("superprof: {}", one_line(&e));
-            ExitCode::from(1)
-        }
     }
 }
+
+/// superprof had nothing to show (no samples, a region never found) for a command that ran to
+/// its end: it says why on stderr and exits with the command's status, as it would have
+/// with a profile.
+#[derive(Debug)]
+pub struct NothingToShow {
+    pub why: String,
+    pub status: superprof_trace::ExitStatus,
+}
+
+impl std::fmt::Display for NothingToShow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+impl std::error::Error for NothingToShow {}
 
 /// The error and its causes on one line.
 fn one_line(e: &anyhow::Error) -> String {

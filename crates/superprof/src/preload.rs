@@ -51,7 +51,9 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         _ => lib.display().to_string(),
     };
     let started = std::time::Instant::now();
-    let status = Command::new(&exe)
+    let mut command = Command::new(&exe);
+    crate::sys::start_clean(&mut command);
+    let status = command
         .args(&args.command[1..])
         .env("LD_PRELOAD", preload)
         .env("SUPERPROF_PRELOAD_DIR", &dir)

@@ -9,9 +9,24 @@ extern "C" fn on_stop_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-/// Makes SIGINT and SIGTERM set a flag instead of killing superprof, so the profile is written.
+/// The signals that end superprof as Ctrl-C does: a closed terminal or ssh session (SIGHUP),
+/// `kill` (SIGTERM), Ctrl-\ (SIGQUIT), a reader gone (SIGPIPE).
+pub const STOP_SIGNALS: [libc::c_int; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+];
+
+/// Makes the stop signals set a flag instead of killing superprof, so that breakpoints are
+/// removed, threads detached, a guest resumed and the profile written. A signal superprof was
+/// started with ignored (nohup) stays ignored.
 pub fn install_stop_handler() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in STOP_SIGNALS {
+        if superprof_trace::inherited_ignored(sig) {
+            continue;
+        }
         // SAFETY: installing a handler that only stores to an atomic (async-signal-safe);
         // SA_RESTART is left off so blocking calls return EINTR and the loop sees the flag.
         unsafe {
@@ -124,6 +139,20 @@ pub fn die_with_parent(cmd: &mut std::process::Command) {
     unsafe {
         cmd.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// Makes `cmd` start with the signal dispositions and mask it would have alone (see
+/// `superprof_trace::reset_signals_for_exec`), not superprof's.
+pub fn start_clean(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only calls sigaction and
+    // pthread_sigmask, which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            superprof_trace::reset_signals_for_exec();
             Ok(())
         });
     }

@@ -180,12 +180,14 @@ fn command_not_found() {
 fn target_exits_before_any_sample() {
     let dir = TempDir::new("empty");
     let o = dir.path("x.svg");
-    // At 1 Hz a sample comes after 1 s of CPU time, which `true` never uses.
+    // At 1 Hz a sample comes after 1 s of CPU time, which the shell never uses. Nothing to
+    // show is said in one line, and superprof exits with the command's status (issue 12).
     let out = superprof()
         .args(["record", "-F", "1", "-o"])
         .arg(&o)
-        .args(["--", "true"])
+        .args(["--", "sh", "-c", "exit 3"])
         .output()
         .unwrap();
+    assert_eq!(out.status.code(), Some(3));
     assert_clean_error(&out, &["empty"], Some(&o));
 }

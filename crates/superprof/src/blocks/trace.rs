@@ -298,7 +298,15 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     // Every breakpoint is removed and an attached process let go here.
     let killed = tracer.finish();
     if let Some(e) = s.missing(root) {
-        return Err(e);
+        return match exit.or(killed) {
+            // A region never found: said, and the command's status is superprof's.
+            Some(status) if launched => Err(crate::NothingToShow {
+                why: crate::one_line(&e),
+                status,
+            }
+            .into()),
+            _ => Err(e),
+        };
     }
     let regions: Vec<Placed> = std::mem::take(&mut s.regions)
         .into_iter()

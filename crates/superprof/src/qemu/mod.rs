@@ -70,6 +70,7 @@ fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
         .stdin(Stdio::null());
     // QEMU ends with superprof, even if superprof is killed.
     sys::die_with_parent(&mut cmd);
+    sys::start_clean(&mut cmd);
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot run '{program}'"))?;

@@ -92,9 +92,22 @@ impl Recorded {
 pub fn run(cfg: &RecordConfig) -> Result<i32> {
     let outputs = check_outputs(cfg)?;
     let recorded = record(cfg)?;
-    show(cfg, &recorded, &outputs)?;
-    Ok(recorded.exit.map_or(0, |e| e.shell_code()))
+    match recorded.exit {
+        // A launched command's status is superprof's, whatever there is to show.
+        Some(status) if recorded.profile.samples.is_empty() => Err(crate::NothingToShow {
+            why: format!("{EMPTY}; no output written"),
+            status,
+        }
+        .into()),
+        exit => {
+            show(cfg, &recorded, &outputs)?;
+            Ok(exit.map_or(0, |e| e.shell_code()))
+        }
+    }
 }
+
+const EMPTY: &str =
+    "no samples were taken: the target ran too briefly or was idle, so the profile is empty";
 
 /// Prints the summary and the table, and writes the output files (from [`check_outputs`]).
 pub fn show(
@@ -104,7 +117,7 @@ pub fn show(
 ) -> Result<()> {
     let profile = &recorded.profile;
     if profile.samples.is_empty() {
-        bail!("no samples were taken: the target ran too briefly or was idle, so the profile is empty");
+        bail!("{EMPTY}");
     }
     eprintln!("{}", recorded.summary());
     if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {

@@ -21,6 +21,7 @@ use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 use crate::cli::StatArgs;
 use crate::region::{exe_bias, line_range, not_found, unique_function, RegionSpec};
 use crate::sys;
+use crate::NothingToShow;
 
 /// Totals of one event over a region's calls.
 #[derive(Debug, Clone, Default)]
@@ -586,8 +587,9 @@ impl Session {
                             if let Some(e) = superprof_trace::entry_point(pid) {
                                 tracer.set_breakpoint(pid, e)?;
                                 entry_bp = Some(e);
-                            } else if !self.place(&mut tracer, pid, true)? {
-                                bail!("{}", self.first_missing());
+                            } else {
+                                // Not found (said at the end); the command runs on.
+                                self.place(&mut tracer, pid, true)?;
                             }
                         }
                         Err(e) => return Err(e),
@@ -602,12 +604,12 @@ impl Session {
                         if !self.place(&mut tracer, pid, true)? {
                             // Perhaps in a library loaded later (dlopen): look again each
                             // time ld.so reports a change of its link map.
-                            match superprof_trace::find_function(pid, "_dl_debug_state")?.first() {
-                                Some(f) => {
-                                    tracer.set_breakpoint(pid, f.addr)?;
-                                    dl_bp = Some(f.addr);
-                                }
-                                None => bail!("{}", self.first_missing()),
+                            // (Without ld.so, never: said at the end; the command runs on.)
+                            if let Some(f) =
+                                superprof_trace::find_function(pid, "_dl_debug_state")?.first()
+                            {
+                                tracer.set_breakpoint(pid, f.addr)?;
+                                dl_bp = Some(f.addr);
                             }
                         }
                     } else if Some(addr) == dl_bp && !self.entries.contains_key(&addr) {
@@ -648,7 +650,17 @@ impl Session {
         // Every breakpoint is removed and an attached process let go here.
         let killed = tracer.finish();
         if !self.missing.is_empty() {
-            bail!("{}", self.first_missing());
+            match exit.or(killed) {
+                // A region never found: said, and the command's status is superprof's.
+                Some(status) if launched => {
+                    return Err(NothingToShow {
+                        why: self.first_missing(),
+                        status,
+                    }
+                    .into())
+                }
+                _ => bail!("{}", self.first_missing()),
+            }
         }
         let res = self.results.as_mut().expect("results");
         res.regions = self

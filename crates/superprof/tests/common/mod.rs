@@ -259,3 +259,14 @@ pub fn assert_one_line_error(out: &Output, mention: &str) {
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(lines[0].contains(mention), "{}", lines[0]);
 }
+
+/// Nothing to show for a command that ran (no samples, a region never found): one line on
+/// stderr that mentions `mention`, and the command's own exit status (issue 12).
+pub fn assert_one_line_notice(out: &Output, mention: &str, status: i32) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(status), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains(mention), "{}", lines[0]);
+}

@@ -1,0 +1,397 @@
+//! Issue 12: a program under superprof behaves as it would alone. Children that share their
+//! parent's memory survive breakpoints, a SIGTRAP someone else sends reaches the program, a
+//! launched command starts with its own signal state, the stop signals let go of an attached
+//! process cleanly, and superprof exits with the command's status.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `superprof stat -r REGION --format json` on `cmd`: (stdout, stderr, exit code, calls).
+fn stat_calls(dir: &TempDir, region: &str, cmd: &[&std::ffi::OsStr]) -> (String, String, i32, u64) {
+    let out_file = dir.path("stat.json");
+    let _ = std::fs::remove_file(&out_file);
+    let out = superprof()
+        .args([
+            "stat",
+            "-e",
+            "page-faults",
+            "--format",
+            "json",
+            "-r",
+            region,
+            "-o",
+        ])
+        .arg(&out_file)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap_or_default())
+        .unwrap_or_else(|_| panic!("no JSON; stderr: {stderr}"));
+    let calls = doc["regions"][0]["calls"].as_u64().unwrap();
+    (stdout, stderr, out.status.code().unwrap_or(-1), calls)
+}
+
+fn spawner(dir: &TempDir) -> std::path::PathBuf {
+    compile(dir, "spawner", &["spawner.c"], &["-O1", "-g", "-pthread"])
+}
+
+/// posix_spawn, vfork, clone(CLONE_VM) and system(): each child runs in its parent's memory,
+/// with our breakpoints in it, until it execs. None may die of SIGTRAP, and the calls they
+/// make inside the region are counted as the program's (the fixture counts every call itself,
+/// in memory the children share).
+#[test]
+fn children_sharing_memory_survive_stat_and_are_counted() {
+    let dir = TempDir::new("harm-spawn");
+    let exe = spawner(&dir);
+    for mode in ["spawn", "vfork", "clonevm", "system"] {
+        let (stdout, stderr, code, calls) = stat_calls(
+            &dir,
+            "child_work",
+            &[exe.as_os_str(), mode.as_ref(), "20".as_ref()],
+        );
+        assert_eq!(code, 0, "{mode}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("children_ok=20 of 20"),
+            "{mode}: {stdout}{stderr}"
+        );
+        let truth = fixture_values(&stdout)["child_work_calls"] as u64;
+        assert_eq!(
+            calls, truth,
+            "{mode}: stat counted {calls}, the program {truth}"
+        );
+    }
+}
+
+#[test]
+fn children_sharing_memory_survive_blocks_count_and_coverage() {
+    let dir = TempDir::new("harm-blocks");
+    let exe = spawner(&dir);
+    for (mode, how) in [
+        ("vfork", "count"),
+        ("clonevm", "count"),
+        ("vfork", "coverage"),
+        ("spawn", "coverage"),
+    ] {
+        let out_file = dir.path("blocks.json");
+        let out = superprof()
+            .args([
+                "blocks",
+                "--mode",
+                how,
+                "-r",
+                "child_work",
+                "--format",
+                "json",
+                "-o",
+            ])
+            .arg(&out_file)
+            .arg("--")
+            .arg(&exe)
+            .args([mode, "20"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{mode} {how}: {stdout}{stderr}");
+        assert!(
+            stdout.contains("children_ok=20 of 20"),
+            "{mode} {how}: {stdout}{stderr}"
+        );
+        if how == "count" {
+            // The function's first block runs once per call, in every thread and child.
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+            let entry = doc["blocks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .min_by_key(|b| {
+                    u64::from_str_radix(b["start"].as_str().unwrap().trim_start_matches("0x"), 16)
+                        .unwrap()
+                })
+                .unwrap();
+            let truth = fixture_values(&stdout)["child_work_calls"] as u64;
+            assert_eq!(entry["count"].as_u64(), Some(truth), "{mode}: {entry}");
+        }
+    }
+}
+
+/// A SIGTRAP sent with kill is the program's, even when its pc sits right after one of our
+/// breakpoints (compiled so that the function's first instruction is one byte long). Before,
+/// such a signal was taken for a breakpoint hit: the pc moved back, the signal lost, the
+/// stack corrupted.
+#[test]
+fn a_sigtrap_sent_by_someone_else_reaches_the_program() {
+    let dir = TempDir::new("harm-trap");
+    let exe = compile(
+        &dir,
+        "trapped",
+        &["trapped.c"],
+        &["-O0", "-g", "-fcf-protection=none"],
+    );
+    let out_file = dir.path("stat.json");
+    let mut child = superprof()
+        .args([
+            "stat",
+            "-e",
+            "page-faults",
+            "--format",
+            "json",
+            "-r",
+            "hot",
+            "-o",
+        ])
+        .arg(&out_file)
+        .arg("--")
+        .arg(&exe)
+        .arg("100")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let pid: i32 = ready.strip_prefix("ready ").unwrap().parse().unwrap();
+    let mut all = Vec::new();
+    for k in 1..=100 {
+        // SAFETY: sending a signal to the fixture.
+        unsafe { libc::kill(pid, libc::SIGTRAP) };
+        // The next one only once this one has arrived: standard signals do not queue.
+        let ack = format!("trap {k}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            let done = line == ack;
+            all.push(line);
+            if done {
+                break;
+            }
+        }
+        if all.last() != Some(&ack) {
+            break; // lost: the program says how many it got
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap();
+    all.extend(rx.try_iter());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = all.join("\n");
+    assert!(out.status.success(), "{text}\n{stderr}");
+    let v = fixture_values(&text);
+    assert_eq!(v["traps"], 100.0, "{text}\n{stderr}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    assert_eq!(
+        doc["regions"][0]["calls"].as_u64(),
+        Some(v["hot_calls"] as u64),
+        "{text}"
+    );
+}
+
+/// The shell reports "Broken pipe" when `yes` runs with SIGPIPE ignored (the Rust runtime
+/// ignores it in superprof); a command must start with default dispositions and no signal
+/// blocked, or with what superprof itself inherited (nohup's SIGHUP).
+#[test]
+fn launched_commands_start_with_their_own_signal_state() {
+    let dir = TempDir::new("harm-sigstate");
+    let folded = dir.path("x.folded");
+    let folded = folded.to_str().unwrap();
+    let json = dir.path("x.json");
+    let json = json.to_str().unwrap();
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["record", "-q", "-o", folded],
+        vec!["syscalls", "-o", json],
+        vec!["stat", "-r", "getpid", "-e", "page-faults", "-o", json],
+        vec!["blocks", "--mode", "coverage", "-r", "getpid", "-o", json],
+    ];
+    for run in &runs {
+        let out = superprof()
+            .args(run)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "yes | head -1; grep -E '^Sig(Ign|Blk)' /proc/self/status",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("Broken pipe"), "{run:?}: {stderr}");
+        assert!(
+            stdout.contains("SigIgn:\t0000000000000000"),
+            "{run:?}: {stdout}"
+        );
+        assert!(
+            stdout.contains("SigBlk:\t0000000000000000"),
+            "{run:?}: {stdout}"
+        );
+    }
+    // Started with SIGHUP ignored (nohup), superprof passes that on and is not stopped by it.
+    let out = Command::new("nohup")
+        .arg(env!("CARGO_BIN_EXE_superprof"))
+        .args(["record", "-q", "-o", folded])
+        .args(["--", "sh", "-c", "grep -E '^SigIgn' /proc/self/status"])
+        .current_dir(&dir.0)
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("SigIgn:\t0000000000000001"), "{stdout}");
+}
+
+/// SIGHUP (a dropped ssh session), SIGTERM, SIGQUIT and SIGPIPE end `stat -p` and
+/// `blocks -p` as Ctrl-C does: breakpoints removed, threads detached, results written; the
+/// process runs on with its code as it was.
+#[test]
+fn stop_signals_let_an_attached_process_go_cleanly() {
+    let dir = TempDir::new("harm-stopsig");
+    let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
+    for (i, sig) in [
+        libc::SIGHUP,
+        libc::SIGTERM,
+        libc::SIGQUIT,
+        libc::SIGPIPE,
+        libc::SIGINT,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (mut child, _stdout) = spawn_ready(&exe, &["0", "2"]);
+        let pid = child.id();
+        let before = code_bytes(pid, &exe);
+        let out_file = dir.path(&format!("r{i}.json"));
+        let cmd: Vec<&str> = if i % 2 == 0 {
+            vec!["stat", "-r", "counted", "-e", "page-faults"]
+        } else {
+            vec!["blocks", "--mode", "count", "-r", "counted"]
+        };
+        let mut sp = superprof()
+            .args(&cmd)
+            .args(["--format", "json", "-p", &pid.to_string(), "-o"])
+            .arg(&out_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        // SAFETY: sending a signal to our superprof child.
+        unsafe { libc::kill(sp.id() as i32, sig) };
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = sp.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "signal {sig}: superprof goes on"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = {
+            use std::io::Read;
+            let mut s = String::new();
+            sp.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+            s
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "signal {sig}: the process ended: {stderr}"
+        );
+        assert_running_untraced(pid);
+        assert!(
+            code_bytes(pid, &exe) == before,
+            "signal {sig}: code differs after detach"
+        );
+        assert!(status.success(), "signal {sig}: {status:?} {stderr}");
+        let doc: Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        assert!(doc["regions"].is_array(), "signal {sig}: {doc}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// superprof exits with the command's status when it has nothing to show: no samples, or a
+/// region never found; it says so on stderr.
+#[test]
+fn the_commands_status_when_there_is_nothing_to_show() {
+    let dir = TempDir::new("harm-status");
+    let out = superprof()
+        .args(["record", "-o"])
+        .arg(dir.path("idle.folded"))
+        .args(["--", "sh", "-c", "sleep 0.3; exit 7"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    let out = superprof()
+        .args([
+            "stat",
+            "-r",
+            "no_such_function_anywhere",
+            "-e",
+            "page-faults",
+        ])
+        .args(["--", "sh", "-c", "echo ran; exit 5"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().next(),
+        Some("ran")
+    );
+    assert!(stderr.contains("no_such_function_anywhere"), "{stderr}");
+    let out = superprof()
+        .args([
+            "blocks",
+            "--mode",
+            "count",
+            "-r",
+            "no_such_function_anywhere",
+        ])
+        .args(["--", "sh", "-c", "echo ran; exit 6"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("no_such_function_anywhere"), "{stderr}");
+    // An error after the command started (here: a shell has no function symbols for the
+    // whole-program default of coverage) lets it run to its end; superprof then fails.
+    let out = superprof()
+        .args([
+            "blocks",
+            "--mode",
+            "coverage",
+            "--",
+            "sh",
+            "-c",
+            "echo ran; exit 6",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ran",
+        "{stderr}"
+    );
+    assert!(stderr.contains("no function symbols"), "{stderr}");
+}
