@@ -45,8 +45,6 @@ pub enum SampleError {
     PermissionDenied { pid: u32, why: String },
     #[error("frequency must be at least 1 Hz")]
     ZeroFrequency,
-    #[error("frequency {asked} Hz is above the kernel's maximum of {max} Hz (/proc/sys/kernel/perf_event_max_sample_rate)")]
-    FrequencyTooHigh { asked: u32, max: u32 },
     #[error("stack size {0} is out of range: give a multiple of 8 between 8 and 65528 bytes")]
     BadStackSize(u32),
     #[error("perf_event_open is not available on this kernel ({0})")]
@@ -81,23 +79,35 @@ pub struct PerfSampler {
     owner: std::collections::HashMap<(u32, u32), u64>,
     event_name: &'static str,
     kernel_stacks: bool,
+    /// The frequency asked for, when the kernel's maximum was lower (see [`throttle`]).
+    asked_frequency: Option<u32>,
+    frequency: u32,
+}
+
+/// The frequency to sample at: the one asked for, or the kernel's maximum
+/// (perf_event_max_sample_rate) when that is lower. The kernel lowers its maximum by itself on
+/// a busy machine ("perf interrupt took too long"), so a default that worked yesterday can be
+/// over it today; perf record throttles the same way.
+pub fn throttle(asked: u32, max: Option<u32>) -> u32 {
+    match max {
+        Some(max) if max > 0 && asked > max => max,
+        _ => asked,
+    }
 }
 
 impl PerfSampler {
     /// Opens the events for `pid`. Launched targets are enabled by the kernel at exec; attached
     /// ones by [`PerfSampler::enable`].
     pub fn open(pid: u32, mode: TargetMode, config: &SamplerConfig) -> Result<Self, SampleError> {
+        let config_frequency = config.frequency;
         if config.frequency == 0 {
             return Err(SampleError::ZeroFrequency);
         }
-        if let Some(max) = max_sample_rate() {
-            if config.frequency > max {
-                return Err(SampleError::FrequencyTooHigh {
-                    asked: config.frequency,
-                    max,
-                });
-            }
-        }
+        let frequency = throttle(config.frequency, max_sample_rate());
+        let config = &SamplerConfig {
+            frequency,
+            ..config.clone()
+        };
         if config.stack_size == 0
             || !config.stack_size.is_multiple_of(8)
             || config.stack_size > 65528
@@ -119,7 +129,12 @@ impl PerfSampler {
             owner: Default::default(),
             event_name: "cycles",
             kernel_stacks: true,
+            asked_frequency: None,
+            frequency,
         };
+        if frequency != config_frequency {
+            sampler.asked_frequency = Some(config_frequency);
+        }
         sampler.choose_attr(pid, mode, config)?;
         match mode {
             TargetMode::Launched => sampler.open_thread(pid)?,
@@ -335,6 +350,23 @@ impl PerfSampler {
         }
     }
 
+    /// The frequency sampled at (the one asked for, or the kernel's lower maximum).
+    pub fn frequency(&self) -> u32 {
+        self.frequency
+    }
+
+    /// A notice, when the frequency asked for was over the kernel's maximum and was lowered
+    /// to it.
+    pub fn throttle_notice(&self) -> Option<String> {
+        let asked = self.asked_frequency?;
+        Some(format!(
+            "superprof: {asked} Hz is above the kernel's maximum sample rate of {max} Hz now \
+             (kernel.perf_event_max_sample_rate, which the kernel lowers by itself when sampling \
+             interrupts take too long); sampling at {max} Hz",
+            max = self.frequency
+        ))
+    }
+
     /// The event being sampled: `cycles` or `cpu-clock`.
     pub fn event_name(&self) -> &'static str {
         self.event_name
@@ -426,6 +458,7 @@ fn permission_hint() -> String {
     )
 }
 
+/// The kernel's maximum sample rate now (/proc/sys/kernel/perf_event_max_sample_rate).
 pub fn max_sample_rate() -> Option<u32> {
     std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
         .ok()?
@@ -462,4 +495,19 @@ pub fn list_threads(pid: u32) -> io::Result<Vec<u32>> {
         .collect();
     tids.sort_unstable();
     Ok(tids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::throttle;
+
+    #[test]
+    fn throttle_lowers_to_the_kernels_maximum_only() {
+        assert_eq!(throttle(999, Some(100_000)), 999);
+        assert_eq!(throttle(999, Some(500)), 500);
+        assert_eq!(throttle(999, Some(999)), 999);
+        assert_eq!(throttle(999, None), 999);
+        // A maximum of 0 (sampling disabled by the admin) is the kernel's to refuse.
+        assert_eq!(throttle(999, Some(0)), 999);
+    }
 }

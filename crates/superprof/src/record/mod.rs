@@ -248,7 +248,12 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
         return Ok(Source::Ptrace(Box::new(trace()?)));
     }
     match PerfSampler::open(pid, mode, &cfg.sampler) {
-        Ok(s) => Ok(Source::Perf(Box::new(s))),
+        Ok(s) => {
+            if let Some(notice) = s.throttle_notice() {
+                eprintln!("{notice}");
+            }
+            Ok(Source::Perf(Box::new(s)))
+        }
         Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => match trace() {
             Ok(t) => {
                 eprintln!(
@@ -325,6 +330,8 @@ struct LoopResult {
     exit: Option<ExitStatus>,
     event: &'static str,
     kernel: bool,
+    /// The frequency sampled at (lower than asked when the kernel's maximum was).
+    frequency: u32,
 }
 
 /// The progress line on stderr (when it is a terminal).
@@ -401,7 +408,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     let mut profile = Profile::default();
     profile.meta.command = started.command;
     profile.meta.event = result.event.to_owned();
-    profile.meta.frequency = cfg.sampler.frequency;
+    profile.meta.frequency = result.frequency;
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
     profile.meta.duration_ns = progress.start.elapsed().as_nanos() as u64;
     profile.meta.version = env!("CARGO_PKG_VERSION").to_owned();

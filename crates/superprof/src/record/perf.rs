@@ -66,6 +66,7 @@ pub(super) fn run(
     drain(&mut sampler, collector);
     let event = sampler.event_name();
     let kernel = sampler.kernel_stacks();
+    let frequency = sampler.frequency();
     drop(sampler); // closes every event: an attached process runs on untouched
     if launched && exit.is_none() {
         // Stopped by Ctrl-C or --duration: end the command as perf record does.
@@ -85,5 +86,6 @@ pub(super) fn run(
         exit,
         event,
         kernel,
+        frequency,
     })
 }

@@ -82,6 +82,7 @@ pub(super) fn run(
         exit: exit.or(killed),
         event: "cpu-clock (ptrace)",
         kernel: false,
+        frequency: cfg.sampler.frequency,
     })
 }
 
