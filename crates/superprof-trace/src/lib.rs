@@ -25,6 +25,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod janitor;
 mod launch;
 mod locate;
 pub mod sampler;

@@ -23,7 +23,6 @@ pub const PTRACE_O_TRACEFORK: usize = 1 << 1;
 pub const PTRACE_O_TRACEVFORK: usize = 1 << 2;
 pub const PTRACE_O_TRACECLONE: usize = 1 << 3;
 pub const PTRACE_O_TRACEEXEC: usize = 1 << 4;
-pub const PTRACE_O_EXITKILL: usize = 1 << 20;
 
 pub const PTRACE_EVENT_FORK: i32 = 1;
 pub const PTRACE_EVENT_VFORK: i32 = 2;

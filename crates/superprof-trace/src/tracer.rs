@@ -166,7 +166,7 @@ fn ptrace_hint() -> String {
 }
 
 /// A traced process tree. [`Tracer::finish`] lets every thread go: an attached process runs
-/// on, a launched one is killed (as PTRACE_O_EXITKILL would when superprof exits). Dropping
+/// on, a launched one is killed (what is left of it after `terminate`). Dropping
 /// it unfinished (an error, a panic) lets every process go, a launched one too.
 pub struct Tracer {
     root: u32,
@@ -186,6 +186,9 @@ pub struct Tracer {
     /// Breakpoints removed while the process runs: a thread may have trapped on one just
     /// before, and its SIGTRAP must not reach the program.
     tombstones: HashSet<(u32, u64)>,
+    /// Puts the code back under our breakpoints if superprof dies without doing it; started
+    /// with the first breakpoint.
+    janitor: Option<crate::janitor::Janitor>,
     /// Signals beyond a thread's `pending_signal` that arrived while it was held or stepping;
     /// sent to it again (tgkill) when it is let go, so none is lost.
     deferred: HashMap<u32, Vec<i32>>,
@@ -195,16 +198,14 @@ pub struct Tracer {
 impl Tracer {
     fn options(&self) -> usize {
         // Forks are always traced: a child's copy of the code carries our breakpoints, which
-        // must be removed (and the child let go) when children are not followed.
-        let mut o = sys::PTRACE_O_TRACECLONE
+        // must be removed (and the child let go) when children are not followed. No
+        // PTRACE_O_EXITKILL: if superprof is killed, a launched command runs on, as an
+        // attached one does (the janitor puts its code back).
+        sys::PTRACE_O_TRACECLONE
             | sys::PTRACE_O_TRACEEXEC
             | sys::PTRACE_O_TRACESYSGOOD
             | sys::PTRACE_O_TRACEFORK
-            | sys::PTRACE_O_TRACEVFORK;
-        if self.launched {
-            o |= sys::PTRACE_O_EXITKILL;
-        }
-        o
+            | sys::PTRACE_O_TRACEVFORK
     }
 
     fn new(root: u32, launched: bool, opts: TraceOptions) -> Tracer {
@@ -219,6 +220,7 @@ impl Tracer {
             released: HashSet::new(),
             tombstones: HashSet::new(),
             deferred: HashMap::new(),
+            janitor: None,
             done: false,
         }
     }
@@ -323,6 +325,39 @@ impl Tracer {
     /// The process given to `launch` or `attach`.
     pub fn root(&self) -> u32 {
         self.root
+    }
+
+    /// Adds a breakpoint to the table, and to the janitor's.
+    fn bp_insert(&mut self, space: u32, addr: u64, orig: Vec<u8>) {
+        if let Some(j) = self.janitor.as_mut() {
+            j.add(space, addr, &orig);
+        }
+        self.breakpoints.insert((space, addr), orig);
+    }
+
+    /// Takes a breakpoint out of the table, and out of the janitor's (call it once the code
+    /// is back, or gone).
+    fn bp_remove(&mut self, space: u32, addr: u64) -> Option<Vec<u8>> {
+        if let Some(j) = self.janitor.as_mut() {
+            j.remove(space, addr);
+        }
+        self.breakpoints.remove(&(space, addr))
+    }
+
+    /// Forgets every breakpoint of `space`, whose code is gone (it exited or exec'd).
+    fn bp_forget_space(&mut self, space: u32) {
+        let addrs: Vec<u64> = self
+            .breakpoints
+            .keys()
+            .filter(|(p, _)| *p == space)
+            .map(|(_, a)| *a)
+            .collect();
+        for a in addrs {
+            self.bp_remove(space, a);
+        }
+        if let Some(j) = self.janitor.as_mut() {
+            j.forget_process(space);
+        }
     }
 
     /// The process whose breakpoint table covers the memory of process `pid`.
@@ -498,8 +533,20 @@ impl Tracer {
                 format!("cannot read the code at {addr:#x} of pid {pid}"),
             ));
         }
-        sys::write_memory(pid, addr, sys::BREAKPOINT)?;
-        self.breakpoints.insert((space, addr), orig);
+        if self.janitor.is_none() {
+            self.janitor = crate::janitor::Janitor::start();
+        }
+        // In the janitor's table before the code changes: superprof may die at any moment.
+        if let Some(j) = self.janitor.as_mut() {
+            j.add(space, addr, &orig);
+        }
+        if let Err(e) = sys::write_memory(pid, addr, sys::BREAKPOINT) {
+            if let Some(j) = self.janitor.as_mut() {
+                j.remove(space, addr);
+            }
+            return Err(e);
+        }
+        self.bp_insert(space, addr, orig);
         self.tombstones.remove(&(space, addr));
         Ok(())
     }
@@ -507,10 +554,12 @@ impl Tracer {
     /// Removes a breakpoint, putting the original code back.
     pub fn remove_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
         let space = self.space_of(pid);
-        match self.breakpoints.remove(&(space, addr)) {
+        match self.breakpoints.get(&(space, addr)).cloned() {
             Some(orig) => {
                 self.tombstones.insert((space, addr));
-                sys::write_memory(pid, addr, &orig)
+                let r = sys::write_memory(pid, addr, &orig);
+                self.bp_remove(space, addr);
+                r
             }
             None => Ok(()),
         }
@@ -854,7 +903,9 @@ impl Tracer {
             .filter(|((p, _), _)| *p == parent_space)
             .map(|((_, a), b)| ((child, *a), b.clone()))
             .collect();
-        self.breakpoints.extend(copies);
+        for ((p, a), b) in copies {
+            self.bp_insert(p, a, b);
+        }
         follow
     }
 
@@ -883,8 +934,11 @@ impl Tracer {
                     .filter(|((p, _), _)| *p == pid)
                     .map(|((_, a), b)| ((heir, *a), b.clone()))
                     .collect();
-                self.breakpoints.retain(|(p, _), _| *p != pid);
-                self.breakpoints.extend(moved);
+                // The heir's entries first: the code must stay covered all along.
+                for ((p, a), b) in moved {
+                    self.bp_insert(p, a, b);
+                }
+                self.bp_forget_space(pid);
                 let tombs: Vec<(u32, u64)> = self
                     .tombstones
                     .iter()
@@ -900,7 +954,7 @@ impl Tracer {
                 }
             }
             None => {
-                self.breakpoints.retain(|(p, _), _| *p != pid);
+                self.bp_forget_space(pid);
                 self.tombstones.retain(|(p, _)| *p != pid);
             }
         }
@@ -920,7 +974,7 @@ impl Tracer {
             .collect();
         for (addr, orig) in mine {
             let _ = sys::write_memory(child, addr, &orig);
-            self.breakpoints.remove(&(child, addr));
+            self.bp_remove(child, addr);
         }
         let _ = sys::detach(child, 0);
         self.threads.remove(&child);
@@ -1256,8 +1310,9 @@ impl Tracer {
         // The code goes back to what it was before anything else.
         let removed: Vec<(u32, u64)> = self.breakpoints.keys().copied().collect();
         for (pid, addr) in &removed {
-            if let Some(orig) = self.breakpoints.remove(&(*pid, *addr)) {
+            if let Some(orig) = self.breakpoints.get(&(*pid, *addr)).cloned() {
                 let _ = sys::write_memory(*pid, *addr, &orig);
+                self.bp_remove(*pid, *addr);
             }
         }
         let mut removed: HashSet<(u32, u64)> = removed.into_iter().collect();

@@ -60,9 +60,21 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         .env("SUPERPROF_HZ", args.frequency.to_string())
         .spawn()
         .and_then(|mut child| {
-            // Ctrl-C is the command's to take; superprof merges what it left.
+            // Ctrl-C is the command's to take; superprof merges what it left. SIGTERM and
+            // SIGHUP sent to superprof are passed on to the command, which ends as it would
+            // have alone; superprof still merges.
+            crate::sys::install_stop_handler();
             let _ignore = crate::sys::IgnoreInterrupts::new();
-            child.wait()
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    break Ok(status);
+                }
+                if let Some(sig @ (libc::SIGTERM | libc::SIGHUP)) = crate::sys::take_stop_signal()
+                {
+                    superprof_trace::kill(child.id(), sig);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         })
         .with_context(|| format!("cannot run '{program}'"));
     let status = match status {

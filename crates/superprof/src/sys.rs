@@ -1,12 +1,24 @@
 //! The binary's kernel interfaces: the stop signals, the vDSO copy, pidfds, limits.
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_stop_signal(_: libc::c_int) {
+/// The last stop signal received and not yet taken (0: none).
+static LAST_STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
+    LAST_STOP_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// The stop signal received since the last call, if any.
+pub fn take_stop_signal() -> Option<libc::c_int> {
+    match LAST_STOP_SIGNAL.swap(0, Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
 }
 
 /// The signals that end superprof as Ctrl-C does: a closed terminal or ssh session (SIGHUP),

@@ -395,3 +395,123 @@ fn the_commands_status_when_there_is_nothing_to_show() {
     );
     assert!(stderr.contains("no function symbols"), "{stderr}");
 }
+
+/// SIGKILL leaves superprof no time to clean up: the janitor process puts back the code under
+/// its breakpoints, and the process runs on untraced. (The breakpoint here is never hit, so
+/// no thread sits on one when superprof dies: that window is documented, not tested.)
+#[test]
+fn sigkill_of_superprof_leaves_the_code_as_it_was() {
+    let dir = TempDir::new("harm-sigkill");
+    let exe = compile(&dir, "attach", &["attach.c"], &["-O2", "-g", "-pthread"]);
+    for cmd in [
+        vec!["stat", "-e", "page-faults", "-r", "late_thread_spin"],
+        vec!["blocks", "--mode", "count", "-r", "late_thread_spin"],
+    ] {
+        // Spins for 30 s; its late thread (the region) starts after 1000 s, so never.
+        let (mut child, _stdout) = spawn_ready(&exe, &["30", "1000"]);
+        let pid = child.id();
+        let before = code_bytes(pid, &exe);
+        let mut sp = superprof()
+            .args(&cmd)
+            .args(["-p", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait until the breakpoint is in.
+        let start = Instant::now();
+        while code_bytes(pid, &exe) == before {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{cmd:?}: no breakpoint"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sp.kill().unwrap(); // SIGKILL
+        sp.wait().unwrap();
+        let start = Instant::now();
+        while code_bytes(pid, &exe) != before && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            code_bytes(pid, &exe) == before,
+            "{cmd:?}: a breakpoint was left"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{cmd:?}: the process ended"
+        );
+        assert_running_untraced(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A launched command runs on when superprof is killed (no PTRACE_O_EXITKILL).
+#[test]
+fn sigkill_of_superprof_leaves_a_launched_command_running() {
+    let dir = TempDir::new("harm-sigkill-launched");
+    let done = dir.path("done");
+    for cmd in [
+        vec!["syscalls", "-o", "/dev/null"],
+        vec!["record", "--sampler", "ptrace", "-q", "-o", "x.folded"],
+        vec!["stat", "-e", "page-faults", "-r", "getpid"],
+    ] {
+        let _ = std::fs::remove_file(&done);
+        let script = format!("sleep 1; echo finished > {}", done.display());
+        let mut sp = superprof()
+            .args(&cmd)
+            .args(["--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        sp.kill().unwrap();
+        sp.wait().unwrap();
+        let start = Instant::now();
+        while !done.exists() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            std::fs::read_to_string(&done).ok().as_deref(),
+            Some("finished\n"),
+            "{cmd:?}: the command did not finish"
+        );
+    }
+}
+
+/// SIGTERM and SIGHUP to `superprof preload` reach the command, which ends as it would alone;
+/// superprof exits with its status.
+#[test]
+fn stop_signals_reach_a_preloaded_command() {
+    let dir = TempDir::new("harm-preload-sig");
+    let exe = compile(&dir, "attach", &["attach.c"], &["-O2", "-g", "-pthread"]);
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        let mut sp = superprof()
+            .args(["preload", "-o"])
+            .arg(dir.path("p.folded"))
+            .arg("--")
+            .arg(&exe)
+            .args(["30", "1000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: sending a signal to our superprof child.
+        unsafe { libc::kill(sp.id() as i32, sig) };
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = sp.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "signal {sig}: still running"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(128 + sig), "signal {sig}");
+    }
+}

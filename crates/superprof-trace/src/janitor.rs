@@ -1,0 +1,346 @@
+//! The janitor: a small process that puts the original code back under our breakpoints if
+//! superprof dies without doing it (SIGKILL, the OOM killer, a crash that skips Drop).
+//!
+//! ptrace cannot outlive its tracer, but an `int3` written into a process's code does: the
+//! process would die of SIGTRAP at the next hit. So every breakpoint is also written into a
+//! table in memory shared with a process forked for the purpose, which waits on a pipe whose
+//! only writer is superprof. When superprof is gone, the pipe reads end-of-file and the
+//! janitor writes the original bytes of every breakpoint still in the table through
+//! /proc/PID/mem (after checking, by its start time, that the pid is still the same process),
+//! then exits. When superprof ends normally the table is empty by then and the janitor just
+//! exits. A thread that had trapped on a breakpoint at the very moment superprof died may
+//! still receive its SIGTRAP: that is the window left, the length of one breakpoint stop.
+//!
+//! The janitor is forked from a possibly multi-threaded process, so it only makes raw system
+//! calls on memory prepared before the fork: no allocation, no locks.
+
+use std::collections::HashMap;
+
+/// One breakpoint in the shared table. `len` is written last when an entry is filled and
+/// first (to 0) when it is cleared, so the janitor never uses half an entry.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Entry {
+    pid: u32,
+    len: u32,
+    addr: u64,
+    /// The process's start time (field 22 of /proc/PID/stat), against pid reuse.
+    start_time: u64,
+    orig: [u8; 8],
+}
+
+/// Entries the table holds (2 MiB); breakpoints beyond it are not covered.
+const CAPACITY: usize = 1 << 16;
+
+pub struct Janitor {
+    table: *mut Entry,
+    /// Our end of the pipe: the janitor sees end-of-file when superprof is gone.
+    alive: Option<std::os::fd::OwnedFd>,
+    pid: libc::pid_t,
+    slots: HashMap<(u32, u64), usize>,
+    free: Vec<usize>,
+    next: usize,
+    start_times: HashMap<u32, u64>,
+}
+
+impl Janitor {
+    /// Forks the janitor. `None` if it cannot be started (then breakpoints are only removed
+    /// by superprof itself).
+    pub fn start() -> Option<Janitor> {
+        let size = CAPACITY * std::mem::size_of::<Entry>();
+        // SAFETY: a fresh shared anonymous mapping; checked for MAP_FAILED below.
+        let table = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if table == libc::MAP_FAILED {
+            return None;
+        }
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is a valid out-array of two ints.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            // SAFETY: unmapping the mapping made above.
+            unsafe { libc::munmap(table, size) };
+            return None;
+        }
+        let (read_end, write_end) = (fds[0], fds[1]);
+        // SAFETY: the child only makes raw system calls on memory prepared before the fork
+        // (the shared table, the pipe) and leaves with _exit; see `watch`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { watch(read_end, write_end, table as *const Entry) };
+        }
+        // SAFETY: our copy of the read end is not needed; closing a descriptor we own.
+        unsafe { libc::close(read_end) };
+        if pid < 0 {
+            // SAFETY: closing the write end and unmapping what was made above.
+            unsafe {
+                libc::close(write_end);
+                libc::munmap(table, size);
+            }
+            return None;
+        }
+        Some(Janitor {
+            table: table as *mut Entry,
+            // SAFETY: pipe2 gave us this descriptor; we now own it.
+            alive: Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(write_end) }),
+            pid,
+            slots: HashMap::new(),
+            free: Vec::new(),
+            next: 0,
+            start_times: HashMap::new(),
+        })
+    }
+
+    /// Records a breakpoint at `addr` of process `pid` over the bytes `orig`.
+    pub fn add(&mut self, pid: u32, addr: u64, orig: &[u8]) {
+        if orig.len() > 8 || self.slots.contains_key(&(pid, addr)) {
+            return;
+        }
+        let Some(start_time) = self.start_time(pid) else {
+            return;
+        };
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None if self.next < CAPACITY => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return,
+        };
+        let mut bytes = [0u8; 8];
+        bytes[..orig.len()].copy_from_slice(orig);
+        // SAFETY: `slot` < CAPACITY, inside the mapping; only this thread writes the table.
+        unsafe {
+            let e = self.table.add(slot);
+            std::ptr::write_volatile(&mut (*e).pid, pid);
+            std::ptr::write_volatile(&mut (*e).addr, addr);
+            std::ptr::write_volatile(&mut (*e).start_time, start_time);
+            std::ptr::write_volatile(&mut (*e).orig, bytes);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            std::ptr::write_volatile(&mut (*e).len, orig.len() as u32);
+        }
+        self.slots.insert((pid, addr), slot);
+    }
+
+    /// Forgets a breakpoint (its code is back, or gone with its process).
+    pub fn remove(&mut self, pid: u32, addr: u64) {
+        if let Some(slot) = self.slots.remove(&(pid, addr)) {
+            // SAFETY: as in `add`.
+            unsafe { std::ptr::write_volatile(&mut (*self.table.add(slot)).len, 0) };
+            self.free.push(slot);
+        }
+    }
+
+    /// Forgets a process that exited or exec'd (its pid may be reused).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.start_times.remove(&pid);
+    }
+
+    fn start_time(&mut self, pid: u32) -> Option<u64> {
+        if let Some(&t) = self.start_times.get(&pid) {
+            return Some(t);
+        }
+        let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+        let t = parse_start_time(&stat)?;
+        self.start_times.insert(pid, t);
+        Some(t)
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        // Closing our end lets the janitor exit (at once: the table is empty when superprof
+        // ends normally); it is reaped here, or by init once superprof is gone.
+        drop(self.alive.take());
+        for _ in 0..50 {
+            // SAFETY: waitpid on our own child, not blocking.
+            if unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) } != 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        // SAFETY: unmapping the table mapped in `start`; nothing uses it any more.
+        unsafe {
+            libc::munmap(
+                self.table as *mut libc::c_void,
+                CAPACITY * std::mem::size_of::<Entry>(),
+            )
+        };
+    }
+}
+
+/// Field 22 of /proc/PID/stat (the start time), read without allocating: the fields after
+/// the command name, which ends at the last ')'.
+fn parse_start_time(stat: &[u8]) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = stat.get(close + 2..)?;
+    // After ") " come state (field 3) .. starttime (field 22): skip 19 fields.
+    let field = rest.split(|&b| b == b' ').nth(19)?;
+    let mut v: u64 = 0;
+    if field.is_empty() {
+        return None;
+    }
+    for &b in field {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(v)
+}
+
+/// Writes "/proc/<pid>/<name>\0" into `buf`; returns false if it does not fit.
+fn proc_path(buf: &mut [u8; 40], pid: u32, name: &[u8]) -> bool {
+    let mut digits = [0u8; 10];
+    let mut n = pid;
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let total = 6 + len + 1 + name.len() + 1;
+    if total > buf.len() {
+        return false;
+    }
+    buf[..6].copy_from_slice(b"/proc/");
+    for i in 0..len {
+        buf[6 + i] = digits[len - 1 - i];
+    }
+    buf[6 + len] = b'/';
+    buf[7 + len..7 + len + name.len()].copy_from_slice(name);
+    buf[7 + len + name.len()] = 0;
+    true
+}
+
+/// The janitor's life, in the forked child: wait for superprof to go, then put back the code
+/// under every breakpoint left in the table.
+///
+/// # Safety
+/// Called once, in the child of fork, with the read end of the pipe and the shared table.
+unsafe fn watch(read_end: i32, write_end: i32, table: *const Entry) -> ! {
+    // Our copy of the write end would keep the pipe open forever; every other descriptor
+    // (the terminal, superprof's output pipes, perf events) is superprof's, not ours.
+    libc::close(write_end);
+    libc::dup2(read_end, 0);
+    libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32);
+    // Ctrl-C and the like reach the whole process group: they are superprof's to handle.
+    for sig in [
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGPIPE,
+    ] {
+        libc::signal(sig, libc::SIG_IGN);
+    }
+    let mut b = 0u8;
+    loop {
+        let n = libc::read(0, &mut b as *mut u8 as *mut libc::c_void, 1);
+        if n > 0 {
+            continue;
+        }
+        if n < 0 && *libc::__errno_location() == libc::EINTR {
+            continue;
+        }
+        break;
+    }
+    let mut path = [0u8; 40];
+    let mut stat = [0u8; 1024];
+    for i in 0..CAPACITY {
+        let e = std::ptr::read_volatile(table.add(i));
+        if e.len == 0 || e.len > 8 {
+            continue;
+        }
+        // The same process still? (its pid may have been reused since)
+        if !proc_path(&mut path, e.pid, b"stat") {
+            continue;
+        }
+        let fd = libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDONLY);
+        if fd < 0 {
+            continue;
+        }
+        let n = libc::read(fd, stat.as_mut_ptr() as *mut libc::c_void, stat.len());
+        libc::close(fd);
+        if n <= 0 || parse_start_time(&stat[..n as usize]) != Some(e.start_time) {
+            continue;
+        }
+        if !proc_path(&mut path, e.pid, b"mem") {
+            continue;
+        }
+        let fd = libc::open(path.as_ptr() as *const libc::c_char, libc::O_WRONLY);
+        if fd < 0 {
+            continue;
+        }
+        libc::pwrite(
+            fd,
+            e.orig.as_ptr() as *const libc::c_void,
+            e.len as usize,
+            e.addr as libc::off_t,
+        );
+        libc::close(fd);
+    }
+    libc::_exit(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_is_field_22_whatever_the_name() {
+        let stat =
+            b"1234 (a) b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert_eq!(parse_start_time(b"1 (x) S 0"), None);
+        assert_eq!(parse_start_time(b"garbage"), None);
+        let own = std::fs::read("/proc/self/stat").unwrap();
+        assert!(parse_start_time(&own).is_some());
+    }
+
+    #[test]
+    fn proc_paths_are_built_without_allocating() {
+        let mut buf = [0u8; 40];
+        assert!(proc_path(&mut buf, 4_294_967_295, b"mem"));
+        assert_eq!(&buf[..22], b"/proc/4294967295/mem\0\0"[..22].as_ref());
+        assert!(proc_path(&mut buf, 7, b"stat"));
+        assert_eq!(&buf[..13], b"/proc/7/stat\0");
+    }
+
+    #[test]
+    fn janitor_restores_the_code_when_superprof_is_gone() {
+        // A child stands in for the profiled process; we "set a breakpoint" in its memory
+        // by writing a byte, record it, then drop the janitor's pipe without removing it.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Any writable address of the child will do: its stack's first page.
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let line = maps.lines().find(|l| l.ends_with("[stack]")).unwrap();
+        let addr = u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
+        let mut orig = [0u8; 1];
+        assert_eq!(crate::sys::read_memory(pid, addr, &mut orig), 1);
+        crate::sys::write_memory(pid, addr, &[orig[0] ^ 0xff]).unwrap();
+        let mut j = Janitor::start().unwrap();
+        j.add(pid, addr, &orig);
+        drop(j); // as if superprof were gone with the breakpoint in place
+        let mut now = [0u8; 1];
+        crate::sys::read_memory(pid, addr, &mut now);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(now, orig);
+    }
+}
