@@ -469,20 +469,41 @@ fn bad_input_gives_one_line() {
 
 #[test]
 fn ctrl_c_keeps_the_samples_and_the_guest_runs_on() {
+    stop_signal_keeps_the_samples_and_the_guest_runs_on("INT", "--gdb", 100);
+}
+
+/// SIGHUP (a dropped ssh session) through QMP, which stops the guest at every sample: it
+/// must be resumed (issue 12).
+#[test]
+fn sighup_through_qmp_keeps_the_samples_and_the_guest_runs_on() {
+    stop_signal_keeps_the_samples_and_the_guest_runs_on("HUP", "--qmp", 10);
+}
+
+fn stop_signal_keeps_the_samples_and_the_guest_runs_on(signal: &str, backend: &str, min: u64) {
     let _cpu = cpu_lock();
-    let dir = TempDir::new("qemu-sigint");
+    let dir = TempDir::new("qemu-stopsig");
     let k = build(&dir, Arch::Aarch64);
     let q = start_qemu(&dir, Arch::Aarch64, &k);
     let folded = dir.path("int.folded");
-    let child = profile_for_long(&k, &q, &folded);
+    let child = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&k.kernel)
+        .arg(backend)
+        .arg(if backend == "--gdb" { &q.gdb } else { &q.qmp })
+        .args(["--interval", "1", "--duration", "30", "-o"])
+        .arg(&folded)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
     Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(Folded::read(&folded).total() > 100, "{stderr}");
+    assert!(Folded::read(&folded).total() > min, "{stderr}");
     // The guest was let go: QMP says it runs.
     use std::io::{BufRead, BufReader, Write};
     let s = std::os::unix::net::UnixStream::connect(&q.qmp).unwrap();
