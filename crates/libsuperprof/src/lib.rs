@@ -1,13 +1,17 @@
 //! libsuperprof: an in-process sampling profiler for C, C++ and Rust programs.
 //!
 //! The program calls `perf_start()` and `perf_stop()` (C, `include/superprof.h`) or holds a
-//! [`Profiler`] (Rust). Between them ITIMER_PROF sends SIGPROF after every 1/hz s of the
-//! process's CPU time to the thread that is running, so every thread is sampled, those started
-//! later included. The handler reads the interrupted pc, sp and frame pointer from the
-//! ucontext, walks the frame-pointer chain reading memory through `process_vm_readv` (a frame
-//! that is not mapped ends the walk instead of faulting), and stores the stack into a buffer
-//! mapped at start, at a slot reserved with an atomic counter. It allocates nothing, takes no
-//! lock, keeps errno, and counts the samples it drops when the buffer is full. At stop the
+//! [`Profiler`] (Rust). Between them a POSIX timer on the process's CPU-time clock sends
+//! SIGPROF after every 1/hz s of the process's CPU time to the thread that is running, so every
+//! thread is sampled, those started later included. Nothing of it outlives the program image:
+//! exec deletes the timer and resets the handler, fork children get no timer (a preloaded
+//! child starts its own), and stop puts SIGPROF's disposition back. The handler reads the
+//! interrupted pc, sp and frame pointer from the ucontext, unwinds with framehop over the CFI
+//! of the modules mapped at start (or walks the frame-pointer chain), reading memory through
+//! `process_vm_readv` (a frame that is not mapped ends the walk instead of faulting), and
+//! stores the stack into a buffer mapped at start, at a slot reserved with an atomic counter.
+//! It allocates nothing, takes no lock, cannot panic (the ELF files' sections were checked at
+//! start), keeps errno, and counts the samples it drops when the buffer is full. At stop the
 //! addresses are symbolized with superprof's symbolizer (ELF symbols, DWARF file:line and
 //! inlined frames, demangling) into a `superprof_profile::Profile`: the table goes to stderr
 //! and the profile to a file in any of superprof's formats.
@@ -144,6 +148,10 @@ struct Session {
     output: Option<PathBuf>,
     started: Instant,
     start_unix_ns: u64,
+    /// Sends SIGPROF while it lives (deleted by exec, absent in fork children).
+    timer: Option<sys::CpuTimer>,
+    /// SIGPROF's disposition before start, put back at stop.
+    previous: sys::SavedAction,
 }
 
 static SESSION: Mutex<Option<Session>> = Mutex::new(None);
@@ -260,16 +268,18 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     if session.is_some() && PID.load(Ordering::Acquire) == sys::getpid() {
         return Err(Error::AlreadyRunning);
     }
-    if sys::sigprof_has_handler() && !ACTIVE.load(Ordering::Acquire) {
+    if sys::sigprof_has_other_handler(on_sigprof) {
         return Err(Error::HandlerInstalled);
     }
     // A session inherited from the parent over fork: forget it (only this thread exists in
-    // the child, so no handler runs).
-    if session.take().is_some() {
+    // the child, so no handler runs; the parent's timer is not the child's), keeping the
+    // disposition to put back.
+    let inherited = session.take().map(|s| {
         ACTIVE.store(false, Ordering::SeqCst);
         IN_HANDLER.store(0, Ordering::SeqCst);
         BUFFER.unmap();
-    }
+        s.previous
+    });
     let hz = if hz == 0 { 999 } else { hz };
     BUFFER.map(BUFFER_WORDS).map_err(Error::Io)?;
     UNWINDER.set(Box::new(build_unwinder()));
@@ -279,15 +289,20 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     });
     DROPPED.store(0, Ordering::Release);
     PID.store(sys::getpid(), Ordering::Release);
-    sys::install_handler(on_sigprof).map_err(Error::Io)?;
+    let previous = sys::install_handler(on_sigprof, inherited).map_err(Error::Io)?;
     ACTIVE.store(true, Ordering::SeqCst);
-    if let Err(e) = sys::set_timer(hz) {
-        ACTIVE.store(false, Ordering::Release);
-        sys::ignore_sigprof();
-        BUFFER.unmap();
-        return Err(Error::Io(e));
-    }
+    let timer = match sys::CpuTimer::start(hz) {
+        Ok(t) => t,
+        Err(e) => {
+            ACTIVE.store(false, Ordering::SeqCst);
+            sys::restore_handler(on_sigprof, &previous);
+            BUFFER.unmap();
+            return Err(Error::Io(e));
+        }
+    };
     *session = Some(Session {
+        timer: Some(timer),
+        previous,
         hz,
         output: output.or_else(|| std::env::var_os("SUPERPROF_OUTPUT").map(PathBuf::from)),
         started: Instant::now(),
@@ -304,23 +319,24 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
 fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
     let (session, words) = {
         let mut guard = SESSION.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(session) = guard.take() else {
+        let Some(mut session) = guard.take() else {
             return Err(Error::NotRunning);
         };
-        let _ = sys::set_timer(0);
+        drop(session.timer.take());
         ACTIVE.store(false, Ordering::SeqCst);
         if PID.load(Ordering::SeqCst) != sys::getpid() {
             // A fork child stopping its parent's session: it sampled nothing of its own, and
             // it must not write the parent's output.
             IN_HANDLER.store(0, Ordering::SeqCst);
             BUFFER.unmap();
+            sys::restore_handler(on_sigprof, &session.previous);
             return Err(Error::NotRunning);
         }
         let deadline = Instant::now() + Duration::from_secs(1);
         while IN_HANDLER.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::yield_now();
         }
-        sys::ignore_sigprof();
+        put_back_disposition(&session.previous);
         let words = BUFFER.contents();
         if IN_HANDLER.load(Ordering::SeqCst) == 0 {
             BUFFER.unmap();
@@ -338,6 +354,21 @@ fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
     Ok((profile, session.output))
 }
 
+/// SIGPROF's disposition from before start, once no signal of the deleted timer is pending
+/// (the kernel drops such a signal since Linux 6.13; an older one delivers it, to our handler,
+/// which now does nothing). While one stays pending (every thread blocks SIGPROF), our handler
+/// stays: the default action would end the process. exec resets it either way.
+fn put_back_disposition(previous: &sys::SavedAction) {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while sys::sigprof_pending() {
+        if Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    sys::restore_handler(on_sigprof, previous);
+}
+
 fn build_profile(words: &[u64], session: &Session) -> Profile {
     let pid = sys::getpid();
     let mut p = Profile::default();
@@ -349,7 +380,7 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
                 .collect()
         })
         .unwrap_or_default();
-    p.meta.event = "cpu-time (ITIMER_PROF, in process)".into();
+    p.meta.event = "cpu-time (SIGPROF, in process)".into();
     p.meta.frequency = session.hz;
     p.meta.start_time_unix_ns = session.start_unix_ns;
     p.meta.duration_ns = session.started.elapsed().as_nanos() as u64;

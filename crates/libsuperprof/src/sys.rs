@@ -1,5 +1,5 @@
-//! The kernel interfaces of the in-process sampler: SIGPROF's handler and disposition,
-//! ITIMER_PROF, the sample buffer (an anonymous mapping), reads of memory that may not be
+//! The kernel interfaces of the in-process sampler: SIGPROF's handler and disposition, the
+//! CPU-time timer, the sample buffer (an anonymous mapping), reads of memory that may not be
 //! mapped, and the interrupted registers. Everything the signal handler calls is here, and
 //! is async-signal-safe: syscalls, atomics, stores into the preallocated buffer.
 
@@ -8,55 +8,131 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 /// The handler's entry point: gets the interrupted context.
 pub type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
 
-/// The current disposition of SIGPROF: true when a handler of the program's own is there.
-pub fn sigprof_has_handler() -> bool {
+/// SIGPROF's current disposition.
+fn sigprof_action() -> Option<libc::sigaction> {
     // SAFETY: sigaction with a null new action only reads the current one into `old`.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::sigaction(libc::SIGPROF, std::ptr::null(), &mut old) };
-    r == 0 && old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN
+    (r == 0).then_some(old)
 }
 
-/// Installs `h` for SIGPROF (restarting interrupted syscalls).
-pub fn install_handler(h: Handler) -> std::io::Result<()> {
+/// True when SIGPROF has a handler other than `ours`: the program's own.
+pub fn sigprof_has_other_handler(ours: Handler) -> bool {
+    sigprof_action().is_some_and(|a| {
+        a.sa_sigaction != libc::SIG_DFL
+            && a.sa_sigaction != libc::SIG_IGN
+            && a.sa_sigaction != ours as usize
+    })
+}
+
+/// A disposition of SIGPROF, kept to be put back.
+#[derive(Clone, Copy)]
+pub struct SavedAction(libc::sigaction);
+
+impl SavedAction {
+    /// The default action (what a process starts with).
+    pub fn default_action() -> SavedAction {
+        // SAFETY: a zeroed sigaction is SIG_DFL with an empty mask and no flags.
+        let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
+        a.sa_sigaction = libc::SIG_DFL;
+        SavedAction(a)
+    }
+
+    fn is(&self, h: Handler) -> bool {
+        self.0.sa_sigaction == h as usize
+    }
+}
+
+/// Installs `h` for SIGPROF (restarting interrupted syscalls); returns the disposition it
+/// replaced, or `inherited` when that was `h` itself (a fork child of a sampled process).
+pub fn install_handler(h: Handler, inherited: Option<SavedAction>) -> std::io::Result<SavedAction> {
     // SAFETY: a zeroed sigaction with a valid handler, SA_SIGINFO and an empty mask.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = h as usize;
     sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
     unsafe { libc::sigemptyset(&mut sa.sa_mask) };
-    // SAFETY: installing a handler for SIGPROF; the old action is not needed.
-    if unsafe { libc::sigaction(libc::SIGPROF, &sa, std::ptr::null_mut()) } != 0 {
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: installing a handler for SIGPROF; the old action is written to `old`.
+    if unsafe { libc::sigaction(libc::SIGPROF, &sa, &mut old) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(())
-}
-
-/// SIGPROF ignored: a signal still pending when sampling stops must not end the process.
-pub fn ignore_sigprof() {
-    // SAFETY: setting SIGPROF's disposition to SIG_IGN.
-    unsafe { libc::signal(libc::SIGPROF, libc::SIG_IGN) };
-}
-
-/// ITIMER_PROF at `hz` (0: off): SIGPROF after every 1/hz s of the process's CPU time, to the
-/// thread that is running.
-pub fn set_timer(hz: u32) -> std::io::Result<()> {
-    let usec = if hz == 0 {
-        0
+    let old = SavedAction(old);
+    Ok(if old.is(h) {
+        inherited.unwrap_or_else(SavedAction::default_action)
     } else {
-        (1_000_000 / hz as i64).max(1)
-    };
-    let tv = libc::timeval {
-        tv_sec: usec / 1_000_000,
-        tv_usec: (usec % 1_000_000) as libc::suseconds_t,
-    };
-    let it = libc::itimerval {
-        it_interval: tv,
-        it_value: tv,
-    };
-    // SAFETY: setitimer with a valid itimerval; the old value is not needed.
-    if unsafe { libc::setitimer(libc::ITIMER_PROF, &it, std::ptr::null_mut()) } != 0 {
-        return Err(std::io::Error::last_os_error());
+        old
+    })
+}
+
+/// Puts `saved` back as SIGPROF's disposition, unless the handler is no longer `ours` (the
+/// program installed its own meanwhile: it stays).
+pub fn restore_handler(ours: Handler, saved: &SavedAction) {
+    if sigprof_action().is_some_and(|a| a.sa_sigaction == ours as usize) {
+        // SAFETY: setting SIGPROF's disposition to one it had before.
+        unsafe { libc::sigaction(libc::SIGPROF, &saved.0, std::ptr::null_mut()) };
     }
-    Ok(())
+}
+
+/// Whether a SIGPROF is pending for the process or this thread.
+pub fn sigprof_pending() -> bool {
+    // SAFETY: sigpending writes the pending set into a local sigset_t.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::sigpending(&mut set) == 0 && libc::sigismember(&set, libc::SIGPROF) == 1 }
+}
+
+/// The sampling clock: a POSIX timer on the process's CPU-time clock that sends SIGPROF after
+/// every 1/hz s of CPU time used by any of its threads. The signal is process-directed, and
+/// since Linux 6.3 such a signal goes to the current thread, the one whose tick expired the
+/// timer: the thread that is running, as with ITIMER_PROF. Unlike ITIMER_PROF, exec deletes
+/// the timer and fork does not copy it, so it cannot outlive the handler it signals (the
+/// handler does not survive exec either).
+pub struct CpuTimer {
+    id: usize,
+    /// The process that created the timer: ids are per process.
+    owner: u32,
+}
+
+impl CpuTimer {
+    pub fn start(hz: u32) -> std::io::Result<CpuTimer> {
+        // SAFETY: a zeroed sigevent asking for SIGPROF (SIGEV_SIGNAL, no value).
+        let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
+        sev.sigev_notify = libc::SIGEV_SIGNAL;
+        sev.sigev_signo = libc::SIGPROF;
+        let mut id: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: timer_create with a valid sigevent, writing the new id into `id`.
+        if unsafe { libc::timer_create(libc::CLOCK_PROCESS_CPUTIME_ID, &mut sev, &mut id) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let timer = CpuTimer {
+            id: id as usize,
+            owner: getpid(),
+        };
+        let ns = (1_000_000_000 / i64::from(hz.max(1))).max(1);
+        let period = libc::timespec {
+            tv_sec: ns / 1_000_000_000,
+            tv_nsec: ns % 1_000_000_000,
+        };
+        let it = libc::itimerspec {
+            it_interval: period,
+            it_value: period,
+        };
+        // SAFETY: arming the timer just created with a valid itimerspec.
+        if unsafe { libc::timer_settime(id, 0, &it, std::ptr::null_mut()) } != 0 {
+            return Err(std::io::Error::last_os_error()); // the drop deletes it
+        }
+        Ok(timer)
+    }
+}
+
+impl Drop for CpuTimer {
+    /// Deletes the timer, in the process that created it only: a fork child has no copy, and
+    /// the same id may name one of the child's own timers there.
+    fn drop(&mut self) {
+        if self.owner == getpid() {
+            // SAFETY: deleting a timer this process created and has not deleted.
+            unsafe { libc::timer_delete(self.id as libc::timer_t) };
+        }
+    }
 }
 
 pub fn gettid() -> u32 {
@@ -233,7 +309,7 @@ pub fn read_into(addr: u64, buf: &mut [u8]) -> usize {
     let mut remote = [empty; PAGES];
     let (mut done, mut k) = (0usize, 0usize);
     while done < len && k < PAGES {
-        let a = addr + done as u64;
+        let a = addr.wrapping_add(done as u64);
         let chunk = ((4096 - a % 4096) as usize).min(len - done);
         local[k] = libc::iovec {
             iov_base: buf[done..].as_mut_ptr() as *mut libc::c_void,

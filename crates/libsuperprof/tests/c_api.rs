@@ -2,19 +2,12 @@
 //! not, against the split the program measures itself; threads started later, malloc-heavy
 //! code, fork, a program with its own SIGPROF handler, and misuse.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// target/release (or debug), where libsuperprof.so is.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_owned()
-}
+use common::*;
 
 fn build(dir: &Path) -> PathBuf {
     build_with(dir, false, "-fno-omit-frame-pointer")
@@ -22,58 +15,22 @@ fn build(dir: &Path) -> PathBuf {
 
 /// The fixture linked with libsuperprof.so, or with libsuperprof.a (`static_lib`).
 fn build_with(dir: &Path, static_lib: bool, frame_pointers: &str) -> PathBuf {
-    let lib = lib_dir();
-    assert!(
-        lib.join("libsuperprof.so").exists(),
-        "{} is missing: cargo build --release builds it",
-        lib.join("libsuperprof.so").display()
-    );
-    let exe = dir.join("lib_api");
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", frame_pointers, "-pthread", "-I"])
-        .arg(root().join("include"))
-        .arg("-I")
-        .arg(root().join("tests/fixtures"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(root().join("tests/fixtures/lib_api.c"))
-        .args(if static_lib {
-            vec![
-                lib.join("libsuperprof.a").into_os_string(),
-                "-ldl".into(),
-                "-lm".into(),
-            ]
-        } else {
-            vec![
-                "-L".into(),
-                lib.clone().into_os_string(),
-                format!("-Wl,-rpath,{}", lib.display()).into(),
-                "-lsuperprof".into(),
-            ]
-        })
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    let link = if static_lib {
+        Link::Static
+    } else {
+        Link::Shared
+    };
+    compile(
+        dir,
+        "lib_api",
+        "lib_api.c",
+        link,
+        &["-O2", "-g", frame_pointers],
+    )
 }
-
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("libsuperprof-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// One CPU-heavy program at a time: CPU-time timers tick less for a process that shares its
-/// core, and the split tests want their samples.
-static CPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run(exe: &Path, mode: &str, output: Option<&Path>) -> Output {
-    let _cpu = CPU.lock().unwrap_or_else(|e| e.into_inner());
+    let _cpu = cpu_lock();
     let mut c = Command::new(exe);
     c.arg(mode);
     if let Some(o) = output {
@@ -87,29 +44,6 @@ fn run(exe: &Path, mode: &str, output: Option<&Path>) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-/// Samples per leaf function, and the total, from a folded file.
-fn leaves(folded: &Path) -> (BTreeMap<String, u64>, u64) {
-    let text = std::fs::read_to_string(folded).unwrap();
-    let mut m = BTreeMap::new();
-    let mut total = 0;
-    for line in text.lines() {
-        let (stack, n) = line.rsplit_once(' ').unwrap();
-        let n: u64 = n.parse().unwrap();
-        *m.entry(stack.rsplit(';').next().unwrap().to_owned())
-            .or_insert(0) += n;
-        total += n;
-    }
-    (m, total)
-}
-
-fn values(stdout: &str) -> BTreeMap<String, f64> {
-    stdout
-        .split_whitespace()
-        .filter_map(|w| w.split_once('='))
-        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-        .collect()
 }
 
 #[test]

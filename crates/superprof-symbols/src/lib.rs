@@ -141,11 +141,13 @@ impl Symbolizer {
             };
             let (caller, call) = &chain[k + 1];
             let (file, line, column) = call.clone().unwrap_or((None, None, None));
+            // Addresses and lengths come from the file: an end that would wrap is clamped.
+            let end = addr.saturating_add(len);
             let e = instances
                 .entry((caller.clone(), file, line, column))
-                .or_insert((addr, addr + len));
+                .or_insert((addr, end));
             e.0 = e.0.min(addr);
-            e.1 = e.1.max(addr + len);
+            e.1 = e.1.max(end);
         }
         let mut sites: Vec<(u64, u64)> = instances.into_values().collect();
         sites.sort_unstable();

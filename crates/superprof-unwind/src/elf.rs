@@ -1,4 +1,10 @@
 //! ELF images: parsed once per run, shared by every process that maps them.
+//!
+//! The file is the target's, so anyone may have written it: every offset, size and address
+//! read from its headers is checked here, once, when the image is opened (a section whose
+//! bytes lie outside the file, whose addresses wrap, or that contradicts the segment holding
+//! it is left out). What the unwinder gets afterwards (in a signal handler, for libsuperprof)
+//! is consistent, and [`SectionBytes`] cannot index out of bounds.
 
 use std::collections::HashMap;
 use std::ops::{Deref, Range};
@@ -22,7 +28,8 @@ pub struct SectionBytes {
 impl Deref for SectionBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.map[self.range.clone()]
+        // The range was checked against the file at open; `get` keeps this panic-free anyway.
+        self.map.get(self.range.clone()).unwrap_or_default()
     }
 }
 
@@ -57,25 +64,31 @@ const UNWIND_SECTIONS: [&[u8]; 5] = [
 ];
 
 impl ElfImage {
+    /// Opens and checks `path`; None when it cannot be read or is not an object file. Sections
+    /// and segments with impossible values are left out (the rest of the file is still used).
     pub fn open(path: &Path) -> Option<ElfImage> {
         let map = Arc::new(crate::sys::map_file(path).ok()?);
         let obj = object::File::parse(&**map).ok()?;
-        let segments = obj
+        let file_len = map.len() as u64;
+        let segments: Vec<Segment> = obj
             .segments()
-            .map(|s| {
+            .filter_map(|s| {
                 let (offset, filesz) = s.file_range();
+                // Offsets and addresses that wrap cannot be placed anywhere.
+                offset.checked_add(filesz)?;
+                s.address().checked_add(filesz)?;
                 let executable = match s.flags() {
                     object::SegmentFlags::Elf { p_flags, .. } => {
                         p_flags.0 & object::elf::PF_X.0 != 0
                     }
                     _ => false,
                 };
-                Segment {
+                Some(Segment {
                     vaddr: s.address(),
                     offset,
                     filesz,
                     executable,
-                }
+                })
             })
             .collect();
         let mut sections = HashMap::new();
@@ -83,20 +96,13 @@ impl ElfImage {
             let Ok(Some(sec)) = std::str::from_utf8(name).map(|n| obj.section_by_name(n)) else {
                 continue;
             };
-            let Some((off, size)) = sec.file_range() else {
-                continue;
-            };
-            let file = off as usize..(off + size) as usize;
-            if file.end > map.len() {
-                continue;
+            if let Some(info) = checked_section(&sec, file_len, &segments) {
+                sections.insert(name, info);
             }
-            sections.insert(
-                name,
-                SectionInfo {
-                    svma: sec.address()..sec.address() + sec.size(),
-                    file,
-                },
-            );
+        }
+        if !eh_frame_hdr_is_sound(&map, &sections) {
+            // framehop indexes .eh_frame itself when there is no .eh_frame_hdr.
+            sections.remove(&b".eh_frame_hdr"[..]);
         }
         Some(ElfImage {
             path: path.to_owned(),
@@ -111,7 +117,9 @@ impl ElfImage {
     /// executable PT_LOAD whose file range overlaps the mapping (independent of page size, and
     /// right for linkers such as lld whose code segment shares a page with read-only data).
     pub fn bias_for_mapping(&self, start: u64, len: u64, pgoff: u64) -> u64 {
-        let overlaps = |s: &&Segment| s.offset < pgoff + len && pgoff < s.offset + s.filesz.max(1);
+        let overlaps = |s: &&Segment| {
+            s.offset < pgoff.saturating_add(len) && pgoff < s.offset.saturating_add(s.filesz.max(1))
+        };
         let seg = self
             .segments
             .iter()
@@ -143,7 +151,7 @@ impl ElfImage {
         self.segments
             .iter()
             .filter(|s| s.executable && s.filesz > 0)
-            .map(|s| s.vaddr..s.vaddr + s.filesz)
+            .map(|s| s.vaddr..s.vaddr.saturating_add(s.filesz))
             .collect()
     }
 
@@ -152,6 +160,82 @@ impl ElfImage {
         self.sections.contains_key(&b".eh_frame"[..])
             || self.sections.contains_key(&b".debug_frame"[..])
     }
+}
+
+/// The file bytes and ELF addresses of a section, when they make sense: the bytes inside the
+/// file (`offset + size` not wrapping), the addresses not wrapping, the bytes stored as they are
+/// (not compressed), and for a section that is loaded (SHF_ALLOC) inside a PT_LOAD segment's
+/// file range, the address the segment gives its offset.
+fn checked_section<'a>(
+    sec: &impl ObjectSection<'a>,
+    file_len: u64,
+    segments: &[Segment],
+) -> Option<SectionInfo> {
+    let (off, size) = sec.file_range()?;
+    let end = off.checked_add(size).filter(|&e| e <= file_len)?;
+    let svma = sec.address()..sec.address().checked_add(size)?;
+    let object::SectionFlags::Elf { sh_flags, .. } = sec.flags() else {
+        return None;
+    };
+    if sh_flags.0 & object::elf::SHF_COMPRESSED.0 != 0 {
+        return None;
+    }
+    if sh_flags.0 & object::elf::SHF_ALLOC.0 != 0 {
+        let mut holders = segments
+            .iter()
+            .filter(|s| s.offset <= off && end <= s.offset.saturating_add(s.filesz))
+            .peekable();
+        let held = holders.peek().is_some();
+        if held && !holders.any(|s| s.vaddr.checked_add(off - s.offset) == Some(svma.start)) {
+            return None;
+        }
+    }
+    Some(SectionInfo {
+        svma,
+        file: usize::try_from(off).ok()?..usize::try_from(end).ok()?,
+    })
+}
+
+/// Whether `.eh_frame_hdr`'s search table can be used as it is while sampling: it parses with
+/// the bases framehop gives it, points at `.eh_frame`, holds as many entries as it says, sorted,
+/// each naming a record inside `.eh_frame`. (gimli's lookup trusts the entry count and the
+/// pointers: with others it computes offsets that overflow.)
+fn eh_frame_hdr_is_sound(map: &Mmap, sections: &HashMap<&'static [u8], SectionInfo>) -> bool {
+    use gimli::{BaseAddresses, EhFrameHdr, LittleEndian};
+    let section = |name: &[u8]| sections.get(name);
+    let (Some(hdr), Some(eh_frame)) = (section(b".eh_frame_hdr"), section(b".eh_frame")) else {
+        return true; // nothing to check (or nothing framehop would use)
+    };
+    let Some(bytes) = map.get(hdr.file.clone()) else {
+        return false;
+    };
+    let start = |name: &[u8]| section(name).map_or(0, |s| s.svma.start);
+    let bases = BaseAddresses::default()
+        .set_eh_frame(eh_frame.svma.start)
+        .set_eh_frame_hdr(hdr.svma.start)
+        .set_text(start(b".text"))
+        .set_got(start(b".got"));
+    let Ok(parsed) = EhFrameHdr::new(bytes, LittleEndian).parse(&bases, 8) else {
+        return false;
+    };
+    if parsed.eh_frame_ptr().direct().ok() != Some(eh_frame.svma.start) {
+        return false;
+    }
+    let Some(table) = parsed.table() else {
+        return false;
+    };
+    let mut previous = 0;
+    for entry in table.iter(&bases) {
+        let Ok((from, to)) = entry else { return false };
+        let (Ok(from), Ok(to)) = (from.direct(), to.direct()) else {
+            return false;
+        };
+        if from < previous || !eh_frame.svma.contains(&to) {
+            return false;
+        }
+        previous = from;
+    }
+    true
 }
 
 struct SectionSource<'a>(&'a ElfImage);

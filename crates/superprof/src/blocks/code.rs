@@ -36,12 +36,18 @@ impl ElfCode {
         let sections = obj
             .sections()
             .filter(|s| s.kind() == SectionKind::Text)
-            .filter_map(|s| Some((s.address(), s.data().ok()?.to_vec())))
+            .filter_map(|s| {
+                let data = s.data().ok()?;
+                // Code at addresses that wrap cannot be decoded.
+                s.address().checked_add(data.len() as u64)?;
+                Some((s.address(), data.to_vec()))
+            })
             .collect();
         let mut functions: Vec<Function> = obj
             .symbols()
             .chain(obj.dynamic_symbols())
             .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0 && s.size() > 0)
+            .filter(|s| s.address().checked_add(s.size()).is_some())
             .filter_map(|s| {
                 Some(Function {
                     name: superprof_symbols::demangle(s.name().ok()?),
@@ -60,12 +66,14 @@ impl ElfCode {
         })
     }
 
-    /// The bytes of [addr, addr+len) when one executable section holds them.
+    /// The bytes of [addr, addr+len) when one executable section holds them. Addresses and
+    /// sizes come from the file (symbols, section headers): nothing here may wrap.
     pub fn bytes(&self, addr: u64, len: u64) -> Option<&[u8]> {
+        let end = addr.checked_add(len)?;
         self.sections.iter().find_map(|(start, data)| {
-            let end = start + data.len() as u64;
-            (addr >= *start && addr + len <= end)
-                .then(|| &data[(addr - start) as usize..(addr + len - start) as usize])
+            let from = usize::try_from(addr.checked_sub(*start)?).ok()?;
+            let to = usize::try_from(end - start).ok()?;
+            data.get(from..to)
         })
     }
 
@@ -87,14 +95,14 @@ impl ElfCode {
     pub fn function_at(&self, addr: u64) -> Option<&Function> {
         let i = self.functions.partition_point(|f| f.addr <= addr);
         let f = self.functions.get(i.checked_sub(1)?)?;
-        (addr < f.addr + f.size).then_some(f)
+        (addr - f.addr < f.size).then_some(f)
     }
 
     /// The functions overlapping [lo, hi).
     pub fn functions_in(&self, lo: u64, hi: u64) -> impl Iterator<Item = &Function> {
         self.functions
             .iter()
-            .filter(move |f| f.addr < hi && f.addr + f.size > lo)
+            .filter(move |f| f.addr < hi && f.addr.saturating_add(f.size) > lo)
     }
 
     /// The basic blocks of [lo, hi), decoded function by function (so that block boundaries
@@ -177,5 +185,72 @@ impl ElfCode {
         self.bytes(start, end.saturating_sub(start)).map_or(0, |b| {
             superprof_analyze::decode_all_for(self.arch, b, start).len() as u32
         })
+    }
+}
+
+#[cfg(test)]
+#[path = "../../../../tests/fixtures/elf_patch.rs"]
+mod elf_patch;
+
+#[cfg(test)]
+mod tests {
+    use super::elf_patch::{self, Elf, SymField};
+    use super::ElfCode;
+
+    /// Every query of `blocks` on a real program whose headers and symbols are corrupted one
+    /// at a time (issue 12, item 8): no panic; the intact file still gives its functions.
+    #[test]
+    fn hostile_headers_and_symbols_never_panic() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = std::env::temp_dir().join(format!("superprof-code-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("child");
+        let out = std::process::Command::new("gcc")
+            .args(["-O2", "-g", "-I"])
+            .arg(root.join("tests/fixtures"))
+            .arg("-o")
+            .arg(&exe)
+            .arg(root.join("tests/fixtures/exec_child.c"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let original = Elf::read(&exe);
+        let work = original.symbol("child_work", SymField::Value);
+        let code = ElfCode::open(&exe).unwrap();
+        assert_eq!(code.function_at(work + 1).unwrap().name, "child_work");
+        let f = code.function_at(work).unwrap();
+        assert!(!code.static_blocks(f.addr, f.addr + f.size).is_empty());
+        let mut failures = Vec::new();
+        for (i, (what, elf)) in elf_patch::hostile_variants(&original).iter().enumerate() {
+            let path = dir.join(format!("v{i}"));
+            elf.write(&path);
+            let r = std::panic::catch_unwind(|| {
+                let Some(code) = ElfCode::open(&path) else {
+                    return;
+                };
+                for f in code.functions.iter().take(64) {
+                    let hi = f.addr.saturating_add(f.size.min(1 << 16));
+                    let _ = code.static_blocks(f.addr, hi);
+                    let _ = code.reentries(f.addr, hi);
+                    let _ = code.is_instruction_start(f.addr.wrapping_add(1));
+                }
+                for a in [0, work, u64::MAX - 1, u64::MAX] {
+                    let _ = code.function_at(a);
+                    let _ = code.bytes(a, 16);
+                    let _ = code.bytes(a, u64::MAX);
+                    let _ = code.functions_in(a, u64::MAX).count();
+                    let _ = code.instructions(a, a.saturating_add(64));
+                }
+            });
+            if r.is_err() {
+                failures.push(what.clone());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(failures.is_empty(), "panicked: {failures:#?}");
     }
 }
