@@ -1,56 +1,58 @@
 //! Collapsed stacks (`root;...;leaf COUNT`), the format of FlameGraph, inferno and speedscope.
 //! The root frame is the thread name; one line per distinct stack, sorted.
+//!
+//! The format has no quoting: a line ends at a newline, frames are split at every `;`, and
+//! the count follows the last space. So each name is printed through [`crate::escape`]
+//! (a newline becomes `\n`, an ESC `\e`...) and a `;` in a name becomes `:`, as FlameGraph's
+//! and inferno's own stack collapsers do (`tidy_generic`); spaces are kept (the count is
+//! found from the end of the line).
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
-use crate::Profile;
+use crate::{Profile, StackId};
 
 /// The folded lines as a map from stack text to weight.
 pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
-    let mut cache: Vec<Option<String>> = vec![None; profile.stacks().len()];
-    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    // Weight per (thread, leaf), then one text per distinct pair: the work and the memory
+    // follow the size of the output, whatever the depth of the stacks.
+    let mut per_leaf: HashMap<(u32, Option<StackId>), u64> = HashMap::new();
     for s in &profile.samples {
-        let thread = clean(profile.thread_name(s.thread));
-        let path = match s.stack {
-            Some(id) => stack_text(profile, id, &mut cache).to_owned(),
-            None => "[unknown]".to_owned(),
-        };
-        *lines.entry(format!("{thread};{path}")).or_default() += s.weight;
+        let w = per_leaf.entry((s.thread, s.stack)).or_default();
+        *w = w.saturating_add(s.weight);
+    }
+    let mut names: Vec<Option<String>> = vec![None; profile.frames().len()];
+    let mut frames = Vec::new();
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for ((thread, leaf), weight) in per_leaf {
+        let mut text = clean(profile.thread_name(thread)).into_owned();
+        match leaf {
+            Some(_) => {
+                frames.clear();
+                frames.extend(profile.stack_frames(leaf));
+                for f in frames.iter().rev() {
+                    let name = names[f.0 as usize].get_or_insert_with(|| {
+                        clean(profile.str(profile.frame(*f).function)).into_owned()
+                    });
+                    text.push(';');
+                    text.push_str(name);
+                }
+            }
+            None => text.push_str(";[unknown]"),
+        }
+        let w = lines.entry(text).or_default();
+        *w = w.saturating_add(weight);
     }
     lines
 }
 
-fn stack_text<'c>(
-    profile: &Profile,
-    id: crate::StackId,
-    cache: &'c mut [Option<String>],
-) -> &'c str {
-    // Iterative fill from the first cached ancestor to avoid deep recursion.
-    let mut chain = Vec::new();
-    let mut cur = Some(id);
-    while let Some(c) = cur {
-        if cache[c.0 as usize].is_some() {
-            break;
-        }
-        chain.push(c);
-        cur = profile.stack(c).parent;
+/// A name as one frame of a folded line: escaped, and no `;` that would split it.
+fn clean(name: &str) -> Cow<'_, str> {
+    match crate::escape(name) {
+        Cow::Borrowed(s) if !s.contains(';') => Cow::Borrowed(s),
+        e => Cow::Owned(e.replace(';', ":")),
     }
-    for c in chain.into_iter().rev() {
-        let node = profile.stack(c);
-        let name = clean(profile.str(profile.frame(node.frame).function));
-        let text = match node.parent {
-            Some(p) => format!("{};{}", cache[p.0 as usize].as_deref().unwrap_or(""), name),
-            None => name,
-        };
-        cache[c.0 as usize] = Some(text);
-    }
-    cache[id.0 as usize].as_deref().unwrap_or("")
-}
-
-/// Frame names may not contain the separator, nor line breaks.
-fn clean(name: &str) -> String {
-    name.replace([';', '\n', '\r'], ":")
 }
 
 pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
@@ -58,4 +60,40 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         writeln!(w, "{stack} {count}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Profile;
+
+    fn folded(p: &Profile) -> String {
+        let mut out = Vec::new();
+        super::write(p, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn names_cannot_break_lines_or_frames() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "a\nb\x1b[31m");
+        let f = p.intern_frame_named("f;g\r", "m", None, 0, 1, false);
+        let s = p.intern_stack(None, f);
+        p.add_sample(0, t, 0, 3, Some(s));
+        assert_eq!(folded(&p), "a\\nb\\e[31m;f:g\\r 3\n");
+    }
+
+    #[test]
+    fn deep_stacks_cost_the_size_of_the_output() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t");
+        let f = p.intern_frame_named("f", "m", None, 0, 1, false);
+        let mut s = None;
+        for _ in 0..100_000 {
+            s = Some(p.intern_stack(s, f));
+        }
+        p.add_sample(0, t, 0, 1, s);
+        p.add_sample(1, t, 0, 1, s);
+        let text = folded(&p);
+        assert_eq!(text.len(), "t".len() + 100_000 * 2 + " 2\n".len());
+    }
 }

@@ -3,6 +3,8 @@
 //! A [`Profile`] interns strings, frames and stacks once (a stack is a node in a prefix tree:
 //! parent stack plus leaf frame), so a run with millions of samples keeps one copy of each
 //! distinct frame and call path. Writers read only this model; they never see a sampler.
+//! Names come from the profiled program or a file: text writers print them through
+//! [`escape`], and [`parquet::read`] refuses a file past its caps ([`parquet::Limits`]).
 //!
 //! ```
 //! use superprof_profile::{Frame, Profile};
@@ -18,6 +20,7 @@
 //! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
 //! ```
 
+mod escape;
 pub mod filter;
 pub mod firefox;
 pub mod folded;
@@ -30,6 +33,7 @@ pub mod svg;
 pub mod top;
 pub mod tree;
 
+pub use escape::escape;
 pub use filter::Filter;
 pub use model::{Frame, FrameId, Meta, Profile, Sample, StackId, StackNode, StrId, Thread};
 pub use output::{write_atomic, OutputFormat};

@@ -3,6 +3,13 @@
 //! Strings (thread names, functions, modules, files) are written as Arrow dictionary arrays
 //! whose keys are the profile's own string ids, so writing costs no string copies and Parquet
 //! stores each distinct string once per row group. Frames are stored leaf first.
+//!
+//! A file to read may come from anyone, and Parquet compresses well: a few kilobytes can
+//! describe a stack of millions of frames. [`read`] checks the file against [`Limits`]
+//! before decoding what its metadata declares (rows, frames and uncompressed bytes per row
+//! group), then the depth of every stack from its repetition levels alone (a few bytes per
+//! frame), and the rest while reading (string lengths, distinct call paths); past a limit it
+//! stops with [`ParquetError::TooLarge`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -18,9 +25,9 @@ use arrow_array::{
 use arrow_buffer::{OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Fields, Schema};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::KeyValue;
+use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
 
 use crate::{Frame, Meta, Profile, StackId, StrId};
@@ -38,6 +45,59 @@ pub enum ParquetError {
     Arrow(#[from] arrow_schema::ArrowError),
     #[error("not a superprof profile: {0}")]
     Schema(String),
+    /// The file holds more than [`Limits`] allow (a damaged or hostile file).
+    #[error("past superprof's limits: {0}")]
+    TooLarge(String),
+    /// The parquet crate gave up on the file with a panic (it asserts on some damaged
+    /// encodings); contained, and said as an error.
+    #[error("not a readable Parquet file (damaged: {0})")]
+    Damaged(String),
+}
+
+/// Caps on what [`read`] takes from a file. The defaults hold any profile superprof writes
+/// (its unwinder stops at 1024 frames, plus inlined and kernel frames) with room to spare,
+/// and bound the memory a crafted file can make `report` use to a few hundred MB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Samples (rows) in the file.
+    pub max_rows: u64,
+    /// Frames in one sample's stack.
+    pub max_stack_depth: usize,
+    /// Frames in one row group (what one batch may have to decode at once).
+    pub max_frames_per_row_group: u64,
+    /// Uncompressed bytes of one column chunk, as its metadata declares them.
+    pub max_chunk_bytes: u64,
+    /// Bytes of one string (function, module, file or thread name).
+    pub max_string_len: usize,
+    /// Bytes of all distinct strings.
+    pub max_string_bytes: u64,
+    /// Distinct call paths (nodes of the stack trie).
+    pub max_stacks: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_rows: 50_000_000,
+            max_stack_depth: MAX_STACK_DEPTH,
+            max_frames_per_row_group: 64 << 20,
+            max_chunk_bytes: 1 << 30,
+            max_string_len: 1 << 20,
+            max_string_bytes: 256 << 20,
+            max_stacks: 16 << 20,
+        }
+    }
+}
+
+/// The deepest stack a file may hold (the default of [`Limits::max_stack_depth`]).
+pub const MAX_STACK_DEPTH: usize = 8192;
+
+/// Samples per row group, and frames per row group, that [`write`] stays under.
+const GROUP_ROWS: usize = 1 << 20;
+const GROUP_FRAMES: usize = 16 << 20;
+
+fn too_large(what: String) -> ParquetError {
+    ParquetError::TooLarge(what)
 }
 
 fn dict() -> DataType {
@@ -91,8 +151,20 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
     .collect()
 }
 
-/// Writes the profile. Samples are written in rows groups of at most 1M rows.
+/// Writes the profile. Samples are written in row groups of at most 1M rows and 16M frames,
+/// so that a reader decodes a bounded amount at a time.
 pub fn write<W: Write + Send>(profile: &Profile, w: W) -> Result<(), ParquetError> {
+    write_groups(profile, w, GROUP_ROWS, GROUP_FRAMES)
+}
+
+/// [`write`], with row groups of at most `group_rows` samples and `group_frames` frames (a
+/// sample deeper than that alone in its group).
+fn write_groups<W: Write + Send>(
+    profile: &Profile,
+    w: W,
+    group_rows: usize,
+    group_frames: usize,
+) -> Result<(), ParquetError> {
     // The metadata goes both into the Parquet footer and into the Arrow schema, where
     // pyarrow and pandas look for it (`table.schema.metadata`).
     let pairs = meta_pairs(&profile.meta);
@@ -111,9 +183,22 @@ pub fn write<W: Write + Send>(profile: &Profile, w: W) -> Result<(), ParquetErro
     let mut writer = ArrowWriter::try_new(w, schema.clone(), Some(props))?;
     // All string columns share one dictionary: the profile's string table.
     let strings: ArrayRef = Arc::new(StringArray::from_iter_values(profile.strings()));
-    for chunk in profile.samples.chunks(1 << 20) {
-        let batch = batch(profile, chunk, &schema, &strings)?;
+    let mut start = 0;
+    while start < profile.samples.len() {
+        let mut end = start;
+        let mut frames = 0usize;
+        while end < profile.samples.len() && end - start < group_rows {
+            let depth = profile.stack_frames(profile.samples[end].stack).count();
+            if end > start && frames + depth > group_frames {
+                break;
+            }
+            frames += depth;
+            end += 1;
+        }
+        let batch = batch(profile, &profile.samples[start..end], &schema, &strings)?;
         writer.write(&batch)?;
+        writer.flush()?;
+        start = end;
     }
     writer.close()?;
     Ok(())
@@ -206,26 +291,83 @@ fn batch(
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
+/// The profile's ids of the strings of a dictionary (None: a null entry).
+type DictIds = Arc<Vec<Option<StrId>>>;
+
 /// A string column as written by superprof (dictionary) or rewritten by another tool.
 enum StrCol<'a> {
-    Dict(&'a DictionaryArray<Int32Type>, Vec<Option<StrId>>),
+    Dict(&'a DictionaryArray<Int32Type>, DictIds),
     Plain(&'a StringArray),
     Large(&'a LargeStringArray),
     View(&'a StringViewArray),
 }
 
+/// What the reader has taken so far, against the [`Limits`].
+struct Budget {
+    limits: Limits,
+    /// Strings interned so far (ids are given in order).
+    strings: u32,
+    string_bytes: u64,
+    rows: u64,
+    /// The last dictionary of each string column and its ids: batches of one row group
+    /// share their dictionary, interned once.
+    dicts: HashMap<&'static str, (ArrayRef, DictIds)>,
+}
+
+impl Budget {
+    /// Interns a string from the file, within the limits on strings.
+    fn intern(&mut self, p: &mut Profile, s: &str) -> Result<StrId, ParquetError> {
+        if s.len() > self.limits.max_string_len {
+            return Err(too_large(format!(
+                "a string of {} bytes (at most {})",
+                s.len(),
+                self.limits.max_string_len
+            )));
+        }
+        let id = p.intern_str(s);
+        if id.0 >= self.strings {
+            self.strings = id.0 + 1;
+            self.string_bytes += s.len() as u64;
+            if self.string_bytes > self.limits.max_string_bytes {
+                return Err(too_large(format!(
+                    "more than {} MiB of names",
+                    self.limits.max_string_bytes >> 20
+                )));
+            }
+        }
+        Ok(id)
+    }
+}
+
 impl<'a> StrCol<'a> {
-    fn new(a: &'a dyn Array, name: &str, p: &mut Profile) -> Result<StrCol<'a>, ParquetError> {
+    fn new(
+        a: &'a ArrayRef,
+        name: &'static str,
+        p: &mut Profile,
+        budget: &mut Budget,
+    ) -> Result<StrCol<'a>, ParquetError> {
         let any = a.as_any();
         if let Some(d) = any.downcast_ref::<DictionaryArray<Int32Type>>() {
             let values = d.values();
-            let values = values
+            if let Some((prev, ids)) = budget.dicts.get(name) {
+                if Arc::ptr_eq(prev, values) {
+                    return Ok(StrCol::Dict(d, ids.clone()));
+                }
+            }
+            let strings = values
                 .as_any()
                 .downcast_ref::<StringArray>()
                 .ok_or_else(|| bad(name, "dictionary of strings"))?;
-            let ids = (0..values.len())
-                .map(|i| values.is_valid(i).then(|| p.intern_str(values.value(i))))
-                .collect();
+            let ids = (0..strings.len())
+                .map(|i| {
+                    strings
+                        .is_valid(i)
+                        .then(|| budget.intern(p, strings.value(i)))
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let ids = Arc::new(ids);
+            budget.dicts.insert(name, (values.clone(), ids.clone()));
             return Ok(StrCol::Dict(d, ids));
         }
         if let Some(s) = any.downcast_ref::<StringArray>() {
@@ -240,17 +382,35 @@ impl<'a> StrCol<'a> {
         Err(bad(name, "string"))
     }
 
-    fn get(&self, i: usize, p: &mut Profile) -> Option<StrId> {
+    fn get(
+        &self,
+        i: usize,
+        p: &mut Profile,
+        budget: &mut Budget,
+    ) -> Result<Option<StrId>, ParquetError> {
         match self {
             StrCol::Dict(d, ids) => {
                 if d.is_null(i) {
-                    return None;
+                    return Ok(None);
                 }
-                ids.get(d.keys().value(i) as usize).copied().flatten()
+                let key = d.keys().value(i);
+                Ok(usize::try_from(key)
+                    .ok()
+                    .and_then(|k| ids.get(k).copied())
+                    .flatten())
             }
-            StrCol::Plain(s) => s.is_valid(i).then(|| p.intern_str(s.value(i))),
-            StrCol::Large(s) => s.is_valid(i).then(|| p.intern_str(s.value(i))),
-            StrCol::View(s) => s.is_valid(i).then(|| p.intern_str(s.value(i))),
+            StrCol::Plain(s) => s
+                .is_valid(i)
+                .then(|| budget.intern(p, s.value(i)))
+                .transpose(),
+            StrCol::Large(s) => s
+                .is_valid(i)
+                .then(|| budget.intern(p, s.value(i)))
+                .transpose(),
+            StrCol::View(s) => s
+                .is_valid(i)
+                .then(|| budget.intern(p, s.value(i)))
+                .transpose(),
         }
     }
 }
@@ -279,10 +439,209 @@ fn sub<'a, T: 'static>(s: &'a StructArray, name: &str, ty: &str) -> Result<&'a T
         .ok_or_else(|| bad(name, ty))
 }
 
-/// Reads a native profile file.
+fn stack_field<'a>(s: &'a StructArray, name: &str) -> Result<&'a ArrayRef, ParquetError> {
+    s.column_by_name(name)
+        .ok_or_else(|| ParquetError::Schema(format!("no stack field '{name}'")))
+}
+
+/// Whether a leaf column of the file belongs to the `stack` list.
+fn in_stack(path: &parquet::schema::types::ColumnPath) -> bool {
+    path.parts().first().is_some_and(|p| p == "stack")
+}
+
+/// The columns [`read`] decodes; any other column of the file is left alone.
+const COLUMNS: [&str; 7] = [
+    "time_ns",
+    "pid",
+    "tid",
+    "thread_name",
+    "cpu",
+    "weight",
+    "stack",
+];
+
+/// What the footer declares, against the limits: rows, frames per row group (the values of
+/// the stack's leaf columns, at most `max_stack_depth` per row; one per row elsewhere) and
+/// uncompressed bytes per column chunk. Nothing is decoded yet.
+fn check_metadata(
+    meta: &ParquetMetaData,
+    mask: &ProjectionMask,
+    limits: &Limits,
+    file_len: u64,
+) -> Result<(), ParquetError> {
+    let mut rows: u64 = 0;
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        // Every column chunk inside the file: the parquet crate asserts (panics) on a negative
+        // offset or size when it reads one.
+        for c in rg.columns() {
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+            let inside = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(c.data_page_offset()).ok())
+                .zip(u64::try_from(c.compressed_size()).ok())
+                .and_then(|((start, _), len)| start.checked_add(len))
+                .is_some_and(|end| end <= file_len);
+            if !inside {
+                return Err(ParquetError::Schema(format!(
+                    "column '{}' of row group {g} lies outside the file (damaged?)",
+                    c.column_path()
+                )));
+            }
+        }
+        let n = u64::try_from(rg.num_rows())
+            .map_err(|_| ParquetError::Schema(format!("row group {g} has a negative size")))?;
+        rows = rows.saturating_add(n);
+        if rows > limits.max_rows {
+            return Err(too_large(format!("more than {} samples", limits.max_rows)));
+        }
+        for (i, c) in rg.columns().iter().enumerate() {
+            if !mask.leaf_included(i) {
+                continue;
+            }
+            let bytes = u64::try_from(c.uncompressed_size()).unwrap_or(u64::MAX);
+            if bytes > limits.max_chunk_bytes {
+                return Err(too_large(format!(
+                    "column '{}' of row group {g} is {bytes} bytes uncompressed (at most {})",
+                    c.column_path(),
+                    limits.max_chunk_bytes
+                )));
+            }
+            let values = u64::try_from(c.num_values()).unwrap_or(u64::MAX);
+            if in_stack(c.column_path()) {
+                let deepest = n.saturating_mul(limits.max_stack_depth as u64);
+                if values > deepest.min(limits.max_frames_per_row_group) {
+                    return Err(too_large(format!(
+                        "row group {g} holds {values} frames for {n} samples (at most {} \
+                         frames a stack, {} a row group)",
+                        limits.max_stack_depth, limits.max_frames_per_row_group
+                    )));
+                }
+            } else if values > n {
+                return Err(ParquetError::Schema(format!(
+                    "column '{}' has {values} values for {n} samples",
+                    c.column_path()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The depth of every stack, from the repetition levels of the stack's `inlined` column
+/// (a few bytes per frame; the frames themselves are not decoded).
+fn check_depths(file: File, limits: &Limits) -> Result<(), ParquetError> {
+    use parquet::basic::Type;
+    use parquet::column::reader::ColumnReader;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(file)?;
+    let meta = reader.metadata();
+    let schema = meta.file_metadata().schema_descr();
+    if !schema
+        .root_schema()
+        .get_fields()
+        .iter()
+        .any(|f| f.name() == "stack")
+    {
+        return Err(ParquetError::Schema("no column 'stack'".into()));
+    }
+    let col = (0..schema.num_columns())
+        .find(|&i| {
+            let c = schema.column(i);
+            in_stack(c.path()) && c.path().parts().last().is_some_and(|l| l == "inlined")
+        })
+        .ok_or_else(|| ParquetError::Schema("no stack field 'inlined'".into()))?;
+    let c = schema.column(col);
+    if c.max_rep_level() != 1 {
+        return Err(bad("stack", "list of struct"));
+    }
+    if c.physical_type() != Type::BOOLEAN {
+        return Err(bad("inlined", "boolean"));
+    }
+    let mut row: u64 = 0;
+    let (mut def, mut rep, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    for g in 0..meta.num_row_groups() {
+        let ColumnReader::BoolColumnReader(mut r) =
+            reader.get_row_group(g)?.get_column_reader(col)?
+        else {
+            return Err(bad("inlined", "boolean"));
+        };
+        let mut depth = 0usize;
+        loop {
+            def.clear();
+            rep.clear();
+            values.clear();
+            let (records, _, _) =
+                r.read_records(1024, Some(&mut def), Some(&mut rep), &mut values)?;
+            if records == 0 {
+                break;
+            }
+            for &level in &rep {
+                if level == 0 {
+                    depth = 0;
+                    row += 1;
+                }
+                depth += 1;
+                if depth > limits.max_stack_depth {
+                    return Err(too_large(format!(
+                        "the stack of sample {} is deeper than {} frames",
+                        row.saturating_sub(1),
+                        limits.max_stack_depth
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a native profile file, within the default [`Limits`].
 pub fn read(path: &Path) -> Result<Profile, ParquetError> {
+    read_with(path, &Limits::default())
+}
+
+/// Reads a native profile file; a file past `limits` is refused with
+/// [`ParquetError::TooLarge`].
+pub fn read_with(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
+    contain_panics(|| read_checked(path, limits))
+}
+
+thread_local! {
+    /// Inside [`contain_panics`] on this thread: the panic hook stays quiet.
+    static CONTAINING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into [`ParquetError::Damaged`]. The parquet crate decodes pages
+/// of a damaged file with some assertions (a division by a count read from the file, a
+/// negative offset), and a file is hostile input: it must give an error, not end superprof.
+/// The panic message is kept off stderr (one line of error is what the user gets).
+fn contain_panics<T>(f: impl FnOnce() -> Result<T, ParquetError>) -> Result<T, ParquetError> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINING.with(|c| c.get()) {
+                previous(info);
+            }
+        }));
+    });
+    let outer = CONTAINING.with(|c| c.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINING.with(|c| c.set(outer));
+    r.unwrap_or_else(|payload| {
+        let why = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "the decoder failed".into());
+        Err(ParquetError::Damaged(
+            crate::escape::escape(&why).to_string(),
+        ))
+    })
+}
+
+fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
     let file = File::open(path)?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file.try_clone()?)?;
     let kv: HashMap<String, String> = builder
         .metadata()
         .file_metadata()
@@ -298,19 +657,52 @@ pub fn read(path: &Path) -> Result<Profile, ParquetError> {
             "no superprof.format_version metadata (written by another program?)".into(),
         ));
     }
+    let fields = builder.metadata().file_metadata().schema_descr();
+    let roots = fields
+        .root_schema()
+        .get_fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| COLUMNS.contains(&f.name()))
+        .map(|(i, _)| i);
+    let mask = ProjectionMask::roots(fields, roots);
+    let file_len = file.metadata()?.len();
+    check_metadata(builder.metadata(), &mask, limits, file_len)?;
+    check_depths(file, limits)?;
     let mut p = Profile::default();
     p.meta = read_meta(&kv);
-    let reader = builder.with_batch_size(64 * 1024).build()?;
+    let mut budget = Budget {
+        limits: *limits,
+        strings: 0,
+        string_bytes: 0,
+        rows: 0,
+        dicts: HashMap::new(),
+    };
+    // Batches of a bounded number of frames: rows x the deepest stack.
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(1024)
+        .build()?;
     let mut threads: HashMap<(u32, u32, StrId), u32> = HashMap::new();
     let mut stack_buf: Vec<crate::FrameId> = Vec::new();
+    let empty = budget.intern(&mut p, "")?;
     for batch in reader {
         let b = batch?;
+        budget.rows = budget.rows.saturating_add(b.num_rows() as u64);
+        if budget.rows > limits.max_rows {
+            return Err(too_large(format!("more than {} samples", limits.max_rows)));
+        }
         let time = prim::<Int64Array>(&b, "time_ns", "int64")?;
         let pid = prim::<Int32Array>(&b, "pid", "int32")?;
         let tid = prim::<Int32Array>(&b, "tid", "int32")?;
         let cpu = prim::<Int32Array>(&b, "cpu", "int32")?;
         let weight = prim::<Int64Array>(&b, "weight", "int64")?;
-        let tname = StrCol::new(column(&b, "thread_name")?.as_ref(), "thread_name", &mut p)?;
+        let tname = StrCol::new(
+            column(&b, "thread_name")?,
+            "thread_name",
+            &mut p,
+            &mut budget,
+        )?;
         let stack = prim::<ListArray>(&b, "stack", "list")?;
         let frames = stack
             .values()
@@ -318,36 +710,24 @@ pub fn read(path: &Path) -> Result<Profile, ParquetError> {
             .downcast_ref::<StructArray>()
             .ok_or_else(|| bad("stack", "list of struct"))?;
         let func = StrCol::new(
-            frames
-                .column_by_name("function")
-                .ok_or_else(|| ParquetError::Schema("no stack field 'function'".into()))?
-                .as_ref(),
+            stack_field(frames, "function")?,
             "function",
             &mut p,
+            &mut budget,
         )?;
         let module = StrCol::new(
-            frames
-                .column_by_name("module")
-                .ok_or_else(|| ParquetError::Schema("no stack field 'module'".into()))?
-                .as_ref(),
+            stack_field(frames, "module")?,
             "module",
             &mut p,
+            &mut budget,
         )?;
-        let file = StrCol::new(
-            frames
-                .column_by_name("file")
-                .ok_or_else(|| ParquetError::Schema("no stack field 'file'".into()))?
-                .as_ref(),
-            "file",
-            &mut p,
-        )?;
+        let file = StrCol::new(stack_field(frames, "file")?, "file", &mut p, &mut budget)?;
         let line = sub::<Int32Array>(frames, "line", "int32")?;
         let addr = sub::<UInt64Array>(frames, "address", "uint64")?;
         let inl = sub::<BooleanArray>(frames, "inlined", "boolean")?;
         let offsets = stack.value_offsets();
-        let empty = p.intern_str("");
         for row in 0..b.num_rows() {
-            let name = tname.get(row, &mut p).unwrap_or(empty);
+            let name = tname.get(row, &mut p, &mut budget)?.unwrap_or(empty);
             let key = (pid.value(row) as u32, tid.value(row) as u32, name);
             let thread = match threads.get(&key) {
                 Some(&t) => t,
@@ -357,12 +737,25 @@ pub fn read(path: &Path) -> Result<Profile, ParquetError> {
                     t
                 }
             };
+            let (Ok(lo), Ok(hi)) = (
+                usize::try_from(offsets[row]),
+                usize::try_from(offsets[row + 1]),
+            ) else {
+                return Err(ParquetError::Schema("a negative stack offset".into()));
+            };
+            if hi.saturating_sub(lo) > limits.max_stack_depth {
+                return Err(too_large(format!(
+                    "the stack of sample {} is deeper than {} frames",
+                    budget.rows - (b.num_rows() - row) as u64,
+                    limits.max_stack_depth
+                )));
+            }
             stack_buf.clear();
-            for i in offsets[row] as usize..offsets[row + 1] as usize {
+            for i in lo..hi {
                 let frame = Frame {
-                    function: func.get(i, &mut p).unwrap_or(empty),
-                    module: module.get(i, &mut p).unwrap_or(empty),
-                    file: file.get(i, &mut p),
+                    function: func.get(i, &mut p, &mut budget)?.unwrap_or(empty),
+                    module: module.get(i, &mut p, &mut budget)?.unwrap_or(empty),
+                    file: file.get(i, &mut p, &mut budget)?,
                     line: if line.is_valid(i) {
                         line.value(i).max(0) as u32
                     } else {
@@ -376,6 +769,12 @@ pub fn read(path: &Path) -> Result<Profile, ParquetError> {
             let mut s: Option<StackId> = None;
             for &f in stack_buf.iter().rev() {
                 s = Some(p.intern_stack(s, f));
+            }
+            if p.stacks().len() > limits.max_stacks {
+                return Err(too_large(format!(
+                    "more than {} distinct call paths",
+                    limits.max_stacks
+                )));
             }
             p.add_sample(
                 time.value(row).max(0) as u64,
@@ -406,5 +805,167 @@ fn read_meta(kv: &HashMap<String, String>) -> Meta {
         version: get("version"),
         lost_samples: num("lost_samples"),
         truncated_stacks: num("truncated_stacks"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read_with, write_groups, Limits, ParquetError};
+    use crate::Profile;
+    use std::path::PathBuf;
+
+    /// A file in the temporary folder, removed when dropped.
+    struct TempFile(PathBuf);
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// `shallow` samples with a stack of 2 frames, then one with a stack of `deep` frames.
+    fn profile(shallow: usize, deep: usize) -> Profile {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t");
+        let main = p.intern_frame_named("main", "/bin/p", Some("p.c"), 1, 0x10, false);
+        let f = p.intern_frame_named("f", "/bin/p", None, 0, 0x20, false);
+        let root = p.intern_stack(None, main);
+        let two = p.intern_stack(Some(root), f);
+        for i in 0..shallow {
+            p.add_sample(i as u64, t, 0, 1, Some(two));
+        }
+        let mut s = None;
+        for i in 0..deep {
+            let fr = p.intern_frame_named("rec", "/bin/p", None, 0, 0x100 + i as u64, false);
+            s = Some(p.intern_stack(s, fr));
+        }
+        p.add_sample(shallow as u64, t, 0, 1, s);
+        p
+    }
+
+    fn file(tag: &str, p: &Profile, group_rows: usize) -> TempFile {
+        let path = std::env::temp_dir().join(format!(
+            "superprof-parquet-test-{}-{tag}.parquet",
+            std::process::id()
+        ));
+        let f = std::fs::File::create(&path).unwrap();
+        write_groups(p, f, group_rows, 16 << 20).unwrap();
+        TempFile(path)
+    }
+
+    fn refusal(f: &TempFile, limits: Limits) -> String {
+        match read_with(&f.0, &limits) {
+            Err(e @ ParquetError::TooLarge(_)) => e.to_string(),
+            other => panic!("not refused: {:?}", other.map(|p| p.samples.len())),
+        }
+    }
+
+    #[test]
+    fn within_the_limits_a_profile_reads_back_whole() {
+        let p = profile(10, 30);
+        let f = file("whole", &p, 4);
+        let back = read_with(&f.0, &Limits::default()).unwrap();
+        assert_eq!(back.samples.len(), 11);
+        let deepest = back
+            .samples
+            .iter()
+            .map(|s| back.stack_frames(s.stack).count());
+        assert_eq!(deepest.max(), Some(30));
+    }
+
+    #[test]
+    fn a_stack_deeper_than_the_metadata_allows_is_refused_before_decoding() {
+        let f = file("deep", &profile(0, 50), 1 << 20);
+        let limits = Limits {
+            max_stack_depth: 40,
+            ..Limits::default()
+        };
+        let e = refusal(&f, limits);
+        assert!(e.contains("50 frames for 1 samples"), "{e}");
+    }
+
+    #[test]
+    fn one_deep_stack_among_shallow_ones_is_found_by_its_levels() {
+        // 100 samples of 2 frames and one of 50: 250 frames pass 101 x 40 in the metadata.
+        let f = file("skewed", &profile(100, 50), 1 << 20);
+        let limits = Limits {
+            max_stack_depth: 40,
+            ..Limits::default()
+        };
+        let e = refusal(&f, limits);
+        assert!(e.contains("stack of sample 100 is deeper than 40"), "{e}");
+    }
+
+    #[test]
+    fn every_other_cap_refuses_with_its_reason() {
+        let f = file("caps", &profile(10, 5), 4);
+        let d = Limits::default();
+        let cases = [
+            (Limits { max_rows: 10, ..d }, "more than 10 samples"),
+            (
+                Limits {
+                    max_frames_per_row_group: 7,
+                    ..d
+                },
+                "a row group",
+            ),
+            (
+                Limits {
+                    max_chunk_bytes: 8,
+                    ..d
+                },
+                "bytes uncompressed",
+            ),
+            (
+                Limits {
+                    max_string_len: 3,
+                    ..d
+                },
+                "a string of",
+            ),
+            (
+                Limits {
+                    max_string_bytes: 8,
+                    ..d
+                },
+                "of names",
+            ),
+            (Limits { max_stacks: 4, ..d }, "distinct call paths"),
+        ];
+        for (limits, reason) in cases {
+            let e = refusal(&f, limits);
+            assert!(e.contains(reason), "{e} (expected {reason})");
+        }
+    }
+
+    #[test]
+    fn a_panic_of_the_decoder_is_an_error() {
+        let r: Result<(), ParquetError> =
+            super::contain_panics(|| panic!("attempt to divide by zero"));
+        match r {
+            Err(ParquetError::Damaged(why)) => assert!(why.contains("divide by zero"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // Outside, panics are reported as ever (the hook is only quiet inside).
+        assert!(std::panic::catch_unwind(|| panic!("still a panic")).is_err());
+    }
+
+    #[test]
+    fn row_groups_stay_under_the_frame_budget() {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let p = profile(9, 3);
+        let path = std::env::temp_dir().join(format!(
+            "superprof-parquet-test-{}-groups.parquet",
+            std::process::id()
+        ));
+        let f = TempFile(path);
+        write_groups(&p, std::fs::File::create(&f.0).unwrap(), 1 << 20, 4).unwrap();
+        let r = SerializedFileReader::new(std::fs::File::open(&f.0).unwrap()).unwrap();
+        // Two frames a sample, four a group: five groups of two, the deep one alone.
+        assert_eq!(r.metadata().num_row_groups(), 6);
+        assert_eq!(
+            read_with(&f.0, &Limits::default()).unwrap().samples.len(),
+            10
+        );
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use crate::{Profile, StrId};
+use crate::{escape, Profile, StrId};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopRow {
@@ -97,9 +97,9 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
         "{} samples of {} at {} Hz, {} threads, {} lost",
         total,
         if profile.meta.event.is_empty() {
-            "?"
+            "?".into()
         } else {
-            &profile.meta.event
+            escape(&profile.meta.event)
         },
         profile.meta.frequency,
         threads.len(),
@@ -116,9 +116,9 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     let pct = |x: u64| 100.0 * x as f64 / total as f64;
     for row in rows(profile).into_iter().take(limit) {
         let module = row.module.rsplit('/').next().unwrap_or(&row.module);
-        let location = match (&row.hottest_line, row.inlined) {
+        let location = match (row.hottest_line.as_deref().map(escape), row.inlined) {
             (Some(l), true) => format!("{l} [inlined]"),
-            (Some(l), false) => l.clone(),
+            (Some(l), false) => l.into_owned(),
             (None, true) => "[inlined]".to_owned(),
             (None, false) => String::new(),
         };
@@ -128,8 +128,8 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
             pct(row.self_weight),
             pct(row.total_weight),
             row.self_weight,
-            row.function,
-            module,
+            escape(&row.function),
+            escape(module),
             location
         )?;
     }
@@ -157,5 +157,30 @@ mod tests {
         assert_eq!(r.hottest_line.as_deref(), Some("r.c:7"));
         let m = rows.iter().find(|r| r.function == "main").unwrap();
         assert_eq!((m.self_weight, m.total_weight), (1, 2));
+    }
+
+    #[test]
+    fn names_are_printed_escaped() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t\nu");
+        let f = p.intern_frame_named(
+            "evil\n\x1b[2Jname",
+            "/lib/m\x07od",
+            Some("a\tb.c"),
+            3,
+            1,
+            false,
+        );
+        let s = p.intern_stack(None, f);
+        p.add_sample(0, t, 0, 1, Some(s));
+        let mut out = Vec::new();
+        super::write(&p, 10, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text}");
+        let row = text.lines().nth(2).unwrap();
+        assert!(row.contains("evil\\n\\e[2Jname"), "{row}");
+        assert!(row.contains("m\\x07od"), "{row}");
+        assert!(row.contains("a\\tb.c:3"), "{row}");
     }
 }

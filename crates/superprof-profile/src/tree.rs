@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use crate::{Profile, StackId, StrId};
+use crate::{escape, Profile, StackId, StrId};
 
 /// Paths below this share of all samples are left out (and counted in a closing line).
 const MIN_SHARE: f64 = 0.005;
@@ -73,9 +73,9 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
             let module = profile.str(node.key.1);
             let module = module.rsplit('/').next().unwrap_or(module);
             let module = if module.starts_with('[') {
-                module.to_owned()
+                escape(module).into_owned()
             } else {
-                format!("[{module}]")
+                format!("[{}]", escape(module))
             };
             writeln!(
                 w,
@@ -83,7 +83,7 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
                 pct(node.total),
                 pct(node.self_),
                 "",
-                profile.str(node.key.0),
+                escape(profile.str(node.key.0)),
                 module,
                 indent = 2 * (depth - 1)
             )?;
@@ -102,4 +102,26 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Profile;
+
+    #[test]
+    fn names_are_printed_escaped() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t");
+        let main = p.intern_frame_named("main", "/bin/p", None, 0, 1, false);
+        let evil = p.intern_frame_named("e\nvil\x1b[0m", "/bin/p\r", None, 0, 2, false);
+        let s = p.intern_stack(None, main);
+        let s = p.intern_stack(Some(s), evil);
+        p.add_sample(0, t, 0, 1, Some(s));
+        let mut out = Vec::new();
+        super::write(&p, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(!text.contains('\x1b') && !text.contains('\r'), "{text}");
+        assert!(text.contains("e\\nvil\\e[0m  [p\\r]"), "{text}");
+    }
 }

@@ -3,14 +3,22 @@
 
 use std::time::Duration;
 
-use crate::{connect, read_error, Backend, GuestArch, GuestRegs, QemuError, Result, Stream};
+use crate::{shown, Backend, Cancel, Conn, GuestArch, GuestRegs, QemuError, Result, MAX_VCPUS};
+
+/// The longest packet taken from the stub, before and after its escapes and run-length
+/// encoding are undone (QEMU's packets are at most 4 KiB).
+pub const MAX_PACKET: usize = 128 << 10;
+/// The longest thread id (`p1.1`...).
+const MAX_THREAD_ID: usize = 64;
 
 pub struct Gdb {
-    stream: Box<dyn Stream>,
-    buf: Vec<u8>,
+    conn: Conn,
+    /// Bytes of `conn.buf` after the `$` already searched for the `#`.
+    scanned: usize,
     /// Bytes of memory one `m` reply can hold.
     max_read: usize,
     arch: Option<GuestArch>,
+    /// Resumed by us, and no stop asked for since.
     running: bool,
     no_ack: bool,
     /// The vCPUs' thread ids, as the stub names them (`p1.1`, `p1.2`...).
@@ -32,19 +40,25 @@ impl Gdb {
     /// Connects and negotiates no-ack mode. QEMU stops the guest when a debugger connects;
     /// it stays stopped until [`Backend::resume`].
     pub fn connect(addr: &str) -> Result<Gdb> {
-        let stream = connect(addr)?;
+        Gdb::connect_with(addr, crate::never())
+    }
+
+    /// [`Gdb::connect`], giving up when `cancel` says so (Ctrl-C).
+    pub fn connect_with(addr: &str, cancel: Cancel) -> Result<Gdb> {
+        let conn = Conn::connect(addr, MAX_PACKET + 65536, cancel)?;
         let mut g = Gdb {
-            stream,
-            buf: Vec::new(),
+            conn,
+            scanned: 0,
             max_read: 1024,
             arch: None,
             running: false,
             no_ack: false,
             threads: None,
         };
-        g.stream.set_timeout(Duration::from_secs(3))?;
+        g.conn.timeout = Duration::from_secs(3);
         // A running guest is stopped by the connection, and QEMU says so first (a stop
         // reply nobody asked for): skip it.
+        g.conn.begin();
         let sup = g
             .send(b"qSupported:multiprocess+;swbreak+;hwbreak+;xmlRegisters=i386")
             .and_then(|_| loop {
@@ -54,9 +68,12 @@ impl Gdb {
                 }
             })
             .map_err(|e| match e {
-                QemuError::Timeout(_) | QemuError::Gone => QemuError::Protocol(format!(
-                    "{addr} does not speak the gdb remote protocol (is it QEMU's -gdb socket?)"
-                )),
+                QemuError::Timeout(_) | QemuError::Gone | QemuError::Protocol(_) => {
+                    QemuError::Protocol(format!(
+                        "{addr} does not speak the gdb remote protocol ({e}): is it QEMU's \
+                         -gdb socket?"
+                    ))
+                }
                 e => e,
             })?;
         let sup = String::from_utf8_lossy(&sup).into_owned();
@@ -71,18 +88,18 @@ impl Gdb {
         if g.request(b"QStartNoAckMode")? == b"OK" {
             // Acks stop after this reply's own ack.
             g.send_raw(b"+")?;
-            g.buf.retain(|&b| b != b'+');
             g.no_ack = true;
         }
-        g.stream.set_timeout(Duration::from_secs(5))?;
+        g.conn.timeout = crate::REPLY_TIMEOUT;
         // Where the guest is: a stop reply (QEMU stopped it on connect).
+        g.conn.begin();
         g.send(b"?")?;
         let _ = g.recv()?;
         Ok(g)
     }
 
     fn send_raw(&mut self, b: &[u8]) -> Result<()> {
-        self.stream.write_all(b).map_err(read_error)
+        self.conn.write_all(b)
     }
 
     fn send(&mut self, data: &[u8]) -> Result<()> {
@@ -94,37 +111,51 @@ impl Gdb {
         self.send_raw(&p)
     }
 
-    /// The next packet's data (acks and stray bytes before it skipped; acked unless no-ack).
+    /// The next packet's data (acks and stray bytes before it skipped; acked unless no-ack),
+    /// within the current wait's deadline.
     fn recv(&mut self) -> Result<Vec<u8>> {
         loop {
-            if let Some(start) = self.buf.iter().position(|&b| b == b'$') {
-                if let Some(hash) = self.buf[start..].iter().position(|&b| b == b'#') {
-                    let end = start + hash;
-                    if self.buf.len() >= end + 3 {
-                        let data = self.buf[start + 1..end].to_vec();
-                        self.buf.drain(..end + 3);
+            // Whatever comes before a packet (acks, noise) is dropped at once.
+            match self.conn.buf.iter().position(|&b| b == b'$') {
+                Some(0) => {}
+                Some(start) => {
+                    self.conn.buf.drain(..start);
+                    self.scanned = 0;
+                }
+                None => {
+                    self.conn.buf.clear();
+                    self.scanned = 0;
+                }
+            }
+            if !self.conn.buf.is_empty() {
+                let from = self.scanned.max(1);
+                if let Some(hash) = self.conn.buf[from..].iter().position(|&b| b == b'#') {
+                    let end = from + hash;
+                    if self.conn.buf.len() >= end + 3 {
+                        let data = unescape(&self.conn.buf[1..end])?;
+                        self.conn.buf.drain(..end + 3);
+                        self.scanned = 0;
                         if !self.no_ack {
                             self.send_raw(b"+")?;
                         }
-                        return Ok(unescape(&data));
+                        return Ok(data);
+                    }
+                } else {
+                    self.scanned = self.conn.buf.len();
+                    if self.scanned > MAX_PACKET {
+                        return Err(QemuError::Protocol(format!(
+                            "a gdbstub packet of more than {} KiB",
+                            MAX_PACKET >> 10
+                        )));
                     }
                 }
             }
-            let mut chunk = [0u8; 65536];
-            let n = match self.stream.read(&mut chunk) {
-                Ok(n) => n,
-                // A signal (Ctrl-C) interrupted the read: superprof decides what to do next.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(read_error(e)),
-            };
-            if n == 0 {
-                return Err(QemuError::Gone);
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.conn.fill()?;
         }
     }
 
     fn request(&mut self, data: &[u8]) -> Result<Vec<u8>> {
+        self.conn.begin();
         self.send(data)?;
         self.reply()
     }
@@ -154,15 +185,22 @@ impl Gdb {
             Some(b'W') | Some(b'X') => Err(QemuError::Gone),
             _ => Err(QemuError::Protocol(format!(
                 "unexpected gdbstub reply: {}",
-                String::from_utf8_lossy(r)
+                shown(r)
             ))),
         }
     }
 }
 
-/// The binary escapes of the protocol (`}` then byte ^ 0x20), and run-length `*`.
-fn unescape(data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
+/// The binary escapes of the protocol (`}` then byte ^ 0x20), and run-length `*`; the
+/// result is at most [`MAX_PACKET`] bytes.
+fn unescape(data: &[u8]) -> Result<Vec<u8>> {
+    let too_long = || {
+        QemuError::Protocol(format!(
+            "a gdbstub packet of more than {} KiB",
+            MAX_PACKET >> 10
+        ))
+    };
+    let mut out = Vec::with_capacity(data.len().min(MAX_PACKET));
     let mut i = 0;
     while i < data.len() {
         match data[i] {
@@ -172,7 +210,10 @@ fn unescape(data: &[u8]) -> Vec<u8> {
             }
             b'*' if i + 1 < data.len() && !out.is_empty() => {
                 let n = data[i + 1].saturating_sub(29) as usize;
-                let last = *out.last().expect("non-empty");
+                if out.len() + n > MAX_PACKET {
+                    return Err(too_long());
+                }
+                let last = out[out.len() - 1];
                 out.extend(std::iter::repeat_n(last, n));
                 i += 2;
             }
@@ -181,8 +222,11 @@ fn unescape(data: &[u8]) -> Vec<u8> {
                 i += 1;
             }
         }
+        if out.len() > MAX_PACKET {
+            return Err(too_long());
+        }
     }
-    out
+    Ok(out)
 }
 
 impl Drop for Gdb {
@@ -190,6 +234,28 @@ impl Drop for Gdb {
     fn drop(&mut self) {
         let _ = self.send(b"D");
     }
+}
+
+/// The thread ids of one `m` reply of `qfThreadInfo`/`qsThreadInfo`.
+fn thread_ids(list: &[u8], ids: &mut Vec<String>) -> Result<()> {
+    for t in list.split(|&b| b == b',').filter(|t| !t.is_empty()) {
+        let valid = t.len() <= MAX_THREAD_ID
+            && t.iter()
+                .all(|&b| b.is_ascii_hexdigit() || matches!(b, b'p' | b'.' | b'-'));
+        if !valid {
+            return Err(QemuError::Protocol(format!(
+                "bad gdbstub thread id: {}",
+                shown(t)
+            )));
+        }
+        if ids.len() >= MAX_VCPUS {
+            return Err(QemuError::Protocol(format!(
+                "the gdbstub lists more than {MAX_VCPUS} threads"
+            )));
+        }
+        ids.push(String::from_utf8_lossy(t).into_owned());
+    }
+    Ok(())
 }
 
 impl Backend for Gdb {
@@ -206,7 +272,7 @@ impl Backend for Gdb {
         } else {
             return Err(QemuError::Protocol(format!(
                 "unsupported guest architecture: {}",
-                text.chars().take(120).collect::<String>()
+                shown(&xml)
             )));
         };
         self.arch = Some(a);
@@ -217,6 +283,9 @@ impl Backend for Gdb {
         if !self.running {
             return Ok(());
         }
+        self.conn.begin();
+        // Set first: if the stop reply never comes, the guest may be stopped all the same.
+        self.running = false;
         self.send_raw(&[0x03])?;
         // Console output may come first.
         let r = loop {
@@ -226,9 +295,7 @@ impl Backend for Gdb {
             }
             break r;
         };
-        Self::check_stop_reply(&r)?;
-        self.running = false;
-        Ok(())
+        Self::check_stop_reply(&r)
     }
 
     fn vcpus(&mut self) -> Result<usize> {
@@ -237,13 +304,16 @@ impl Backend for Gdb {
         }
         let mut ids = Vec::new();
         let mut r = self.request(b"qfThreadInfo")?;
+        // Each `m` reply names one thread or more; an endless list is cut at MAX_VCPUS.
+        let mut replies = 0;
         while r.first() == Some(&b'm') {
-            ids.extend(
-                String::from_utf8_lossy(&r[1..])
-                    .split(',')
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_owned),
-            );
+            thread_ids(&r[1..], &mut ids)?;
+            replies += 1;
+            if replies > MAX_VCPUS {
+                return Err(QemuError::Protocol(format!(
+                    "the gdbstub lists more than {MAX_VCPUS} threads"
+                )));
+            }
             r = self.request(b"qsThreadInfo")?;
         }
         if ids.is_empty() {
@@ -266,7 +336,7 @@ impl Backend for Gdb {
             b"OK" => Ok(()),
             r => Err(QemuError::Protocol(format!(
                 "cannot select vCPU {index}: {}",
-                String::from_utf8_lossy(r)
+                shown(r)
             ))),
         }
     }
@@ -274,12 +344,8 @@ impl Backend for Gdb {
     fn regs(&mut self) -> Result<GuestRegs> {
         let arch = self.arch()?;
         let r = self.request(b"g")?;
-        let bytes = unhex(&r).ok_or_else(|| {
-            QemuError::Protocol(format!(
-                "bad register reply: {}",
-                String::from_utf8_lossy(&r)
-            ))
-        })?;
+        let bytes = unhex(&r)
+            .ok_or_else(|| QemuError::Protocol(format!("bad register reply: {}", shown(&r))))?;
         let word = |i: usize| -> Result<u64> {
             bytes
                 .get(i * 8..i * 8 + 8)
@@ -308,7 +374,9 @@ impl Backend for Gdb {
         let mut done = 0;
         while done < buf.len() {
             let n = (buf.len() - done).min(self.max_read);
-            let a = addr + done as u64;
+            let Some(a) = addr.checked_add(done as u64) else {
+                break;
+            };
             let r = self.request(format!("m{a:x},{n:x}").as_bytes())?;
             if r.first() == Some(&b'E') || r.is_empty() {
                 break;
@@ -337,5 +405,110 @@ impl Backend for Gdb {
         // `k`: kill the guest; QEMU exits.
         let _ = self.send(b"k");
         Ok(())
+    }
+
+    fn set_cancel(&mut self, cancel: Cancel) {
+        self.conn.set_cancel(cancel);
+    }
+
+    fn let_go(&mut self) {
+        // Replies to a request given up on may still come: they are skipped as strays.
+        if !self.running {
+            let _ = self.send(b"c");
+            self.running = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    use super::{thread_ids, unescape, Gdb, MAX_PACKET};
+    use crate::tests::{flood, peer};
+    use crate::{Backend, MAX_VCPUS};
+
+    #[test]
+    fn run_length_encoding_cannot_grow_a_packet_past_the_cap() {
+        // "0*~" repeated: each three bytes grow by 97.
+        let bomb: Vec<u8> = b"0*~".iter().copied().cycle().take(3 * 20_000).collect();
+        assert!(unescape(&bomb).is_err());
+        assert_eq!(unescape(b"0*\"").unwrap(), b"000000");
+        assert_eq!(unescape(b"a}\x03").unwrap(), b"a#");
+    }
+
+    #[test]
+    fn thread_ids_are_checked_and_capped() {
+        let mut ids = Vec::new();
+        thread_ids(b"p1.1,p1.2", &mut ids).unwrap();
+        assert_eq!(ids, ["p1.1", "p1.2"]);
+        assert!(thread_ids(b"p1.3#00$", &mut ids).is_err());
+        assert!(thread_ids(&[b'1'; 65], &mut ids).is_err());
+        let many = vec!["1"; MAX_VCPUS].join(",");
+        assert!(thread_ids(many.as_bytes(), &mut ids).is_err());
+    }
+
+    #[test]
+    fn a_packet_without_end_is_refused_at_the_cap() {
+        let sock = peer("gdb-flood", |mut c| {
+            let mut first = [0u8; 64];
+            let _ = c.read(&mut first)?;
+            flood(c, b"$")
+        });
+        let t = Instant::now();
+        let Err(e) = Gdb::connect(&sock) else {
+            panic!("connected")
+        };
+        assert!(
+            e.to_string()
+                .contains(&format!("more than {} KiB", MAX_PACKET >> 10)),
+            "{e}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+
+    /// A stub that answers the handshake, then lists threads forever.
+    fn endless_threads(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        let mut w = c.try_clone()?;
+        let mut r = std::io::BufReader::new(c);
+        let mut n = 0u32;
+        loop {
+            let mut b = [0u8];
+            let mut p = Vec::new();
+            loop {
+                r.read_exact(&mut b)?;
+                if b[0] == b'$' {
+                    break;
+                }
+            }
+            loop {
+                r.read_exact(&mut b)?;
+                if b[0] == b'#' {
+                    r.read_exact(&mut [0u8; 2])?;
+                    break;
+                }
+                p.push(b[0]);
+            }
+            let reply = match p.as_slice() {
+                b"QStartNoAckMode" => "OK".to_owned(),
+                b"?" => "T05".to_owned(),
+                b"qfThreadInfo" | b"qsThreadInfo" => {
+                    n += 1;
+                    format!("mp1.{n:x}")
+                }
+                _ => String::new(),
+            };
+            let sum = reply.bytes().fold(0u8, |a, b| a.wrapping_add(b));
+            write!(w, "${reply}#{sum:02x}")?;
+        }
+    }
+
+    #[test]
+    fn a_thread_list_without_end_is_refused() {
+        let sock = peer("gdb-threads", endless_threads);
+        let mut g = Gdb::connect(&sock).unwrap();
+        let e = g.vcpus().unwrap_err();
+        assert!(e.to_string().contains("more than 4096 threads"), "{e}");
     }
 }

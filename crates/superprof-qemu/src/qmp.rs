@@ -1,16 +1,26 @@
 //! QMP, QEMU's JSON machine protocol: `stop`/`cont`, `info registers` through
 //! `human-monitor-command`, and memory in bulk with `memsave` (or a word at a time with HMP
 //! `x`, as the design this comes from did).
+//!
+//! Each command carries an `id` and only the reply with that id answers it, so a reply left
+//! over from a command given up on (Ctrl-C) is not taken for the next one's.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Read;
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::{connect, read_error, Backend, GuestArch, GuestRegs, QemuError, Result, Stream};
+use crate::{shown, Backend, Cancel, Conn, GuestArch, GuestRegs, QemuError, Result, MAX_VCPUS};
+
+/// The longest QMP message (one line) taken from the peer.
+pub const MAX_LINE: usize = 4 << 20;
 
 pub struct Qmp {
-    reader: BufReader<Box<dyn Stream>>,
+    conn: Conn,
+    /// Bytes of `conn.buf` already searched for a line end.
+    scanned: usize,
+    /// The id of the last command sent.
+    id: u64,
     arch: Option<GuestArch>,
     /// Read memory one 8-byte word per HMP `x` command (the original design; slow).
     pub word_reads: bool,
@@ -26,9 +36,16 @@ pub struct Qmp {
 impl Qmp {
     /// Connects, checks the greeting, and enters command mode.
     pub fn connect(addr: &str) -> Result<Qmp> {
-        let stream = connect(addr)?;
+        Qmp::connect_with(addr, crate::never())
+    }
+
+    /// [`Qmp::connect`], giving up when `cancel` says so (Ctrl-C).
+    pub fn connect_with(addr: &str, cancel: Cancel) -> Result<Qmp> {
+        let conn = Conn::connect(addr, MAX_LINE + 65536, cancel)?;
         let mut q = Qmp {
-            reader: BufReader::new(stream),
+            conn,
+            scanned: 0,
+            id: 0,
             arch: None,
             word_reads: false,
             scratch: private_dir()?.join("memsave"),
@@ -37,10 +54,11 @@ impl Qmp {
             cpu: 0,
             cpus: None,
         };
+        q.conn.begin();
         let greeting = q.next_message().map_err(|e| match e {
             QemuError::Timeout(_) | QemuError::Gone | QemuError::Protocol(_) => {
                 QemuError::Protocol(format!(
-                    "{addr} is not a QMP socket (is it QEMU's -qmp socket?)"
+                    "{addr} is not a QMP socket ({e}): is it QEMU's -qmp socket?"
                 ))
             }
             e => e,
@@ -54,28 +72,50 @@ impl Qmp {
         Ok(q)
     }
 
+    /// The next line from the peer, as JSON (within the current wait's deadline).
     fn next_message(&mut self) -> Result<Value> {
-        let mut line = String::new();
-        let n = self.reader.read_line(&mut line).map_err(read_error)?;
-        if n == 0 {
-            return Err(QemuError::Gone);
+        loop {
+            if let Some(i) = self.conn.buf[self.scanned..]
+                .iter()
+                .position(|&b| b == b'\n')
+            {
+                let end = self.scanned + i;
+                let line: Vec<u8> = self.conn.buf.drain(..=end).collect();
+                self.scanned = 0;
+                let text = String::from_utf8_lossy(&line);
+                return serde_json::from_str(&text).map_err(|_| {
+                    QemuError::Protocol(format!("not QMP: {}", shown(text.trim().as_bytes())))
+                });
+            }
+            self.scanned = self.conn.buf.len();
+            if self.scanned > MAX_LINE {
+                return Err(QemuError::Protocol(format!(
+                    "a QMP message of more than {} MiB",
+                    MAX_LINE >> 20
+                )));
+            }
+            self.conn.fill()?;
         }
-        serde_json::from_str(&line)
-            .map_err(|_| QemuError::Protocol(format!("not QMP: {}", line.trim())))
     }
 
-    /// Runs a command and returns its "return" value (events on the way are skipped).
+    /// Runs a command and returns its "return" value (events on the way are skipped); the
+    /// whole reply must come within the timeout.
     pub fn execute(&mut self, cmd: &str, args: Value) -> Result<Value> {
-        let mut msg = json!({ "execute": cmd });
+        self.conn.begin();
+        self.exchange(cmd, args)
+    }
+
+    /// Sends a command and waits for its reply, within the wait begun by the caller.
+    fn exchange(&mut self, cmd: &str, args: Value) -> Result<Value> {
+        self.id += 1;
+        let id = self.id;
+        let mut msg = json!({ "execute": cmd, "id": id });
         if args.as_object().is_some_and(|o| !o.is_empty()) {
             msg["arguments"] = args;
         }
         let mut text = msg.to_string();
         text.push('\n');
-        self.reader
-            .get_mut()
-            .write_all(text.as_bytes())
-            .map_err(read_error)?;
+        self.conn.write_all(text.as_bytes())?;
         loop {
             let m = self.next_message()?;
             if let Some(ev) = m.get("event").and_then(Value::as_str) {
@@ -84,13 +124,18 @@ impl Qmp {
                 }
                 continue;
             }
+            // The reply to an earlier command, given up on.
+            if m.get("id").is_some_and(|i| i.as_u64() != Some(id)) {
+                continue;
+            }
             if let Some(r) = m.get("return") {
                 return Ok(r.clone());
             }
             if let Some(e) = m.get("error") {
+                let desc = e.get("desc").and_then(Value::as_str).unwrap_or("error");
                 return Err(QemuError::Protocol(format!(
                     "QMP {cmd}: {}",
-                    e.get("desc").and_then(Value::as_str).unwrap_or("error")
+                    shown(desc.as_bytes())
                 )));
             }
         }
@@ -157,7 +202,8 @@ impl Backend for Qmp {
             Some("x86_64") => GuestArch::X86_64,
             other => {
                 return Err(QemuError::Protocol(format!(
-                    "unsupported guest architecture {other:?}"
+                    "unsupported guest architecture {}",
+                    shown(other.unwrap_or("?").as_bytes())
                 )))
             }
         };
@@ -180,6 +226,11 @@ impl Backend for Qmp {
             .execute("query-cpus-fast", json!({}))?
             .as_array()
             .map_or(1, |a| a.len().max(1));
+        if n > MAX_VCPUS {
+            return Err(QemuError::Protocol(format!(
+                "QEMU reports {n} vCPUs (at most {MAX_VCPUS} are supported)"
+            )));
+        }
         self.cpus = Some(n);
         Ok(n)
     }
@@ -226,7 +277,9 @@ impl Backend for Qmp {
             // One HMP round trip per 8-byte word.
             let mut done = 0;
             while done + 8 <= buf.len() {
-                let a = addr + done as u64;
+                let Some(a) = addr.checked_add(done as u64) else {
+                    break;
+                };
                 let out = self.hmp(&format!("x /1gx {a:#x}"))?;
                 let Some(v) = out.split_once(": ").and_then(|(_, v)| {
                     u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok()
@@ -245,9 +298,15 @@ impl Backend for Qmp {
         );
         match r {
             Ok(_) => {
-                let data = std::fs::read(&self.scratch)?;
-                let n = data.len().min(buf.len());
-                buf[..n].copy_from_slice(&data[..n]);
+                // No more than asked for, whatever the file holds.
+                let mut file = std::fs::File::open(&self.scratch)?.take(buf.len() as u64);
+                let mut n = 0;
+                while n < buf.len() {
+                    match file.read(&mut buf[n..])? {
+                        0 => break,
+                        k => n += k,
+                    }
+                }
                 Ok(n)
             }
             // An unmapped address: nothing read.
@@ -266,17 +325,29 @@ impl Backend for Qmp {
     }
 
     fn quit(&mut self) -> Result<()> {
-        let _ = self.execute("quit", json!({}));
+        self.conn.begin_cleanup();
+        let _ = self.exchange("quit", json!({}));
         Ok(())
+    }
+
+    fn set_cancel(&mut self, cancel: Cancel) {
+        self.conn.set_cancel(cancel);
+    }
+
+    fn let_go(&mut self) {
+        if self.stopped && !self.shutdown {
+            // One try: a peer that does not answer within GRACE will not later either.
+            self.stopped = false;
+            self.conn.begin_cleanup();
+            let _ = self.exchange("cont", json!({}));
+        }
     }
 }
 
 impl Drop for Qmp {
     /// A guest stopped by us is let go, whatever happened.
     fn drop(&mut self) {
-        if self.stopped && !self.shutdown {
-            let _ = self.execute("cont", json!({}));
-        }
+        self.let_go();
         let _ = std::fs::remove_file(&self.scratch);
         if let Some(dir) = self.scratch.parent() {
             let _ = std::fs::remove_dir(dir);
@@ -298,5 +369,74 @@ mod tests {
         assert_eq!(reg(x86, "RIP"), Some(0x100123));
         assert_eq!(reg(x86, "RSP"), Some(0x107fe0));
         assert_eq!(reg(x86, "RBP"), Some(0x107ff0));
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::Qmp;
+    use crate::tests::{flood, peer, trickle};
+    use crate::{Backend, QemuError};
+
+    #[test]
+    fn a_greeting_without_end_is_refused_at_the_line_cap() {
+        let sock = peer("qmp-flood", |c| flood(c, b"{\"QMP\": "));
+        let t = Instant::now();
+        let Err(e) = Qmp::connect(&sock) else {
+            panic!("connected")
+        };
+        assert!(e.to_string().contains("more than 4 MiB"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_trickled_greeting_ends_at_cancel() {
+        let sock = peer("qmp-trickle", |c| trickle(c, b"{\"QMP\""));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let canceller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+            Instant::now()
+        });
+        let cancel = Arc::new(move || stop.load(Ordering::SeqCst));
+        let r = Qmp::connect_with(&sock, cancel);
+        let ended = Instant::now();
+        assert!(matches!(r, Err(QemuError::Cancelled)), "{:?}", r.err());
+        let took = ended - canceller.join().unwrap();
+        assert!(took < 4 * crate::POLL, "{took:?} after the cancel");
+    }
+
+    /// Events forever after the greeting and the capabilities: a command gets no answer.
+    fn events_forever(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        let mut w = c.try_clone()?;
+        w.write_all(b"{\"QMP\": {}}\n")?;
+        let mut lines = BufReader::new(c).lines();
+        let first = lines.next().unwrap_or(Ok(String::new()))?;
+        // A reply to another command first: it must not be taken for this one's.
+        writeln!(w, "{{\"return\": {{\"arch\": \"x86_64\"}}, \"id\": 999}}")?;
+        let v: serde_json::Value = serde_json::from_str(&first)?;
+        writeln!(w, "{}", serde_json::json!({"return": {}, "id": v["id"]}))?;
+        let _ = lines.next();
+        loop {
+            w.write_all(b"{\"event\": \"RESUME\"}\n")?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_reply_drowned_in_events_ends_at_the_deadline() {
+        let sock = peer("qmp-events", events_forever);
+        let mut q = Qmp::connect(&sock).unwrap();
+        q.conn.timeout = Duration::from_millis(300);
+        let t = Instant::now();
+        let r = q.arch();
+        assert!(matches!(r, Err(QemuError::Timeout(_))), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     }
 }

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use anyhow::Result;
 use serde_json::json;
+use superprof_profile::escape;
 
 use super::{BlockRow, ElfCode, Report};
 use crate::cli::{BlocksFormat, BlocksMode};
@@ -23,7 +24,7 @@ fn short_location(b: &BlockRow) -> String {
             let name = std::path::Path::new(f)
                 .file_name()
                 .map_or_else(|| f.clone(), |n| n.to_string_lossy().into_owned());
-            format!("{name}:{l}")
+            format!("{}:{l}", escape(&name))
         }
         _ => String::new(),
     }
@@ -132,10 +133,10 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 let _ = writeln!(
                     out,
                     "region {} [{:#x}-{:#x}) in {}",
-                    p.name,
+                    escape(&p.name),
                     p.lo.wrapping_sub(p.file.bias),
                     p.hi.wrapping_sub(p.file.bias),
-                    p.file.path.display()
+                    escape(&p.file.path.to_string_lossy())
                 );
             }
             let what = match r.mode {
@@ -162,7 +163,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                     format!("{:#x}", b.start),
                     format!("{:#x}", b.end),
                     b.instructions,
-                    b.function.as_deref().unwrap_or("?"),
+                    escape(b.function.as_deref().unwrap_or("?")),
                     short_location(b)
                 );
             }
@@ -222,11 +223,13 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
     Ok(out)
 }
 
+/// A CSV field: escaped to one line, quoted when it holds a comma or a quote.
 fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
+    let s = escape(s);
+    if s.contains([',', '"']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
-        s.to_owned()
+        s.into_owned()
     }
 }
 
@@ -268,8 +271,9 @@ fn annotated(r: &Report) -> String {
         for (name, lo, hi) in ranges {
             let _ = writeln!(
                 out,
-                "\n{name} [{lo:#x}-{hi:#x}) in {}",
-                p.file.path.display()
+                "\n{} [{lo:#x}-{hi:#x}) in {}",
+                escape(&name),
+                escape(&p.file.path.to_string_lossy())
             );
             let Some(bytes) = code.bytes(lo, hi - lo) else {
                 continue;
@@ -306,5 +310,6 @@ mod tests {
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("f<int, int>"), "\"f<int, int>\"");
         assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a\nb\x1b[0m"), "a\\nb\\e[0m");
     }
 }

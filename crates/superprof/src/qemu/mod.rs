@@ -9,11 +9,13 @@ mod sampler;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use superprof_profile::escape;
 use superprof_profile::Profile;
-use superprof_qemu::{Backend, Gdb, GuestArch, QemuError, Qmp};
+use superprof_qemu::{Backend, Cancel, Gdb, GuestArch, QemuError, Qmp};
 
 use crate::cli::{QemuArgs, QemuBackendArg};
 use crate::sys;
@@ -46,6 +48,19 @@ impl Launched {
     fn exited(&mut self) -> bool {
         !matches!(self.child.try_wait(), Ok(None))
     }
+}
+
+/// Ctrl-C (and the other stop signals) end every wait for QEMU.
+fn on_stop_signal() -> Cancel {
+    Arc::new(sys::stop_requested)
+}
+
+/// Connects to the socket of `--qmp` or `--gdb` (or launch mode's own).
+fn connect(backend: QemuBackendArg, addr: &str) -> superprof_qemu::Result<Box<dyn Backend>> {
+    Ok(match backend {
+        QemuBackendArg::Gdb => Box::new(Gdb::connect_with(addr, on_stop_signal())?),
+        QemuBackendArg::Qmp => Box::new(Qmp::connect_with(addr, on_stop_signal())?),
+    })
 }
 
 /// Starts QEMU with a socket of superprof's own and connects to it.
@@ -81,13 +96,12 @@ fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
             let status = launched.child.wait()?;
             bail!("QEMU exited at start ({status}): check its command line");
         }
+        if sys::stop_requested() {
+            bail!("interrupted while waiting for QEMU to start");
+        }
         if sock.exists() {
             let addr = sock.to_string_lossy().into_owned();
-            let backend: superprof_qemu::Result<Box<dyn Backend>> = match args.backend {
-                QemuBackendArg::Gdb => Gdb::connect(&addr).map(|b| Box::new(b) as Box<dyn Backend>),
-                QemuBackendArg::Qmp => Qmp::connect(&addr).map(|b| Box::new(b) as Box<dyn Backend>),
-            };
-            match backend {
+            match connect(args.backend, &addr) {
                 Ok(b) => return Ok((launched, b)),
                 // Bound but not listening yet: try again.
                 Err(QemuError::Connect { .. }) if Instant::now() < deadline => {}
@@ -175,11 +189,11 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     sys::install_stop_handler();
     let (mut launched, mut backend): (Option<Launched>, Box<dyn Backend>) =
         if let Some(q) = &args.qmp {
-            let mut q = Qmp::connect(q)?;
+            let mut q = Qmp::connect_with(q, on_stop_signal())?;
             q.word_reads = args.word_reads;
             (None, Box::new(q))
         } else if let Some(g) = &args.gdb {
-            (None, Box::new(Gdb::connect(g)?))
+            (None, connect(QemuBackendArg::Gdb, g)?)
         } else {
             let (l, b) = launch(args)?;
             (Some(l), b)
@@ -211,6 +225,13 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     backend.resume()?;
     let interval = Duration::from_secs_f64(args.interval / 1000.0);
     let start = Instant::now();
+    // From now on, the end of --duration ends a wait for QEMU as Ctrl-C does: a peer that
+    // trickles or floods cannot hold the run past its end.
+    if let Some(end) = start.checked_add(duration).filter(|_| !args.one_shot) {
+        backend.set_cancel(Arc::new(move || {
+            sys::stop_requested() || Instant::now() >= end
+        }));
+    }
     let mut samples: Vec<RawSample> = Vec::new();
     let mut rounds = 0u64;
     let mut gone = false;
@@ -254,7 +275,9 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
                 gone = true;
                 break;
             }
-            // Ctrl-C in the middle of a sample: the samples so far are kept.
+            // Ctrl-C or the end of --duration in the middle of a sample: the samples so far
+            // are kept.
+            Err(QemuError::Cancelled) => break,
             Err(_) if sys::stop_requested() => break,
             Err(e) if !samples.is_empty() => {
                 eprintln!("superprof: sampling stopped: {e}; keeping the samples so far");
@@ -267,6 +290,10 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         }
     }
     let elapsed = start.elapsed();
+    // A sample cut short may have left the guest stopped.
+    if !gone {
+        backend.let_go();
+    }
     let mut symbols = superprof_symbols::Symbolizer::default();
     if args.one_shot {
         if samples.is_empty() {
@@ -396,7 +423,7 @@ fn one_stack(
     addresses: bool,
 ) -> String {
     let mut cache = HashMap::new();
-    let mut out = format!("{}\n", root_name(sampler, s.owner).0);
+    let mut out = format!("{}\n", escape(&root_name(sampler, s.owner).0));
     let mut i = 0;
     for &f in &s.frames {
         for (name, file, line, inlined) in
@@ -408,9 +435,10 @@ fn one_stack(
                 String::new()
             };
             let loc = match file {
-                Some(file) if line > 0 => format!(" ({file}:{line})"),
+                Some(file) if line > 0 => format!(" ({}:{line})", escape(&file)),
                 _ => String::new(),
             };
+            let name = escape(&name);
             out.push_str(&format!(
                 "  #{i:<2} {at}{name}{loc}{}\n",
                 if inlined { " [inlined]" } else { "" }

@@ -4,6 +4,7 @@ use std::fmt::Write;
 
 use anyhow::Result;
 use serde_json::json;
+use superprof_profile::escape;
 
 use super::Results;
 use crate::cli::StatFormat;
@@ -90,13 +91,18 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             )?;
             for c in &r.per_call {
                 let vals: String = c.values.iter().map(|v| format!("{v:>16.0}")).collect();
-                writeln!(out, "{:<30} {:>8}  {vals}", r.regions[c.region], c.tid)?;
+                writeln!(
+                    out,
+                    "{:<30} {:>8}  {vals}",
+                    escape(&r.regions[c.region]),
+                    c.tid
+                )?;
             }
         }
         (StatFormat::Table, false) => {
             for (i, name) in r.regions.iter().enumerate() {
                 let n = r.calls[i];
-                writeln!(out, "Region {name}: {n} calls")?;
+                writeln!(out, "Region {}: {n} calls", escape(name))?;
                 writeln!(
                     out,
                     "  {:<24} {:>16} {:>16} {:>16} {:>16}",
@@ -109,7 +115,11 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                     writeln!(
                         out,
                         "  {:<24} {:>16.0} {:>16.1} {:>16.0} {:>16.0}{mark}",
-                        ev, s.total, mean, s.min, s.max
+                        escape(ev),
+                        s.total,
+                        mean,
+                        s.min,
+                        s.max
                     )?;
                 }
                 writeln!(out)?;
@@ -119,10 +129,25 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
     Ok(out)
 }
 
+/// A CSV field: escaped to one line, quoted when it holds a comma or a quote.
 fn csv(s: &str) -> String {
+    let s = escape(s);
     if s.contains([',', '"']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
-        s.to_owned()
+        s.into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv;
+
+    #[test]
+    fn csv_fields_are_one_line() {
+        assert_eq!(csv("plain"), "plain");
+        assert_eq!(csv("a,b"), "\"a,b\"");
+        assert_eq!(csv("a\nb\x1b"), "a\\nb\\e");
+        assert_eq!(csv("x\n\"y\""), "\"x\\n\"\"y\"\"\"");
     }
 }
