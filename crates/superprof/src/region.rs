@@ -146,9 +146,14 @@ pub fn unique_function(pid: u32, name: &str) -> Result<Option<superprof_trace::F
 
 /// The message for a function never found, with near names.
 pub fn not_found(pid: u32, name: &str) -> String {
-    let near = suggestions(pid, name);
+    // Names from the program are printed escaped (a hostile symbol cannot drive the terminal).
+    let near: Vec<String> = suggestions(pid, name)
+        .iter()
+        .map(|n| superprof_profile::escape(n).into_owned())
+        .collect();
     format!(
-        "no function '{name}' in the program or its libraries{}",
+        "no function '{}' in the program or its libraries{}",
+        superprof_profile::escape(name),
         if near.is_empty() {
             String::new()
         } else {

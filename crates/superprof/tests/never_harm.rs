@@ -69,6 +69,23 @@ fn children_sharing_memory_survive_stat_and_are_counted() {
     }
 }
 
+/// Debian's /bin/sh (dash) runs each command in a vfork child, which calls execve: with a
+/// breakpoint on execve every child died of SIGTRAP before (10 of 10 here).
+#[test]
+fn the_shells_vfork_children_survive_a_breakpoint_on_execve() {
+    let dir = TempDir::new("harm-dash");
+    let script = "n=0; for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true && n=$((n+1)); done; \
+                  echo children_ok=$n";
+    let (stdout, stderr, code, _) = stat_calls(
+        &dir,
+        "execve",
+        &["/bin/sh".as_ref(), "-c".as_ref(), script.as_ref()],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("children_ok=10"), "{stdout}{stderr}");
+    assert!(!stderr.contains("trap"), "{stderr}");
+}
+
 #[test]
 fn children_sharing_memory_survive_blocks_count_and_coverage() {
     let dir = TempDir::new("harm-blocks");
