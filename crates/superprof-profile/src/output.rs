@@ -1,6 +1,26 @@
-//! Output formats, chosen by name or by file extension, and atomic output files.
+//! Output formats, chosen by name or by file extension, and the one way superprof creates
+//! files.
+//!
+//! superprof often runs as root and writes into folders that other users own (their working
+//! folder, /tmp). A name that is predictable there is a name someone else can plant a symlink
+//! at, so no file is opened by a guessable name with O_CREAT alone:
+//! - a new file is created with O_CREAT|O_EXCL|O_NOFOLLOW (and O_CLOEXEC), mode 0600 (profiles
+//!   hold the command line and the host name; perf makes perf.data 0600 likewise);
+//! - temporary names end in 64 random bits from the kernel and are retried when taken;
+//! - an output that exists as a regular file is replaced by rename, never written into;
+//! - an output that is a device, a FIFO or a symlink is written through, as the shell's `>` and
+//!   `cp` do (`-o /dev/null`, `-o /dev/stdout`, a named pipe, a link to a file elsewhere): the
+//!   node stays a node, the link stays a link, the kernel does the following (so its own symlink
+//!   protections apply) and a file behind a link is truncated and written in place, not
+//!   atomically. A dangling symlink is refused (as `cp` refuses it): following it would create
+//!   a file wherever the link points.
+//!
+//! A log written as it comes ([`create_log`]) cannot go through a temporary file (a killed run
+//! would lose it all), so its name is removed and created anew with O_EXCL instead.
 
-use std::io::{self, BufWriter, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::Profile;
@@ -81,35 +101,186 @@ pub fn write(
     }
 }
 
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.superprof-{}.tmp", std::process::id()))
+/// Creates `path`, which must not exist yet (not even as a symlink): O_CREAT|O_EXCL|O_NOFOLLOW,
+/// mode 0600. Std opens every file with O_CLOEXEC.
+pub fn create_new(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
+        .open(path)
 }
 
-/// Checks that `path` can be written, without leaving anything behind.
-pub fn check_writable(path: &Path) -> io::Result<()> {
-    if path.is_dir() {
+/// 64 bits nobody else can predict: from the kernel's /dev/urandom, else (a bare chroot) from
+/// std's hasher keys, which std takes from getrandom.
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok()
+    {
+        return u64::from_ne_bytes(b);
+    }
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new()
+        .hash_one((std::process::id(), std::time::SystemTime::now()))
+}
+
+/// How many random names are tried before giving up (a taken one means someone is guessing).
+const ATTEMPTS: u32 = 100;
+
+/// Runs `make` on fresh random names `{prefix}{16 hex digits}{suffix}` in `dir` until one is
+/// not taken.
+fn with_random_name<T>(
+    dir: &Path,
+    prefix: &str,
+    suffix: &str,
+    mut make: impl FnMut(&Path) -> io::Result<T>,
+) -> io::Result<(T, PathBuf)> {
+    for _ in 0..ATTEMPTS {
+        let path = dir.join(format!("{prefix}{:016x}{suffix}", random_u64()));
+        match make(&path) {
+            Ok(t) => return Ok((t, path)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "cannot create a temporary file in '{}': every name tried was taken",
+            dir.display()
+        ),
+    ))
+}
+
+/// A new file in `dir` named `{prefix}{random}{suffix}`, created as [`create_new`] does.
+pub fn create_temp_file(dir: &Path, prefix: &str, suffix: &str) -> io::Result<(File, PathBuf)> {
+    with_random_name(dir, prefix, suffix, create_new)
+}
+
+/// A new folder in `parent` named `{prefix}-{random}`, mode 0700: mkdir fails on any existing
+/// name, so the folder is ours and nobody else can enter it. The caller removes it.
+pub fn create_private_dir(parent: &Path, prefix: &str) -> io::Result<PathBuf> {
+    let (_, dir) = with_random_name(parent, &format!("{prefix}-"), "", |p| {
+        std::fs::DirBuilder::new().mode(0o700).create(p)
+    })?;
+    Ok(dir)
+}
+
+/// What writing an output path means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// Nothing there, or a regular file: a new file takes the name.
+    Replace,
+    /// A device, FIFO or symlink: opened and written through; `follow` for a symlink.
+    Through { follow: bool },
+}
+
+fn target(path: &Path) -> io::Result<Target> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Target::Replace),
+        r => r?,
+    };
+    let kind = meta.file_type();
+    let kind = if kind.is_symlink() {
+        match std::fs::metadata(path) {
+            Ok(m) => m.file_type(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "is a symbolic link to a missing file (not followed)",
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    } else if kind.is_file() {
+        return Ok(Target::Replace);
+    } else {
+        kind
+    };
+    if kind.is_dir() {
         return Err(io::Error::new(
             io::ErrorKind::IsADirectory,
             "is a directory",
         ));
     }
-    let tmp = temp_path(path);
-    std::fs::File::create(&tmp)?;
-    std::fs::remove_file(&tmp)
+    if kind.is_socket() {
+        return Err(io::Error::other("is a socket"));
+    }
+    Ok(Target::Through {
+        follow: meta.file_type().is_symlink(),
+    })
 }
 
-/// Writes `path` through `fill`; on any error the destination is left untouched.
+/// Opens a device, FIFO or symlink target for writing: never created, truncated (a no-op on
+/// devices and FIFOs). A FIFO's open waits for its reader, as the shell's `>` does.
+fn open_through(path: &Path, follow: bool) -> io::Result<File> {
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOCTTY | nofollow)
+        .open(path)
+}
+
+/// The folder that holds `path` ("." for a bare name).
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// A temporary file beside `path`, to be renamed onto it.
+fn create_temp_beside(path: &Path) -> io::Result<(File, PathBuf)> {
+    // The output's name, shortened so that the temporary name stays under NAME_MAX.
+    let name: String = path
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(64).collect())
+        .unwrap_or_default();
+    create_temp_file(folder_of(path), &format!(".{name}.superprof-"), ".tmp")
+}
+
+/// Checks that `path` can be written, without leaving anything behind or changing it.
+pub fn check_writable(path: &Path) -> io::Result<()> {
+    match target(path)? {
+        Target::Replace => {
+            let (file, tmp) = create_temp_beside(path)?;
+            drop(file);
+            std::fs::remove_file(&tmp)
+        }
+        // A FIFO would wait for its reader and a device may act on open: only a file behind a
+        // symlink is opened (without truncation).
+        Target::Through { follow } => {
+            if std::fs::metadata(path)?.is_file() {
+                let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | nofollow)
+                    .open(path)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes `path` through `fill`. A new or regular file is written to a temporary file beside it
+/// and renamed over it: on any error the destination is left untouched. A device, FIFO or
+/// symlink is written through (see the module's notes).
 pub fn write_atomic(
     path: &Path,
     fill: impl FnOnce(&mut (dyn Write + Send)) -> io::Result<()>,
 ) -> io::Result<()> {
-    let tmp = temp_path(path);
+    if let Target::Through { follow } = target(path)? {
+        let mut w = BufWriter::new(open_through(path, follow)?);
+        fill(&mut w)?;
+        return w.flush();
+    }
+    let (file, tmp) = create_temp_beside(path)?;
     let result = (|| {
-        let mut w = BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut w = BufWriter::new(file);
         fill(&mut w)?;
         w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, path)
@@ -118,4 +289,154 @@ pub fn write_atomic(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Opens `path` for a log that is written as it comes, so that what was written survives a
+/// killed writer (a temporary file renamed at the end would not). A device, FIFO or symlink is
+/// written through; otherwise an existing file is removed (unlink never follows a link) and the
+/// name created anew as [`create_new`] does: an existing file is never written into in place, so
+/// neither a symlink nor a hard link planted there can redirect the log. If something takes the
+/// name between the two steps, that is an error, not a retry.
+pub fn create_log(path: &Path) -> io::Result<File> {
+    match target(path)? {
+        Target::Through { follow } => open_through(path, follow),
+        Target::Replace => {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            create_new(path)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A scratch folder of this test process.
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("superprof-output-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn random_names_differ() {
+        let d = scratch("names");
+        let (_, a) = create_temp_file(&d, "x-", ".tmp").unwrap();
+        let (_, b) = create_temp_file(&d, "x-", ".tmp").unwrap();
+        assert_ne!(a, b);
+        let name = a.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("x-") && name.ends_with(".tmp") && name.len() == 2 + 16 + 4);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn create_new_refuses_existing_names_and_links() {
+        let d = scratch("new");
+        let victim = d.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert_eq!(
+            create_new(&link).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert_eq!(
+            create_new(&victim).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn outputs_are_private_and_replace_files() {
+        let d = scratch("replace");
+        let out = d.join("out.txt");
+        std::fs::write(&out, "old contents, longer").unwrap();
+        write_atomic(&out, |w| w.write_all(b"new")).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
+        let meta = std::fs::symlink_metadata(&out).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // Nothing else was left in the folder.
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn symlinks_are_written_through() {
+        let d = scratch("through");
+        let real = d.join("real.txt");
+        std::fs::write(&real, "old contents, longer").unwrap();
+        let link = d.join("link.txt");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        check_writable(&link).unwrap();
+        write_atomic(&link, |w| w.write_all(b"new")).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "new");
+        // A dangling link is not followed.
+        let dangling = d.join("dangling.txt");
+        std::os::unix::fs::symlink(d.join("missing"), &dangling).unwrap();
+        assert!(check_writable(&dangling).is_err());
+        assert!(write_atomic(&dangling, |w| w.write_all(b"x")).is_err());
+        assert!(!d.join("missing").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn devices_are_written_through() {
+        let null = Path::new("/dev/null");
+        check_writable(null).unwrap();
+        write_atomic(null, |w| w.write_all(b"x")).unwrap();
+        drop(create_log(null).unwrap());
+        assert!(std::fs::symlink_metadata(null)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+
+    #[test]
+    fn logs_are_made_anew() {
+        let d = scratch("log");
+        let out = d.join("log.txt");
+        let victim = d.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        std::fs::hard_link(&victim, &out).unwrap();
+        let mut f = create_log(&out).unwrap();
+        f.write_all(b"line\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "line\n");
+        let meta = std::fs::metadata(&out).unwrap();
+        assert_eq!((meta.mode() & 0o777, meta.nlink()), (0o600, 1));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn private_dirs() {
+        let d = scratch("dirs");
+        let a = create_private_dir(&d, "p").unwrap();
+        let b = create_private_dir(&d, "p").unwrap();
+        assert_ne!(a, b);
+        let meta = std::fs::symlink_metadata(&a).unwrap();
+        assert!(meta.is_dir());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn directories_are_refused() {
+        let d = scratch("isdir");
+        assert_eq!(
+            check_writable(&d).unwrap_err().kind(),
+            io::ErrorKind::IsADirectory
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

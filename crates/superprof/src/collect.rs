@@ -53,18 +53,37 @@ pub struct Collector {
     /// The last unwind in `scratch` stopped early.
     truncated_now: bool,
     path_frames: Vec<u32>,
-    /// A copy of the vDSO in a temp file, made when a process maps `[vdso]`.
-    vdso: Option<Option<TempFile>>,
+    /// A copy of the vDSO in a private temp folder, made when a process maps `[vdso]`.
+    vdso: Option<Option<TempCopy>>,
     /// Loads symbols in the background as modules appear.
     symbols: SymbolService,
 }
 
-/// A file removed when dropped.
-struct TempFile(PathBuf);
+/// A file in a private temporary folder (0700, random name: no name in it can have been
+/// planted), both removed when dropped.
+struct TempCopy {
+    dir: PathBuf,
+    file: PathBuf,
+}
 
-impl Drop for TempFile {
+impl TempCopy {
+    fn new(prefix: &str, name: &str, bytes: &[u8]) -> std::io::Result<TempCopy> {
+        let dir = crate::sys::private_temp_dir(prefix)?;
+        let copy = TempCopy {
+            file: dir.join(name),
+            dir,
+        };
+        std::io::Write::write_all(
+            &mut superprof_profile::output::create_new(&copy.file)?,
+            bytes,
+        )?;
+        Ok(copy)
+    }
+}
+
+impl Drop for TempCopy {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -141,14 +160,11 @@ impl Collector {
         if path == Path::new("[vdso]") {
             let file = self.vdso.get_or_insert_with(|| {
                 let image = crate::sys::vdso_image()?;
-                let p =
-                    std::env::temp_dir().join(format!("superprof-vdso-{}.so", std::process::id()));
-                std::fs::write(&p, image).ok()?;
-                Some(TempFile(p))
+                TempCopy::new("superprof-vdso", "vdso.so", &image).ok()
             });
             return file
                 .as_ref()
-                .map_or_else(|| path.to_owned(), |f| f.0.clone());
+                .map_or_else(|| path.to_owned(), |f| f.file.clone());
         }
         target_file_path(pid, path)
     }

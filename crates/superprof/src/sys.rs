@@ -120,27 +120,11 @@ pub fn write_text(output: Option<&std::path::Path>, text: &str) -> anyhow::Resul
     }
 }
 
-/// A new folder under the temporary folder that only this user can use; its name cannot have
-/// been chosen by someone else (creating it must succeed).
+/// A new folder under the temporary folder that only this user can use (0700); its name is
+/// random and creating it must succeed, so nobody else can have prepared it. The caller
+/// removes it.
 pub fn private_temp_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    for attempt in 0..100u32 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "{prefix}-{}-{nanos:x}-{attempt}",
-            std::process::id()
-        ));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other(
-        "cannot create a private temporary folder",
-    ))
+    superprof_profile::output::create_private_dir(&std::env::temp_dir(), prefix)
 }
 
 /// The command gets SIGKILL when superprof dies, whatever kills superprof.

@@ -22,10 +22,15 @@ struct Totals {
 
 pub fn run(args: &SyscallsArgs) -> Result<i32> {
     sys::install_stop_handler();
-    if let Some(out) = &args.output {
-        superprof_profile::output::check_writable(out)
-            .with_context(|| format!("cannot write output '{}'", out.display()))?;
-    }
+    // The log goes to -o as it comes (not kept in memory): a killed or failing run leaves
+    // everything up to its last 50 ms in the file.
+    let mut sink = match &args.output {
+        Some(out) => Sink::File(std::io::BufWriter::new(
+            superprof_profile::output::create_log(out)
+                .with_context(|| format!("cannot write output '{}'", out.display()))?,
+        )),
+        None => Sink::Stderr(std::io::stderr()),
+    };
     let opts = TraceOptions {
         follow_forks: args.follow_forks,
         syscalls: true,
@@ -40,18 +45,24 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let duration = args.duration;
-    // The table streams (to stderr, or to the temp file behind -o); JSON is one document.
-    let mut sink = match &args.output {
-        Some(_) => Sink::Buffer(Vec::new()),
-        None => Sink::Stderr(std::io::stderr()),
-    };
-    let stream = args.format == SyscallFormat::Table && !args.summary_only;
-    let mut totals: HashMap<String, Totals> = HashMap::new();
-    let mut events = Vec::new();
+    let table = args.format == SyscallFormat::Table;
+    // JSON is one document, `{"events":[...],"syscalls":[...]}` (serde_json's key order),
+    // written as it goes like the table: the events first, the totals at the end.
+    let json = args.format == SyscallFormat::Json;
     let mut write_error = None;
+    if json {
+        if let Err(e) = write!(sink, "{{\"events\":[") {
+            write_error.get_or_insert(e);
+        }
+    }
+    let mut totals: HashMap<String, Totals> = HashMap::new();
+    let mut events = 0u64;
     let mut stopped = false;
     let mut exit = syscalls::trace(&mut tracer, launched, |ev| {
         let Some(ev) = ev else {
+            if let Err(e) = sink.flush() {
+                write_error.get_or_insert(e);
+            }
             if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
                 stopped = true;
                 return Control::Stop;
@@ -62,12 +73,20 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         t.calls += 1;
         t.errors += ev.errno.is_some() as u64;
         t.total_ns += ev.duration_ns;
-        if stream {
-            if let Err(e) = writeln!(sink, "{}", table_line(&ev, start_ns, start_unix)) {
+        if !args.summary_only {
+            let written = if table {
+                writeln!(sink, "{}", table_line(&ev, start_ns, start_unix))
+            } else {
+                let sep = if events == 0 { "" } else { "," };
+                write!(sink, "{sep}").and_then(|()| {
+                    serde_json::to_writer(&mut sink, &event_json(&ev, start_ns))
+                        .map_err(std::io::Error::from)
+                })
+            };
+            events += 1;
+            if let Err(e) = written {
                 write_error.get_or_insert(e);
             }
-        } else if args.format == SyscallFormat::Json && !args.summary_only {
-            events.push(ev);
         }
         Control::Continue
     })?;
@@ -77,66 +96,66 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     }
     let killed = tracer.finish();
     let exit = exit.or(killed);
-    if let Some(status @ superprof_trace::ExitStatus::Signal(_)) = exit {
-        writeln!(sink, "+++ {status} +++")?;
-    }
     if let Some(e) = write_error {
         return Err(e).context("cannot write the syscall log");
     }
     let mut rows: Vec<(String, Totals)> = totals.into_iter().collect();
     rows.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(&b.0)));
-    match args.format {
-        SyscallFormat::Table => {
-            if stream {
-                writeln!(sink)?;
-            }
-            write_summary(&mut sink, &rows)?;
+    if table {
+        if let Some(status @ superprof_trace::ExitStatus::Signal(_)) = exit {
+            writeln!(sink, "+++ {status} +++")?;
         }
-        SyscallFormat::Json => {
-            let doc = json!({
-                "syscalls": rows.iter().map(|(name, t)| json!({
-                    "name": name, "calls": t.calls, "errors": t.errors, "total_ns": t.total_ns,
-                })).collect::<Vec<_>>(),
-                "events": events.iter().map(|e| json!({
-                    "time_ns": e.time_ns.saturating_sub(start_ns),
-                    "pid": e.pid,
-                    "tid": e.tid,
-                    "name": e.name,
-                    "args": e.args,
-                    "ret": e.ret,
-                    "errno": e.errno,
-                    "duration_ns": e.duration_ns,
-                })).collect::<Vec<_>>(),
-            });
-            serde_json::to_writer(&mut sink, &doc)?;
+        if !args.summary_only {
             writeln!(sink)?;
         }
+        write_summary(&mut sink, &rows)?;
+    } else {
+        let summary: Vec<_> = rows
+            .iter()
+            .map(|(name, t)| {
+                json!({
+                    "name": name, "calls": t.calls, "errors": t.errors, "total_ns": t.total_ns,
+                })
+            })
+            .collect();
+        write!(sink, "],\"syscalls\":")?;
+        serde_json::to_writer(&mut sink, &summary)?;
+        writeln!(sink, "}}")?;
     }
-    if let (Some(out), Sink::Buffer(bytes)) = (&args.output, &sink) {
-        // The log was collected in memory: write it whole, atomically.
-        superprof_profile::write_atomic(out, |w| w.write_all(bytes))
-            .with_context(|| format!("cannot write '{}'", out.display()))?;
-    }
+    sink.flush().context("cannot write the syscall log")?;
     Ok(exit.map_or(0, |e| e.shell_code()))
 }
 
-/// Where the log goes: stderr as it happens, or a buffer written to the -o file at the end.
+fn event_json(e: &SyscallEvent, start_ns: u64) -> serde_json::Value {
+    json!({
+        "time_ns": e.time_ns.saturating_sub(start_ns),
+        "pid": e.pid,
+        "tid": e.tid,
+        "name": e.name,
+        "args": e.args,
+        "ret": e.ret,
+        "errno": e.errno,
+        "duration_ns": e.duration_ns,
+    })
+}
+
+/// Where the log goes as it happens: stderr, or the -o file (buffered, flushed every tick).
 enum Sink {
     Stderr(std::io::Stderr),
-    Buffer(Vec<u8>),
+    File(std::io::BufWriter<std::fs::File>),
 }
 
 impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Sink::Stderr(e) => e.write(buf),
-            Sink::Buffer(v) => v.write(buf),
+            Sink::File(f) => f.write(buf),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Sink::Stderr(e) => e.flush(),
-            Sink::Buffer(_) => Ok(()),
+            Sink::File(f) => f.flush(),
         }
     }
 }
@@ -156,7 +175,7 @@ fn table_line(ev: &SyscallEvent, start_ns: u64, start_unix: u64) -> String {
         "{h:02}:{m:02}:{s:02}.{us:06} [{} {}] {}({}) = {ret} <{:.6}>",
         ev.pid,
         ev.tid,
-        ev.name,
+        superprof_profile::escape(&ev.name),
         ev.args.join(", "),
         ev.duration_ns as f64 / 1e9
     )
@@ -183,10 +202,11 @@ fn write_summary(w: &mut dyn Write, rows: &[(String, Totals)]) -> std::io::Resul
         };
         writeln!(
             w,
-            "{pct:6.2} {:11.6} {:11} {:9} {errors:>9} {name}",
+            "{pct:6.2} {:11.6} {:11} {:9} {errors:>9} {}",
             t.total_ns as f64 / 1e9,
             t.total_ns / 1000 / t.calls.max(1),
-            t.calls
+            t.calls,
+            superprof_profile::escape(name)
         )?;
     }
     writeln!(w, "{line}")?;
