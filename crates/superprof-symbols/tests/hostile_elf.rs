@@ -7,28 +7,12 @@
 mod elf_patch;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use elf_patch::{Elf, SymField};
 use superprof_symbols::Symbolizer;
 
 fn fixture(dir: &Path) -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let exe = dir.join("child");
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", "-I"])
-        .arg(root.join("tests/fixtures"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(root.join("tests/fixtures/exec_child.c"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    elf_patch::compile_child(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."), dir)
 }
 
 #[test]

@@ -262,51 +262,6 @@ fn qmp_trickled_greeting_times_out_and_ctrl_c_ends_it() {
     eprintln!("QMP trickle: Ctrl-C honoured in {:?}", f.after_sigint);
 }
 
-#[test]
-fn qmp_events_instead_of_a_reply_end_at_duration_and_at_ctrl_c() {
-    let dir = TempDir::new("qmp-events");
-    let k = kernel(&dir);
-    let sock = peer(&dir, qmp_events_forever);
-    let folded = dir.path("events.folded");
-    let out = folded.to_string_lossy().into_owned();
-    let f = watch(
-        &[
-            "qemu",
-            "--kernel",
-            &k,
-            "--qmp",
-            &sock,
-            "--duration",
-            "2",
-            "-o",
-            &out,
-        ],
-        None,
-        Duration::from_secs(15),
-    );
-    f.kept_samples(GOOD_SAMPLES, &folded);
-    assert!(f.took < Duration::from_millis(3500), "{:?}", f.took);
-    eprintln!("QMP events: ended {:?} after a 2 s duration", f.took);
-    let f = watch(
-        &[
-            "qemu",
-            "--kernel",
-            &k,
-            "--qmp",
-            &sock,
-            "--duration",
-            "60",
-            "-o",
-            &out,
-        ],
-        Some(Duration::from_millis(1500)),
-        Duration::from_secs(15),
-    );
-    f.kept_samples(GOOD_SAMPLES, &folded);
-    f.prompt_after_sigint(Duration::from_millis(1500));
-    eprintln!("QMP events: Ctrl-C honoured in {:?}", f.after_sigint);
-}
-
 // ---------------------------------------------------------------------------------------
 // gdbstub
 
@@ -432,51 +387,6 @@ fn gdb_thread_list_that_never_ends_is_refused() {
 }
 
 #[test]
-fn gdb_console_output_instead_of_a_stop_ends_at_duration_and_at_ctrl_c() {
-    let dir = TempDir::new("gdb-console");
-    let k = kernel(&dir);
-    let sock = peer(&dir, |c| gdb_stub(c, GdbTurn::ConsoleForever));
-    let folded = dir.path("console.folded");
-    let out = folded.to_string_lossy().into_owned();
-    let f = watch(
-        &[
-            "qemu",
-            "--kernel",
-            &k,
-            "--gdb",
-            &sock,
-            "--duration",
-            "2",
-            "-o",
-            &out,
-        ],
-        None,
-        Duration::from_secs(15),
-    );
-    f.kept_samples(GOOD_SAMPLES, &folded);
-    assert!(f.took < Duration::from_millis(3500), "{:?}", f.took);
-    eprintln!("gdb console: ended {:?} after a 2 s duration", f.took);
-    let f = watch(
-        &[
-            "qemu",
-            "--kernel",
-            &k,
-            "--gdb",
-            &sock,
-            "--duration",
-            "60",
-            "-o",
-            &out,
-        ],
-        Some(Duration::from_millis(1500)),
-        Duration::from_secs(15),
-    );
-    f.kept_samples(GOOD_SAMPLES, &folded);
-    f.prompt_after_sigint(Duration::from_millis(1500));
-    eprintln!("gdb console: Ctrl-C honoured in {:?}", f.after_sigint);
-}
-
-#[test]
 fn gdb_trickled_handshake_ends_at_ctrl_c() {
     let dir = TempDir::new("gdb-trickle");
     let k = kernel(&dir);
@@ -577,4 +487,55 @@ fn thread_and_function_names_with_control_characters_are_printed_escaped() {
         .map(|(_, n)| n)
         .sum();
     assert!(mine as f64 > 0.5 * stacks.total() as f64, "{folded_text}");
+}
+
+/// A peer that, after [`GOOD_SAMPLES`] samples, never answers usefully again (events, console
+/// output): superprof ends at `--duration`, and promptly at Ctrl-C, keeping the samples so far.
+fn ends_at_duration_and_at_ctrl_c(
+    what: &str,
+    backend: &str,
+    serve: fn(UnixStream) -> std::io::Result<()>,
+) {
+    let dir = TempDir::new(what);
+    let k = kernel(&dir);
+    let sock = peer(&dir, serve);
+    let folded = dir.path("out.folded");
+    let out = folded.to_string_lossy().into_owned();
+    for (duration, sigint) in [("2", None), ("60", Some(Duration::from_millis(1500)))] {
+        let f = watch(
+            &[
+                "qemu",
+                "--kernel",
+                &k,
+                backend,
+                &sock,
+                "--duration",
+                duration,
+                "-o",
+                &out,
+            ],
+            sigint,
+            Duration::from_secs(15),
+        );
+        f.kept_samples(GOOD_SAMPLES, &folded);
+        if sigint.is_none() {
+            assert!(f.took < Duration::from_millis(3500), "{:?}", f.took);
+            eprintln!("{what}: ended {:?} after a 2 s duration", f.took);
+        } else {
+            f.prompt_after_sigint(Duration::from_millis(1500));
+            eprintln!("{what}: Ctrl-C honoured in {:?}", f.after_sigint);
+        }
+    }
+}
+
+#[test]
+fn qmp_events_instead_of_a_reply_end_at_duration_and_at_ctrl_c() {
+    ends_at_duration_and_at_ctrl_c("qmp-events", "--qmp", qmp_events_forever);
+}
+
+#[test]
+fn gdb_console_output_instead_of_a_stop_ends_at_duration_and_at_ctrl_c() {
+    ends_at_duration_and_at_ctrl_c("gdb-console", "--gdb", |c| {
+        gdb_stub(c, GdbTurn::ConsoleForever)
+    });
 }

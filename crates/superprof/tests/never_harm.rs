@@ -38,6 +38,23 @@ fn stat_calls(dir: &TempDir, region: &str, cmd: &[&std::ffi::OsStr]) -> (String,
     (stdout, stderr, out.status.code().unwrap_or(-1), calls)
 }
 
+/// Sends `sig` to a child superprof and waits (at most 10 s) for it to end.
+fn signal_and_wait(sp: &mut std::process::Child, sig: i32) -> std::process::ExitStatus {
+    // SAFETY: sending a signal to our superprof child.
+    unsafe { libc::kill(sp.id() as i32, sig) };
+    let start = Instant::now();
+    loop {
+        if let Some(s) = sp.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "signal {sig}: superprof goes on"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn spawner(dir: &TempDir) -> std::path::PathBuf {
     compile(dir, "spawner", &["spawner.c"], &["-O1", "-g", "-pthread"])
 }
@@ -306,19 +323,7 @@ fn stop_signals_let_an_attached_process_go_cleanly() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(800));
-        // SAFETY: sending a signal to our superprof child.
-        unsafe { libc::kill(sp.id() as i32, sig) };
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = sp.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "signal {sig}: superprof goes on"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = signal_and_wait(&mut sp, sig);
         let stderr = {
             use std::io::Read;
             let mut s = String::new();
@@ -516,19 +521,7 @@ fn stop_signals_reach_a_preloaded_command() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(500));
-        // SAFETY: sending a signal to our superprof child.
-        unsafe { libc::kill(sp.id() as i32, sig) };
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = sp.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "signal {sig}: still running"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = signal_and_wait(&mut sp, sig);
         assert_eq!(status.code(), Some(128 + sig), "signal {sig}");
     }
 }

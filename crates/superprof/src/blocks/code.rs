@@ -204,20 +204,7 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let dir = std::env::temp_dir().join(format!("superprof-code-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let exe = dir.join("child");
-        let out = std::process::Command::new("gcc")
-            .args(["-O2", "-g", "-I"])
-            .arg(root.join("tests/fixtures"))
-            .arg("-o")
-            .arg(&exe)
-            .arg(root.join("tests/fixtures/exec_child.c"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let exe = elf_patch::compile_child(&root, &dir);
         let original = Elf::read(&exe);
         let work = original.symbol("child_work", SymField::Value);
         let code = ElfCode::open(&exe).unwrap();
