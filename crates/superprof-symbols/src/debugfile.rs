@@ -29,30 +29,86 @@ pub fn find(path: &Path) -> Option<PathBuf> {
     if let Ok(Some(id)) = obj.build_id() {
         if id.len() > 1 {
             let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-            let candidate = PathBuf::from(format!(
-                "{DEBUG_ROOT}/.build-id/{}/{}.debug",
-                &hex[..2],
-                &hex[2..]
-            ));
-            if candidate.is_file() {
-                return Some(candidate);
+            if let Some(c) = build_id_candidates(path, &hex)
+                .into_iter()
+                .find(|c| c.is_file())
+            {
+                return Some(c);
             }
         }
     }
     if let Ok(Some((name, crc))) = obj.gnu_debuglink() {
         let name = debuglink_name(name)?;
-        let dir = path.parent()?;
-        let rel = dir.strip_prefix("/").unwrap_or(dir);
-        let candidates = [
-            dir.join(name),
-            dir.join(".debug").join(name),
-            Path::new(DEBUG_ROOT).join(rel).join(name),
-        ];
-        return candidates
+        return debuglink_candidates(path, name)
             .into_iter()
             .find(|c| c.is_file() && c != path && crc_matches(c, crc));
     }
     None
+}
+
+/// A path opened through a process's root (`/proc/PID/root/...`, a process in a container):
+/// that root, and the path as the process names it. Other paths: no root.
+fn split_proc_root(path: &Path) -> (Option<PathBuf>, &Path) {
+    let mut parts = path.components();
+    let root = (|| {
+        use std::path::Component::{Normal, RootDir};
+        let (RootDir, Normal(proc), Normal(pid), Normal(root)) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?)
+        else {
+            return None;
+        };
+        let pid_ok = pid.to_str()?.bytes().all(|b| b.is_ascii_digit());
+        (proc == "proc" && root == "root" && pid_ok)
+            .then(|| Path::new("/").join(proc).join(pid).join(root))
+    })();
+    match root {
+        Some(root) => (Some(root), parts.as_path()),
+        None => (None, path),
+    }
+}
+
+/// The debug folders to look in: the process's own `/usr/lib/debug` first (through its root),
+/// then this machine's.
+fn debug_roots(root: &Option<PathBuf>) -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    if let Some(r) = root {
+        roots.push(r.join(DEBUG_ROOT.trim_start_matches('/')));
+    }
+    roots.push(PathBuf::from(DEBUG_ROOT));
+    roots
+}
+
+/// Where the debug file of build id `hex` may be: `.build-id/xx/rest.debug` in each debug
+/// folder.
+fn build_id_candidates(path: &Path, hex: &str) -> Vec<PathBuf> {
+    let (root, _) = split_proc_root(path);
+    debug_roots(&root)
+        .into_iter()
+        .map(|d| {
+            d.join(".build-id")
+                .join(&hex[..2])
+                .join(format!("{}.debug", &hex[2..]))
+        })
+        .collect()
+}
+
+/// Where the debug file a `.gnu_debuglink` names may be, as gdb looks: beside the file, in
+/// `.debug/` beside it, and under each debug folder at the file's own folder (as the process
+/// names it, not as superprof reaches it through `/proc/PID/root`).
+fn debuglink_candidates(path: &Path, name: &str) -> Vec<PathBuf> {
+    let Some(dir) = path.parent() else {
+        return Vec::new();
+    };
+    let (root, inside) = split_proc_root(path);
+    let inside_dir = inside.parent().unwrap_or(Path::new(""));
+    let rel = inside_dir.strip_prefix("/").unwrap_or(inside_dir);
+    let mut c = vec![dir.join(name), dir.join(".debug").join(name)];
+    c.extend(
+        debug_roots(&root)
+            .into_iter()
+            .map(|d| d.join(rel).join(name)),
+    );
+    c
 }
 
 /// A `.gnu_debuglink` name, taken only as a file name (the file sits in one of the known
@@ -72,7 +128,9 @@ fn crc_matches(path: &Path, crc: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{crc_matches, debuglink_name};
+    use super::{
+        build_id_candidates, crc_matches, debuglink_candidates, debuglink_name, split_proc_root,
+    };
 
     #[test]
     fn debuglink_names_are_plain_file_names() {
@@ -90,6 +148,39 @@ mod tests {
         ] {
             assert_eq!(debuglink_name(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn debug_files_of_a_process_in_a_container_are_looked_for_in_its_root_then_here() {
+        use std::path::PathBuf;
+        let p = |s: &str| PathBuf::from(s);
+        assert_eq!(
+            debuglink_candidates(&p("/proc/42/root/usr/bin/xz"), "xz.debug"),
+            [
+                p("/proc/42/root/usr/bin/xz.debug"),
+                p("/proc/42/root/usr/bin/.debug/xz.debug"),
+                p("/proc/42/root/usr/lib/debug/usr/bin/xz.debug"),
+                p("/usr/lib/debug/usr/bin/xz.debug"),
+            ]
+        );
+        assert_eq!(
+            debuglink_candidates(&p("/usr/bin/xz"), "xz.debug"),
+            [
+                p("/usr/bin/xz.debug"),
+                p("/usr/bin/.debug/xz.debug"),
+                p("/usr/lib/debug/usr/bin/xz.debug"),
+            ]
+        );
+        assert_eq!(
+            build_id_candidates(&p("/proc/7/root/lib/libc.so.6"), "abcdef"),
+            [
+                p("/proc/7/root/usr/lib/debug/.build-id/ab/cdef.debug"),
+                p("/usr/lib/debug/.build-id/ab/cdef.debug"),
+            ]
+        );
+        // Not a process root: the path as it is.
+        assert_eq!(split_proc_root(&p("/proc/self/exe")).0, None);
+        assert_eq!(split_proc_root(&p("/proc/12/rootx/a")).0, None);
     }
 
     #[test]
