@@ -150,27 +150,13 @@ impl Qmp {
     }
 }
 
-/// A new folder only this user can use, for memsave's file (a name chosen by someone else
-/// cannot be reused: creating it must succeed).
+/// A new folder only this user can use, for memsave's file (see
+/// `superprof_profile::output`: a random name, created 0700 or not at all).
 fn private_dir() -> Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    for attempt in 0..100u32 {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "superprof-qmp-{}-{nanos:x}-{attempt}",
-            std::process::id()
-        ));
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(QemuError::Protocol(
-        "cannot create a private temporary folder".into(),
-    ))
+    Ok(superprof_profile::output::create_private_dir(
+        &std::env::temp_dir(),
+        "superprof-qmp",
+    )?)
 }
 
 /// The value of `NAME=hex` in `info registers` output.
