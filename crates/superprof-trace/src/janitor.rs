@@ -230,6 +230,17 @@ fn proc_path(buf: &mut [u8; 40], pid: u32, name: &[u8]) -> bool {
 /// # Safety
 /// Called once, in the child of fork, with the read end of the pipe and the shared table.
 unsafe fn watch(read_end: i32, write_end: i32, table: *const Entry) -> ! {
+    // A session of its own: `kill -- -PGID`, `timeout`, job control and the terminal's
+    // signals reach superprof's process group, not the janitor. Named so that `ps` says what
+    // it is, and `killall superprof` leaves it be.
+    libc::setsid();
+    libc::prctl(
+        libc::PR_SET_NAME,
+        c"superprof-jan".as_ptr() as libc::c_ulong,
+        0,
+        0,
+        0,
+    );
     // Our copy of the write end would keep the pipe open forever; every other descriptor
     // (the terminal, superprof's output pipes, perf events) is superprof's, not ours.
     libc::close(write_end);

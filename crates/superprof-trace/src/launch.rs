@@ -118,13 +118,26 @@ static LAUNCHED: AtomicU32 = AtomicU32::new(0);
 
 /// Waits for the command superprof launched, if it is still superprof's to reap: after an
 /// error or a panic in superprof, which let it go, so that it ends as it would have alone
-/// (its output before the shell's prompt) and its status is known. `None` if there is none.
-pub fn wait_launched() -> Option<ExitStatus> {
+/// (its output before the shell's prompt) and its status is known. `idle` is called with its
+/// pid every 10 ms meanwhile (to pass signals on). `None` if there is none.
+pub fn wait_launched(mut idle: impl FnMut(u32)) -> Option<ExitStatus> {
     let pid = LAUNCHED.swap(0, Ordering::SeqCst);
     if pid == 0 {
         return None;
     }
-    wait_exit(pid).ok()
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out-pointer, not blocking.
+        match unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) } {
+            0 => {
+                idle(pid);
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r if r == pid as i32 => return Some(decode(status)),
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => return None, // reaped already, or not ours
+        }
+    }
 }
 
 /// A forked child that waits before calling exec until [`PendingChild::release`].

@@ -70,11 +70,27 @@ pub fn event_msg(tid: u32) -> io::Result<u64> {
 /// fault) rather than sent by a process (kill, tgkill, sigqueue: si_code <= 0, the kernel's own
 /// SI_FROMUSER rule). `None` if the siginfo cannot be read.
 pub fn signal_from_kernel(tid: u32) -> Option<bool> {
+    signal_code(tid).map(|code| code > 0)
+}
+
+/// The si_code of a thread's signal-delivery stop (PTRACE_GETSIGINFO).
+fn signal_code(tid: u32) -> Option<i32> {
     // siginfo_t is 128 bytes; si_code is the third int.
     let mut info = [0i32; 32];
     // `data` points to a 128-byte buffer, the size of the siginfo_t PTRACE_GETSIGINFO writes.
     ptrace(libc::PTRACE_GETSIGINFO, tid, 0, info.as_mut_ptr() as usize).ok()?;
-    Some(info[2] > 0)
+    Some(info[2])
+}
+
+/// Whether a SIGTRAP stop is the trap of a breakpoint instruction: SI_KERNEL for `int3` on
+/// x86_64, TRAP_BRKPT for `brk` on AArch64 (a single step gives TRAP_TRACE, or TRAP_BRKPT
+/// after a stepped syscall on x86_64).
+pub fn breakpoint_trap(tid: u32) -> Option<bool> {
+    #[cfg(target_arch = "x86_64")]
+    const CODE: i32 = 0x80; // SI_KERNEL
+    #[cfg(target_arch = "aarch64")]
+    const CODE: i32 = 1; // TRAP_BRKPT
+    signal_code(tid).map(|code| code == CODE)
 }
 
 /// Whether two processes share one address space (kcmp KCMP_VM): a vfork child, or a child of
@@ -93,6 +109,37 @@ pub fn same_memory(a: u32, b: u32) -> Option<bool> {
         )
     };
     (rc >= 0).then_some(rc == 0)
+}
+
+const CLONE_VM: u64 = 0x100;
+const CLONE_VFORK: u64 = 0x4000;
+
+/// Whether the clone, clone3, fork or vfork that thread `tid` is stopped in (at its ptrace
+/// fork event) shares the memory with the child (CLONE_VM), from the syscall's own
+/// arguments. For kernels or sandboxes without kcmp. `None` if it cannot be told.
+pub fn clone_shares_memory(tid: u32) -> Option<bool> {
+    let r = raw_regs(tid).ok()?;
+    #[cfg(target_arch = "x86_64")]
+    let (nr, arg0, clone, clone3) = (r.orig_rax, r.rdi, 56, 435);
+    #[cfg(target_arch = "aarch64")]
+    let (nr, arg0, clone, clone3) = (r.regs[8], r.regs[0], 220, 435);
+    let flags = match nr {
+        n if n == clone => arg0,
+        n if n == clone3 => {
+            // struct clone_args starts with the flags.
+            let mut b = [0u8; 8];
+            if read_memory(tid, arg0, &mut b) != 8 {
+                return None;
+            }
+            u64::from_ne_bytes(b)
+        }
+        #[cfg(target_arch = "x86_64")]
+        57 => 0, // fork
+        #[cfg(target_arch = "x86_64")]
+        58 => CLONE_VM | CLONE_VFORK, // vfork
+        _ => return None,
+    };
+    Some(flags & CLONE_VM != 0)
 }
 
 /// The registers unwinding needs.

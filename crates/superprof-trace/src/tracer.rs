@@ -181,8 +181,6 @@ pub struct Tracer {
     /// Threads whose single step outlived its wait (a blocking syscall): their next SIGTRAP
     /// ends the step.
     late_steps: HashSet<u32>,
-    /// Unfollowed children already let go (their fork event may come after their first stop).
-    released: HashSet<u32>,
     /// Breakpoints removed while the process runs: a thread may have trapped on one just
     /// before, and its SIGTRAP must not reach the program.
     tombstones: HashSet<(u32, u64)>,
@@ -217,7 +215,6 @@ impl Tracer {
             events: VecDeque::new(),
             breakpoints: HashMap::new(),
             late_steps: HashSet::new(),
-            released: HashSet::new(),
             tombstones: HashSet::new(),
             deferred: HashMap::new(),
             janitor: None,
@@ -260,7 +257,12 @@ impl Tracer {
                 return Err(e);
             }
         };
-        child.release_with(|| tracer.pump()).map_err(io("run"))?;
+        if let Err(e) = child.release_with(|| tracer.pump()) {
+            // The child never ran the command and has been reaped: nothing to let go.
+            tracer.threads.clear();
+            tracer.done = true;
+            return Err(io("run")(e));
+        }
         Ok(tracer)
     }
 
@@ -644,22 +646,31 @@ impl Tracer {
         let must_hold = |o: u32, x: &Thread| {
             o != tid && x.space() == space && x.state == State::Running && x.in_vfork.is_none()
         };
-        let others: Vec<u32> = self
-            .threads
-            .iter()
-            .filter(|(&o, x)| must_hold(o, x))
-            .map(|(&o, _)| o)
-            .collect();
-        for o in others {
-            if sys::interrupt(o).is_ok() {
-                if let Some(x) = self.threads.get_mut(&o) {
-                    x.held = true;
-                }
-            }
-        }
         while self.threads.iter().any(|(&o, x)| must_hold(o, x))
             && std::time::Instant::now() < deadline
         {
+            // Interrupted here: those running now, and any let go meanwhile (a child whose
+            // fork event came during the hold is resumed by it).
+            let others: Vec<u32> = self
+                .threads
+                .iter()
+                .filter(|(&o, x)| must_hold(o, x) && !x.held)
+                .map(|(&o, _)| o)
+                .collect();
+            for o in others {
+                match sys::interrupt(o) {
+                    Ok(()) => {
+                        if let Some(x) = self.threads.get_mut(&o) {
+                            x.held = true;
+                        }
+                    }
+                    // Gone (reaped behind our back): nothing to hold.
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                        self.threads.remove(&o);
+                    }
+                    Err(_) => {}
+                }
+            }
             match sys::wait_any_nohang() {
                 Ok(Some((t2, st))) => self.handle_while_holding(space, t2, st),
                 _ => sys::wait_sigchld(Duration::from_millis(10)),
@@ -847,7 +858,11 @@ impl Tracer {
     }
 
     fn resume_with(&mut self, tid: u32, sig: i32) {
-        let r = if self.opts.syscalls {
+        let r = if self.late_steps.contains(&tid) {
+            // Stopped (held, interrupted) in the middle of a step that is still to end: it
+            // goes on stepping, or its end would never be reported.
+            sys::single_step(tid, sig)
+        } else if self.opts.syscalls {
             sys::cont_syscall(tid, sig)
         } else {
             sys::cont(tid, sig)
@@ -861,7 +876,7 @@ impl Tracer {
 
     /// Records an auto-attached thread or process whose first stop is still to come.
     fn add_thread(&mut self, tid: u32, pid: u32) -> bool {
-        if self.threads.contains_key(&tid) || self.released.contains(&tid) {
+        if self.threads.contains_key(&tid) {
             return false;
         }
         self.threads.insert(
@@ -963,7 +978,6 @@ impl Tracer {
     /// Lets an unfollowed child go: restores the code under the breakpoints it inherited, and
     /// detaches it (it is stopped).
     fn release_child(&mut self, child: u32) {
-        self.released.insert(child);
         // Only a child with its own copy of the memory is released this way (a sharing one
         // stays traced until it execs or exits).
         let mine: Vec<(u64, Vec<u8>)> = self
@@ -1084,6 +1098,16 @@ impl Tracer {
                 self.resume_with(tid, 0);
                 return;
             }
+            if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
+                // Not a first stop: a signal on its way to a task we did not know. It keeps
+                // its signal (a pid reused since we last saw it, say).
+                let space = self.space_of(pid);
+                let t = self.threads.get_mut(&tid).expect("just added");
+                t.fresh = false;
+                t.space = if space == pid { 0 } else { space };
+                self.resume_with(tid, sig);
+                return;
+            }
             let is_process = pid == tid && pid != self.root;
             let space = self.space_of(pid);
             let t = self.threads.get_mut(&tid).expect("just added");
@@ -1119,7 +1143,6 @@ impl Tracer {
                     // A child that shared a traced process's memory, not followed: from now
                     // on it is a program of its own; let it go.
                     self.threads.remove(&tid);
-                    self.released.insert(pid);
                     let _ = sys::detach(tid, 0);
                     self.events.push_back(TraceEvent::ThreadExited {
                         tid,
@@ -1190,9 +1213,13 @@ impl Tracer {
                 }
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
             }
+            // The end of a step that outlived its wait: a trap of the kernel's, and not of a
+            // breakpoint instruction (the thread may have reached one since, if something
+            // resumed it without the step).
             _ if sig == libc::SIGTRAP
                 && self.late_steps.contains(&tid)
-                && sys::signal_from_kernel(tid) != Some(false) =>
+                && sys::signal_from_kernel(tid) != Some(false)
+                && sys::breakpoint_trap(tid) != Some(true) =>
             {
                 self.late_steps.remove(&tid);
                 let space = self.space_of(pid);
@@ -1241,7 +1268,11 @@ impl Tracer {
         if !self.add_thread(new, new) && !awaiting {
             return;
         }
-        let shares = event == sys::PTRACE_EVENT_VFORK || sys::same_memory(pid, new) == Some(true);
+        // kcmp says; where it is not allowed (a container's seccomp profile), the clone's own
+        // flags, read at this stop; else what the event suggests.
+        let shares = sys::same_memory(pid, new)
+            .or_else(|| sys::clone_shares_memory(tid))
+            .unwrap_or(event == sys::PTRACE_EVENT_VFORK);
         let followed = self.new_process(new, tid, shares);
         if event == sys::PTRACE_EVENT_VFORK {
             if let Some(t) = self.threads.get_mut(&tid) {
@@ -1323,21 +1354,19 @@ impl Tracer {
         let tids: Vec<u32> = self.threads.keys().copied().collect();
         for tid in tids {
             let t = self.threads[&tid];
-            match t.state {
-                State::Stopped => {
-                    if self.detach_one(tid, t.pending_signal, &removed, &mut swallow) {
-                        self.threads.remove(&tid);
-                    }
+            let gone = match t.state {
+                State::Stopped => self.detach_one(tid, t.pending_signal, &removed, &mut swallow),
+                // PTRACE_DETACH refuses a thread in PTRACE_LISTEN: trap it out first. One
+                // already gone (reaped elsewhere) is not waited for.
+                State::GroupStopped | State::Running
+                    if t.state == State::GroupStopped || !t.interrupting =>
+                {
+                    sys::interrupt(tid).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH))
                 }
-                State::GroupStopped => {
-                    // PTRACE_DETACH refuses a thread in PTRACE_LISTEN: trap it out first.
-                    let _ = sys::interrupt(tid);
-                }
-                State::Running => {
-                    if !t.interrupting {
-                        let _ = sys::interrupt(tid);
-                    }
-                }
+                _ => false,
+            };
+            if gone {
+                self.threads.remove(&tid);
             }
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -70,7 +70,10 @@ fn main() -> ExitCode {
             ExitCode::from(n.status.shell_code().clamp(0, 255) as u8)
         }
         // A closed pipe (`superprof report ... | head`) is not an error worth a message.
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => {
+            let _ = after_failure();
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("superprof: {}", one_line(&e));
             let _ = after_failure();
@@ -80,10 +83,11 @@ fn main() -> ExitCode {
 }
 
 /// After an error or a panic: a launched command that superprof let go runs to its end, with
-/// Ctrl-C its own to take (as a shell waits for a command), before superprof exits.
+/// Ctrl-C its own to take (as a shell waits for a command) and SIGTERM or SIGHUP sent to
+/// superprof passed on to it, before superprof exits.
 fn after_failure() -> Option<superprof_trace::ExitStatus> {
     let _ignore = sys::IgnoreInterrupts::new();
-    superprof_trace::wait_launched()
+    superprof_trace::wait_launched(sys::pass_stop_signal_on)
 }
 
 fn run(command: cli::Command) -> anyhow::Result<i32> {

@@ -69,9 +69,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
                 if let Some(status) = child.try_wait()? {
                     break Ok(status);
                 }
-                if let Some(sig @ (libc::SIGTERM | libc::SIGHUP)) = crate::sys::take_stop_signal() {
-                    superprof_trace::kill(child.id(), sig);
-                }
+                crate::sys::pass_stop_signal_on(child.id());
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         })

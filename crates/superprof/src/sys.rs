@@ -21,6 +21,15 @@ pub fn take_stop_signal() -> Option<libc::c_int> {
     }
 }
 
+/// While superprof only waits for a command (preload, or after an error): a SIGTERM or SIGHUP
+/// sent to superprof since the last call is passed on to the command, which ends as it would
+/// have alone. (Ctrl-C reaches the command from the terminal itself.)
+pub fn pass_stop_signal_on(pid: u32) {
+    if let Some(sig @ (libc::SIGTERM | libc::SIGHUP)) = take_stop_signal() {
+        superprof_trace::kill(pid, sig);
+    }
+}
+
 /// The signals that end superprof as Ctrl-C does: a closed terminal or ssh session (SIGHUP),
 /// `kill` (SIGTERM), Ctrl-\ (SIGQUIT), a reader gone (SIGPIPE).
 pub const STOP_SIGNALS: [libc::c_int; 5] = [

@@ -394,6 +394,32 @@ fn the_commands_status_when_there_is_nothing_to_show() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(6), "{stderr}");
     assert!(stderr.contains("no_such_function_anywhere"), "{stderr}");
+    // A command that cannot be executed (a script whose interpreter is missing): the error at
+    // once, not after waiting for a process that is gone.
+    let script = dir.path("no-interpreter.sh");
+    std::fs::write(&script, "#!/no/such/interpreter\n").unwrap();
+    let _ = Command::new("chmod").arg("+x").arg(&script).status();
+    for cmd in [
+        vec!["stat", "-e", "page-faults", "-r", "main"],
+        vec!["syscalls"],
+        vec!["blocks", "--mode", "coverage"],
+    ] {
+        let start = Instant::now();
+        let out = superprof()
+            .args(&cmd)
+            .arg("--")
+            .arg(&script)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd:?}: {stderr}");
+        assert!(stderr.contains("no-interpreter.sh"), "{cmd:?}: {stderr}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{cmd:?}: took {:?}",
+            start.elapsed()
+        );
+    }
     // An error after the command started (here: a shell has no function symbols for the
     // whole-program default of coverage) lets it run to its end; superprof then fails.
     let out = superprof()
@@ -425,19 +451,33 @@ fn the_commands_status_when_there_is_nothing_to_show() {
 fn sigkill_of_superprof_leaves_the_code_as_it_was() {
     let dir = TempDir::new("harm-sigkill");
     let exe = compile(&dir, "attach", &["attach.c"], &["-O2", "-g", "-pthread"]);
-    for cmd in [
-        vec!["stat", "-e", "page-faults", "-r", "late_thread_spin"],
-        vec!["blocks", "--mode", "count", "-r", "late_thread_spin"],
+    // Killed alone, or with its whole process group (`kill -9 %1`, `timeout -s KILL`): the
+    // janitor lives in a session of its own.
+    for (cmd, group) in [
+        (
+            vec!["stat", "-e", "page-faults", "-r", "late_thread_spin"],
+            false,
+        ),
+        (
+            vec!["blocks", "--mode", "count", "-r", "late_thread_spin"],
+            false,
+        ),
+        (
+            vec!["stat", "-e", "page-faults", "-r", "late_thread_spin"],
+            true,
+        ),
     ] {
         // Spins for 30 s; its late thread (the region) starts after 1000 s, so never.
         let (mut child, _stdout) = spawn_ready(&exe, &["30", "1000"]);
         let pid = child.id();
         let before = code_bytes(pid, &exe);
+        use std::os::unix::process::CommandExt;
         let mut sp = superprof()
             .args(&cmd)
             .args(["-p", &pid.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .unwrap();
         // Wait until the breakpoint is in.
@@ -449,7 +489,12 @@ fn sigkill_of_superprof_leaves_the_code_as_it_was() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        sp.kill().unwrap(); // SIGKILL
+        if group {
+            // SAFETY: SIGKILL to the process group superprof leads.
+            unsafe { libc::kill(-(sp.id() as i32), libc::SIGKILL) };
+        } else {
+            sp.kill().unwrap(); // SIGKILL
+        }
         sp.wait().unwrap();
         let start = Instant::now();
         while code_bytes(pid, &exe) != before && start.elapsed() < Duration::from_secs(5) {
