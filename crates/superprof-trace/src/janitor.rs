@@ -3,11 +3,14 @@
 //!
 //! ptrace cannot outlive its tracer, but an `int3` written into a process's code does: the
 //! process would die of SIGTRAP at the next hit. So every breakpoint is also written into a
-//! table in memory shared with a process forked for the purpose, which waits on a pipe whose
-//! only writer is superprof. When superprof is gone, the pipe reads end-of-file and the
-//! janitor writes the original bytes of every breakpoint still in the table through
-//! /proc/PID/mem (after checking, by its start time, that the pid is still the same process),
-//! then exits. When superprof ends normally the table is empty by then and the janitor just
+//! table in memory shared with a process forked for the purpose, which waits on a socket whose
+//! only other end is superprof's. For each process with breakpoints superprof sends it an
+//! open /proc/PID/mem (SCM_RIGHTS): that descriptor names the process's memory itself, so it
+//! needs no ptrace rights of the janitor's own (Yama's ptrace_scope 1 lets only an ancestor
+//! open it), and it cannot reach another process that reuses the pid or the image after an
+//! exec. When superprof is gone, the socket reads end-of-file and the janitor writes the
+//! original bytes of every breakpoint still in the table through those descriptors (without
+//! one, through /proc/PID/mem if the pid still has the same start time), then exits. When superprof ends normally the table is empty by then and the janitor just
 //! exits. A thread that had trapped on a breakpoint at the very moment superprof died may
 //! still receive its SIGTRAP: that is the window left, the length of one breakpoint stop.
 //!
@@ -32,10 +35,25 @@ struct Entry {
 /// Entries the table holds (2 MiB); breakpoints beyond it are not covered.
 const CAPACITY: usize = 1 << 16;
 
+/// Processes whose memory descriptor the janitor keeps (others: by path and start time).
+const MAX_PROCESSES: usize = 1024;
+
+/// What a message to the janitor says about its pid.
+#[derive(Clone, Copy)]
+#[repr(u32)]
+enum Message {
+    /// Its /proc/PID/mem comes with the message.
+    Memory = 1,
+    /// It exited or exec'd: close its descriptor.
+    Forget = 2,
+}
+
 pub struct Janitor {
     table: *mut Entry,
-    /// Our end of the pipe: the janitor sees end-of-file when superprof is gone.
+    /// Our end of the socket: the janitor sees end-of-file when superprof is gone.
     alive: Option<std::os::fd::OwnedFd>,
+    /// Processes whose /proc/PID/mem the janitor holds.
+    sent: std::collections::HashSet<u32>,
     pid: libc::pid_t,
     slots: HashMap<(u32, u64), usize>,
     free: Vec<usize>,
@@ -64,7 +82,15 @@ impl Janitor {
         }
         let mut fds = [0; 2];
         // SAFETY: `fds` is a valid out-array of two ints.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        if unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        } != 0
+        {
             // SAFETY: unmapping the mapping made above.
             unsafe { libc::munmap(table, size) };
             return None;
@@ -91,6 +117,7 @@ impl Janitor {
             table: table as *mut Entry,
             // SAFETY: pipe2 gave us this descriptor; we now own it.
             alive: Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(write_end) }),
+            sent: std::collections::HashSet::new(),
             pid,
             slots: HashMap::new(),
             free: Vec::new(),
@@ -107,6 +134,9 @@ impl Janitor {
         let Some(start_time) = self.start_time(pid) else {
             return;
         };
+        if self.sent.insert(pid) {
+            self.send_memory(pid);
+        }
         let slot = match self.free.pop() {
             Some(s) => s,
             None if self.next < CAPACITY => {
@@ -142,6 +172,55 @@ impl Janitor {
     /// Forgets a process that exited or exec'd (its pid may be reused).
     pub fn forget_process(&mut self, pid: u32) {
         self.start_times.remove(&pid);
+        if self.sent.remove(&pid) {
+            self.send(Message::Forget, pid, None);
+        }
+    }
+
+    /// Hands the janitor an open /proc/PID/mem of `pid` (superprof, its tracer, may open it).
+    fn send_memory(&mut self, pid: u32) {
+        use std::os::fd::AsRawFd;
+        if let Ok(mem) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+        {
+            self.send(Message::Memory, pid, Some(mem.as_raw_fd()));
+        }
+    }
+
+    /// One message to the janitor: `op` and `pid`, and a descriptor with it.
+    fn send(&mut self, op: Message, pid: u32, fd: Option<i32>) {
+        use std::os::fd::AsRawFd;
+        let Some(sock) = self.alive.as_ref() else {
+            return;
+        };
+        let mut body = [0u8; 8];
+        body[..4].copy_from_slice(&(op as u32).to_ne_bytes());
+        body[4..].copy_from_slice(&pid.to_ne_bytes());
+        let mut iov = libc::iovec {
+            iov_base: body.as_mut_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        };
+        // Room for one descriptor, aligned as cmsghdr wants.
+        let mut control = [0u64; 4];
+        // SAFETY: a msghdr over our own buffers: one iovec of 8 bytes, and a control buffer
+        // of 32 bytes, enough for CMSG_SPACE(4); the cmsg macros stay inside it.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            if let Some(fd) = fd {
+                msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+                msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
+            }
+            libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+        }
     }
 
     fn start_time(&mut self, pid: u32) -> Option<u64> {
@@ -256,22 +335,71 @@ unsafe fn watch(read_end: i32, write_end: i32, table: *const Entry) -> ! {
     ] {
         libc::signal(sig, libc::SIG_IGN);
     }
-    let mut b = 0u8;
+    // (pid, /proc/PID/mem) as superprof sends them; pid 0: a free place.
+    let mut mems = [(0u32, -1i32); MAX_PROCESSES];
     loop {
-        let n = libc::read(0, &mut b as *mut u8 as *mut libc::c_void, 1);
-        if n > 0 {
-            continue;
-        }
+        let mut body = [0u8; 8];
+        let mut iov = libc::iovec {
+            iov_base: body.as_mut_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        };
+        let mut control = [0u64; 4];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        let n = libc::recvmsg(0, &mut msg, libc::MSG_CMSG_CLOEXEC);
         if n < 0 && *libc::__errno_location() == libc::EINTR {
             continue;
         }
-        break;
+        if n <= 0 {
+            break; // superprof is gone
+        }
+        let mut fd = -1;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if !c.is_null()
+            && (*c).cmsg_level == libc::SOL_SOCKET
+            && (*c).cmsg_type == libc::SCM_RIGHTS
+            && (*c).cmsg_len >= libc::CMSG_LEN(4) as usize
+        {
+            fd = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32);
+        }
+        let op = u32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
+        let pid = u32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
+        // A descriptor already held for the pid is replaced or closed either way.
+        for m in mems.iter_mut() {
+            if m.0 == pid && pid != 0 {
+                libc::close(m.1);
+                *m = (0, -1);
+            }
+        }
+        if op == Message::Memory as u32 && fd >= 0 {
+            match mems.iter_mut().find(|m| m.0 == 0) {
+                Some(m) => *m = (pid, fd),
+                None => {
+                    libc::close(fd);
+                }
+            }
+        } else if fd >= 0 {
+            libc::close(fd);
+        }
     }
     let mut path = [0u8; 40];
     let mut stat = [0u8; 1024];
     for i in 0..CAPACITY {
         let e = std::ptr::read_volatile(table.add(i));
         if e.len == 0 || e.len > 8 {
+            continue;
+        }
+        if let Some(&(_, fd)) = mems.iter().find(|m| m.0 == e.pid && e.pid != 0) {
+            // Its own memory, whoever has the pid now.
+            libc::pwrite(
+                fd,
+                e.orig.as_ptr() as *const libc::c_void,
+                e.len as usize,
+                e.addr as libc::off_t,
+            );
             continue;
         }
         // The same process still? (its pid may have been reused since)
@@ -347,6 +475,11 @@ mod tests {
         crate::sys::write_memory(pid, addr, &[orig[0] ^ 0xff]).unwrap();
         let mut j = Janitor::start().unwrap();
         j.add(pid, addr, &orig);
+        // Spoil the start time: only the descriptor sent with the first breakpoint can do
+        // the work now (as when Yama keeps the janitor from opening /proc/PID/mem itself).
+        let slot = j.slots[&(pid, addr)];
+        // SAFETY: a slot of the table `add` just filled; no other writer.
+        unsafe { std::ptr::write_volatile(&mut (*j.table.add(slot)).start_time, 1) };
         drop(j); // as if superprof were gone with the breakpoint in place
         let mut now = [0u8; 1];
         crate::sys::read_memory(pid, addr, &mut now);

@@ -990,6 +990,9 @@ impl Tracer {
             let _ = sys::write_memory(child, addr, &orig);
             self.bp_remove(child, addr);
         }
+        if let Some(j) = self.janitor.as_mut() {
+            j.forget_process(child);
+        }
         let _ = sys::detach(child, 0);
         self.threads.remove(&child);
     }
