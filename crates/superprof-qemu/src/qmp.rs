@@ -159,6 +159,13 @@ fn private_dir() -> Result<PathBuf> {
     )?)
 }
 
+/// The arguments of `memsave`. QEMU takes `val` as a signed 64-bit integer: an address in the
+/// upper half (a kernel's, 2^63 and up) goes as the same 64 bits, negative; sent as an
+/// unsigned number, QEMU 7.2 refuses it ("Invalid parameter type for 'val'").
+fn memsave_args(addr: u64, size: usize, file: &str, cpu: usize) -> Value {
+    json!({ "val": addr as i64, "size": size, "filename": file, "cpu-index": cpu })
+}
+
 /// The value of `NAME=hex` in `info registers` output.
 fn reg(text: &str, name: &str) -> Option<u64> {
     let mut rest = text;
@@ -278,10 +285,7 @@ impl Backend for Qmp {
             return Ok(done);
         }
         let file = self.scratch.to_string_lossy().into_owned();
-        let r = self.execute(
-            "memsave",
-            json!({ "val": addr, "size": buf.len(), "filename": file, "cpu-index": self.cpu }),
-        );
+        let r = self.execute("memsave", memsave_args(addr, buf.len(), &file, self.cpu));
         match r {
             Ok(_) => {
                 // No more than asked for, whatever the file holds.
@@ -295,8 +299,8 @@ impl Backend for Qmp {
                 }
                 Ok(n)
             }
-            // An unmapped address: nothing read.
-            Err(QemuError::Protocol(_)) => Ok(0),
+            // An unmapped address: nothing read. Any other refusal is an error, not "unmapped".
+            Err(QemuError::Protocol(why)) if why.contains("Invalid addr") => Ok(0),
             Err(e) => Err(e),
         }
     }
@@ -344,6 +348,15 @@ impl Drop for Qmp {
 #[cfg(test)]
 mod tests {
     use super::reg;
+
+    #[test]
+    fn memsave_takes_upper_half_addresses_as_signed_integers() {
+        let a = super::memsave_args(0xffff_ffff_8010_0000, 64, "/x", 1);
+        assert_eq!(a["val"].as_i64(), Some(-0x7ff0_0000));
+        assert!(a["val"].as_u64().is_none());
+        let low = super::memsave_args(0x4008_0000, 64, "/x", 0);
+        assert_eq!(low["val"].as_i64(), Some(0x4008_0000));
+    }
 
     #[test]
     fn registers_from_info_registers() {

@@ -135,13 +135,30 @@ impl ElfImage {
         }
     }
 
+    /// The module for framehop: loaded at `avma`, `bias` from its ELF addresses. framehop
+    /// looks code up by its offset (32 bits) from the module's base, so the base is the lowest
+    /// executable segment (its ELF address, and that plus the bias at run time), not address
+    /// 0: a kernel linked at 0xffffffff80100000 and loaded where it was linked (bias 0) would
+    /// be 2^64 - 2^31 bytes past a base of 0, and nothing in it would be found.
     pub fn framehop_module(
         &self,
         name: String,
         avma: Range<u64>,
         bias: u64,
     ) -> framehop::Module<SectionBytes> {
-        framehop::Module::new(name, avma, bias, SectionSource(self))
+        let base_avma = bias.wrapping_add(self.base_svma());
+        framehop::Module::new(name, avma, base_avma, SectionSource(self))
+    }
+
+    /// The ELF address framehop counts from: that of the lowest executable segment (0 when
+    /// there is none).
+    fn base_svma(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter(|s| s.executable)
+            .map(|s| s.vaddr)
+            .min()
+            .unwrap_or(0)
     }
 }
 
@@ -242,7 +259,7 @@ struct SectionSource<'a>(&'a ElfImage);
 
 impl framehop::ModuleSectionInfo<SectionBytes> for SectionSource<'_> {
     fn base_svma(&self) -> u64 {
-        0
+        self.0.base_svma()
     }
     fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
         self.0.sections.get(name).map(|s| s.svma.clone())

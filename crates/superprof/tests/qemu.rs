@@ -582,3 +582,24 @@ fn every_vcpu_of_an_smp_guest_is_sampled() {
         }
     }
 }
+
+/// memsave at an address in the upper half (2^63 and up, where real kernels live) is asked
+/// as QEMU wants it (a signed integer): unmapped there in this test kernel, so nothing is
+/// read and no error; a refusal of the request itself would be an error, not "unmapped"
+/// (issue 13).
+#[test]
+fn qmp_reads_upper_half_addresses() {
+    use superprof_qemu::Backend;
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-upper");
+    let k = build(&dir, Arch::X86_64);
+    let q = start_qemu(&dir, Arch::X86_64, &k);
+    let mut b = superprof_qemu::Qmp::connect(q.qmp.to_str().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // into long mode
+    b.stop().unwrap();
+    let mut buf = [0u8; 64];
+    // The kernel's own code, mapped 1:1 at 1 MiB.
+    assert_eq!(b.read(0x10_0000, &mut buf).unwrap(), 64);
+    assert_eq!(b.read(0xffff_ffff_8010_0000, &mut buf).unwrap(), 0);
+    b.resume().unwrap();
+}
