@@ -62,6 +62,20 @@ pub struct Meta {
     pub version: String,
     pub lost_samples: u64,
     pub truncated_stacks: u64,
+    /// Truncated stacks by reason ("no unwind info", "unreadable memory", ...).
+    pub truncated_by: std::collections::BTreeMap<String, u64>,
+}
+
+impl Meta {
+    /// "12 no unwind info, 3 unreadable memory" (empty when no stack was truncated).
+    pub fn truncation_reasons(&self) -> String {
+        self.truncated_by
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -142,6 +156,9 @@ impl Profile {
         }
         self.meta.lost_samples += other.meta.lost_samples;
         self.meta.truncated_stacks += other.meta.truncated_stacks;
+        for (why, n) in &other.meta.truncated_by {
+            *self.meta.truncated_by.entry(why.clone()).or_default() += n;
+        }
         self.meta.duration_ns = self.meta.duration_ns.max(shift + other.meta.duration_ns);
     }
 

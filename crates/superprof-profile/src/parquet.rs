@@ -145,6 +145,10 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
         ("superprof.host", m.host.clone()),
         ("superprof.lost_samples", m.lost_samples.to_string()),
         ("superprof.truncated_stacks", m.truncated_stacks.to_string()),
+        (
+            "superprof.truncated_by",
+            serde_json::to_string(&m.truncated_by).unwrap_or_default(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| KeyValue::new(k.to_owned(), v))
@@ -805,6 +809,7 @@ fn read_meta(kv: &HashMap<String, String>) -> Meta {
         version: get("version"),
         lost_samples: num("lost_samples"),
         truncated_stacks: num("truncated_stacks"),
+        truncated_by: serde_json::from_str(&get("truncated_by")).unwrap_or_default(),
     }
 }
 

@@ -53,6 +53,9 @@ pub struct ElfImage {
     map: Arc<Mmap>,
     segments: Vec<Segment>,
     sections: HashMap<&'static [u8], SectionInfo>,
+    /// Answers of [`ElfImage::cfi_ends_stack`] by address: the outermost frames of a run's
+    /// stacks are a handful of addresses (`_start`, a thread's start), asked at every sample.
+    ends_stack: std::sync::Mutex<HashMap<(u64, u16), Option<bool>>>,
 }
 
 const UNWIND_SECTIONS: [&[u8]; 5] = [
@@ -109,6 +112,7 @@ impl ElfImage {
             map,
             segments,
             sections,
+            ends_stack: Default::default(),
         })
     }
 
@@ -163,6 +167,68 @@ impl ElfImage {
 }
 
 impl ElfImage {
+    /// What the CFI says of the frame at ELF address `svma` (for a return address, give the
+    /// address before it): `Some(true)` where the return address is undefined, the outermost
+    /// frame of a stack (a program's or a kernel's entry, a thread's start); `Some(false)`
+    /// where the CFI has a rule for it; `None` where no CFI covers it. `ra` is the
+    /// architecture's return-address column.
+    pub fn cfi_ends_stack(&self, svma: u64, ra: gimli::Register) -> Option<bool> {
+        let key = (svma, ra.0);
+        if let Some(&known) = self.ends_stack.lock().ok().as_ref().and_then(|m| m.get(&key)) {
+            return known;
+        }
+        let answer = self.read_cfi_ends_stack(svma, ra);
+        if let Ok(mut m) = self.ends_stack.lock() {
+            if m.len() < 1 << 16 {
+                m.insert(key, answer);
+            }
+        }
+        answer
+    }
+
+    fn read_cfi_ends_stack(&self, svma: u64, ra: gimli::Register) -> Option<bool> {
+        use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian, UnwindSection};
+        let bases = |own: Option<u64>, eh: bool| {
+            let mut b = BaseAddresses::default();
+            if let (true, Some(at)) = (eh, own) {
+                b = b.set_eh_frame(at);
+            }
+            if let Some(t) = self.sections.get(&b".text"[..]) {
+                b = b.set_text(t.svma.start);
+            }
+            if let Some(g) = self.sections.get(&b".got"[..]) {
+                b = b.set_got(g.svma.start);
+            }
+            b
+        };
+        let rule = |row: &gimli::UnwindTableRow<usize>| {
+            matches!(row.register(ra), Some(gimli::RegisterRule::Undefined))
+        };
+        if let Some(info) = self.sections.get(&b".eh_frame"[..]) {
+            let data = self.map.get(info.file.clone())?;
+            let eh = EhFrame::new(data, LittleEndian);
+            let mut ctx = Box::new(gimli::UnwindContext::new());
+            let b = bases(Some(info.svma.start), true);
+            if let Ok(row) =
+                eh.unwind_info_for_address(&b, &mut ctx, svma, EhFrame::cie_from_offset)
+            {
+                return Some(rule(row));
+            }
+        }
+        if let Some(info) = self.sections.get(&b".debug_frame"[..]) {
+            let data = self.map.get(info.file.clone())?;
+            let df = DebugFrame::new(data, LittleEndian);
+            let mut ctx = Box::new(gimli::UnwindContext::new());
+            let b = bases(None, false);
+            if let Ok(row) =
+                df.unwind_info_for_address(&b, &mut ctx, svma, DebugFrame::cie_from_offset)
+            {
+                return Some(rule(row));
+            }
+        }
+        None
+    }
+
     /// ELF address ranges of the executable PT_LOAD segments.
     pub fn executable_ranges(&self) -> Vec<Range<u64>> {
         self.segments

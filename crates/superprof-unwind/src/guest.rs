@@ -8,7 +8,7 @@ use std::sync::Arc;
 use framehop::{FrameAddress, Unwinder};
 
 use crate::elf::{ElfImage, SectionBytes};
-use crate::process::UnwindOutcome;
+use crate::process::{outcome, UnwindOutcome};
 use crate::regs::UserRegs;
 
 /// A guest's instruction set.
@@ -32,6 +32,8 @@ enum Inner {
 /// The unwinder of one guest address space.
 pub struct GuestUnwinder {
     inner: Inner,
+    /// Each module's guest addresses, image and bias (to ask its CFI where the stack ends).
+    modules: Vec<(Range<u64>, Arc<ElfImage>, u64)>,
 }
 
 impl GuestUnwinder {
@@ -46,11 +48,15 @@ impl GuestUnwinder {
                 framehop::aarch64::CacheAarch64::new(),
             ),
         };
-        GuestUnwinder { inner }
+        GuestUnwinder {
+            inner,
+            modules: Vec::new(),
+        }
     }
 
     /// Places `image` at guest addresses `avma` (its ELF addresses plus `bias`).
     pub fn add_module(&mut self, image: &Arc<ElfImage>, name: &str, avma: Range<u64>, bias: u64) {
+        self.modules.push((avma.clone(), image.clone(), bias));
         let m = image.framehop_module(name.to_owned(), avma, bias);
         match &mut self.inner {
             Inner::X86_64(u, _) => u.add_module(m),
@@ -69,26 +75,43 @@ impl GuestUnwinder {
         macro_rules! walk {
             ($iter:expr) => {{
                 let mut iter = $iter;
+                let mut end = None;
                 for _ in 0..256 {
                     match iter.next() {
                         Ok(Some(frame)) => out.push(frame),
-                        Ok(None) => return UnwindOutcome::Complete,
-                        Err(_) => return UnwindOutcome::Truncated,
+                        Ok(None) => {
+                            end = Some(Ok(()));
+                            break;
+                        }
+                        Err(e) => {
+                            end = Some(Err(e));
+                            break;
+                        }
                     }
                 }
-                UnwindOutcome::Truncated
+                end
             }};
         }
-        match &mut self.inner {
+        let (end, ra) = match &mut self.inner {
             Inner::X86_64(u, cache) => {
                 let r = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
-                walk!(u.iter_frames(regs.pc, r, cache, read))
+                (
+                    walk!(u.iter_frames(regs.pc, r, cache, read)),
+                    gimli::X86_64::RA,
+                )
             }
             Inner::Aarch64(u, cache) => {
                 let r = framehop::aarch64::UnwindRegsAarch64::new(regs.lr, regs.sp, regs.fp);
-                walk!(u.iter_frames(regs.pc, r, cache, read))
+                (
+                    walk!(u.iter_frames(regs.pc, r, cache, read)),
+                    gimli::AArch64::X30,
+                )
             }
-        }
+        };
+        outcome(end, out.last(), |avma| {
+            let (_, img, bias) = self.modules.iter().find(|(r, _, _)| r.contains(&avma))?;
+            img.cfi_ends_stack(avma.wrapping_sub(*bias), ra)
+        })
     }
 }
 

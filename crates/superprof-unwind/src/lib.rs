@@ -30,5 +30,5 @@ mod sys;
 pub use elf::{ElfCache, ElfImage, ModuleId, SectionBytes};
 pub use framehop::FrameAddress;
 pub use guest::{frame_parts, GuestArch, GuestUnwinder};
-pub use process::{Mapping, ProcessModules, UnwindOutcome};
+pub use process::{Mapping, ProcessModules, Truncation, UnwindOutcome};
 pub use regs::UserRegs;

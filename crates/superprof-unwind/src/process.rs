@@ -29,15 +29,91 @@ pub struct Mapping {
 /// How an unwind ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnwindOutcome {
-    /// Reached the root of the stack (`_start`, `clone`'s thread entry, a zero frame pointer).
+    /// Ended where the stack ends: the CFI of the outermost frame says its return address is
+    /// undefined (`_start`, a thread's start, a kernel's entry).
     Complete,
-    /// Stopped early: the stack copy ended, or no rule could be found.
-    Truncated,
+    /// Stopped before that.
+    Truncated(Truncation),
 }
+
+/// Why an unwind stopped before the end of the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Truncation {
+    /// The outermost frame found has no unwind information (CFI): the frame-pointer fallback
+    /// ended there.
+    NoUnwindInfo,
+    /// Stack memory could not be read (beyond the copy, or unmapped).
+    Unreadable,
+    /// The frame-pointer fallback went wrong (backwards, no progress, a null return address),
+    /// or ended where the CFI has a rule for going on.
+    FramePointer,
+    /// The depth limit.
+    Depth,
+}
+
+impl Truncation {
+    /// Every reason, for tables of counts.
+    pub const ALL: [Truncation; 4] = [
+        Truncation::NoUnwindInfo,
+        Truncation::Unreadable,
+        Truncation::FramePointer,
+        Truncation::Depth,
+    ];
+
+    /// The reason in a few words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Truncation::NoUnwindInfo => "no unwind info",
+            Truncation::Unreadable => "unreadable memory",
+            Truncation::FramePointer => "frame-pointer fallback failed",
+            Truncation::Depth => "depth limit",
+        }
+    }
+}
+
+/// How framehop's walk ended: its end (Ok), its error, or the depth limit (None).
+pub(crate) type WalkEnd = Option<Result<(), framehop::Error>>;
+
+/// The honest outcome of a walk: complete only where the outermost frame's CFI says the stack
+/// ends (`ends` answers for an address; a return address is looked up at the call, one byte
+/// before it).
+pub(crate) fn outcome(
+    end: WalkEnd,
+    last: Option<&FrameAddress>,
+    ends: impl Fn(u64) -> Option<bool>,
+) -> UnwindOutcome {
+    match end {
+        None => UnwindOutcome::Truncated(Truncation::Depth),
+        Some(Err(framehop::Error::CouldNotReadStack(_))) => {
+            UnwindOutcome::Truncated(Truncation::Unreadable)
+        }
+        Some(Err(_)) => UnwindOutcome::Truncated(Truncation::FramePointer),
+        Some(Ok(())) => {
+            let at = match last {
+                Some(FrameAddress::InstructionPointer(a)) => *a,
+                Some(FrameAddress::ReturnAddress(a)) => a.get() - 1,
+                None => return UnwindOutcome::Truncated(Truncation::NoUnwindInfo),
+            };
+            match ends(at) {
+                Some(true) => UnwindOutcome::Complete,
+                Some(false) => UnwindOutcome::Truncated(Truncation::FramePointer),
+                None => UnwindOutcome::Truncated(Truncation::NoUnwindInfo),
+            }
+        }
+    }
+}
+
+/// The return-address column of the host's CFI.
+#[cfg(target_arch = "x86_64")]
+const HOST_RA: gimli::Register = gimli::X86_64::RA;
+#[cfg(target_arch = "aarch64")]
+const HOST_RA: gimli::Register = gimli::AArch64::X30;
 
 /// Mappings and unwinder of one address space.
 pub struct ProcessModules {
     mappings: Vec<Mapping>,
+    /// The image of each mapping's module (to ask its CFI where the stack ends).
+    images: std::collections::HashMap<ModuleId, std::sync::Arc<crate::elf::ElfImage>>,
     unwinder: ArchUnwinder,
     cache: ArchCache,
 }
@@ -46,6 +122,7 @@ impl Default for ProcessModules {
     fn default() -> Self {
         ProcessModules {
             mappings: Vec::new(),
+            images: Default::default(),
             unwinder: ArchUnwinder::new(),
             cache: ArchCache::new(),
         }
@@ -91,6 +168,7 @@ impl ProcessModules {
             let name = path.to_string_lossy().into_owned();
             self.unwinder
                 .add_module(img.framehop_module(name, start..end, bias));
+            self.images.insert(module, img);
         }
         mapping
     }
@@ -119,6 +197,7 @@ impl ProcessModules {
                 child
                     .unwinder
                     .add_module(img.framehop_module(name, m.start..m.end, m.bias));
+                child.images.insert(m.module, img.clone());
             }
         }
         child
@@ -162,13 +241,24 @@ impl ProcessModules {
             .unwinder
             .iter_frames(regs.pc, uregs, &mut self.cache, &mut read_stack);
         // A bound on depth protects against cycles in corrupt frame-pointer chains.
+        let mut end = None;
         for _ in 0..1024 {
             match iter.next() {
                 Ok(Some(frame)) => out.push(frame),
-                Ok(None) => return UnwindOutcome::Complete,
-                Err(_) => return UnwindOutcome::Truncated,
+                Ok(None) => {
+                    end = Some(Ok(()));
+                    break;
+                }
+                Err(e) => {
+                    end = Some(Err(e));
+                    break;
+                }
             }
         }
-        UnwindOutcome::Truncated
+        outcome(end, out.last(), |avma| {
+            let m = self.lookup(avma)?;
+            let img = self.images.get(&m.module)?;
+            img.cfi_ends_stack(avma.wrapping_sub(m.bias), HOST_RA)
+        })
     }
 }

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use superprof_unwind::{frame_parts, ElfImage, GuestArch, GuestUnwinder, UserRegs};
+use superprof_unwind::{
+    frame_parts, ElfImage, GuestArch, GuestUnwinder, Truncation, UnwindOutcome, UserRegs,
+};
 
 /// `_start` calls `g`, which calls `f`; the addresses of `f` and of the two return sites.
 struct Kernel {
@@ -105,9 +107,34 @@ fn a_module_in_the_upper_half_unwinds_by_its_cfi() {
         [k.f, k.ret_in_g, k.ret_in_start],
         "frames {frames:x?}, {outcome:?}"
     );
-    assert!(
-        matches!(outcome, superprof_unwind::UnwindOutcome::Complete),
-        "{outcome:?}"
+    // Complete: the outermost frame's CFI (_start's `.cfi_undefined rip`) says the stack ends.
+    assert_eq!(outcome, UnwindOutcome::Complete);
+    // A return address into no module: no CFI to go on with; the frame-pointer fallback (rbp
+    // 0) ends there, and that is a truncated stack, not a complete one.
+    let lost = [k.ret_in_g, 0xdead_beef, 0x1234_5678];
+    let mut read = |a: u64| -> Result<u64, ()> {
+        let i = a.checked_sub(sp).ok_or(())? / 8;
+        lost.get(i as usize).copied().ok_or(())
+    };
+    out.clear();
+    let outcome = u.unwind(&regs, &mut read, &mut out);
+    assert_eq!(
+        outcome,
+        UnwindOutcome::Truncated(Truncation::NoUnwindInfo),
+        "{out:x?}"
+    );
+    // The stack cut short (the memory above f's frame unreadable).
+    let short = [k.ret_in_g];
+    let mut read = |a: u64| -> Result<u64, ()> {
+        let i = a.checked_sub(sp).ok_or(())? / 8;
+        short.get(i as usize).copied().ok_or(())
+    };
+    out.clear();
+    let outcome = u.unwind(&regs, &mut read, &mut out);
+    assert_eq!(
+        outcome,
+        UnwindOutcome::Truncated(Truncation::Unreadable),
+        "{out:x?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

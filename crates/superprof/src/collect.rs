@@ -49,9 +49,10 @@ pub struct Collector {
     maps_read_at: HashMap<u32, u64>,
     pub lost: u64,
     pub truncated: u64,
+    truncated_by: std::collections::BTreeMap<String, u64>,
     scratch: Vec<FrameAddress>,
-    /// The last unwind in `scratch` stopped early.
-    truncated_now: bool,
+    /// Why the last unwind in `scratch` stopped early, if it did.
+    truncated_now: Option<superprof_unwind::Truncation>,
     path_frames: Vec<u32>,
     /// A copy of the vDSO in a private temp folder, made when a process maps `[vdso]`.
     vdso: Option<Option<TempCopy>>,
@@ -265,8 +266,10 @@ impl Collector {
         let Some(regs) = &s.regs else { return };
         let process = self.processes.entry(s.pid).or_default();
         self.scratch.clear();
-        self.truncated_now =
-            process.unwind(regs, s.stack, &mut self.scratch) == UnwindOutcome::Truncated;
+        self.truncated_now = match process.unwind(regs, s.stack, &mut self.scratch) {
+            UnwindOutcome::Complete => None,
+            UnwindOutcome::Truncated(why) => Some(why),
+        };
     }
 
     fn sample(&mut self, s: &SampleRecord) {
@@ -297,8 +300,12 @@ impl Collector {
                 self.read_proc(s.pid, s.time);
                 self.unwind(s);
             }
-            if self.truncated_now {
+            if let Some(why) = self.truncated_now {
                 self.truncated += 1;
+                *self
+                    .truncated_by
+                    .entry(why.as_str().to_owned())
+                    .or_default() += 1;
             }
             let process = self.processes.entry(s.pid).or_default();
             for i in 0..self.scratch.len() {
@@ -444,6 +451,7 @@ impl Collector {
         }
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;
+        profile.meta.truncated_by = self.truncated_by.clone();
         profile
     }
 }

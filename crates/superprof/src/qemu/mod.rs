@@ -330,15 +330,17 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         return Ok(0);
     }
     let n = samples.len();
-    let complete = samples.iter().filter(|s| s.complete).count();
+    let complete = samples.iter().filter(|s| s.complete()).count();
     let vcpus = samples.iter().map(|s| s.vcpu + 1).max().unwrap_or(1);
+    let reasons = truncation_meta(&samples).truncation_reasons();
     eprintln!(
-        "superprof: {n} samples in {:.2} s ({:.0} samples/s{}), {:.0} µs per sample, {:.1}% fully unwound",
+        "superprof: {n} samples in {:.2} s ({:.0} samples/s{}), {:.0} µs per sample, {:.1}% fully unwound{}",
         elapsed.as_secs_f64(),
         n as f64 / elapsed.as_secs_f64().max(1e-9),
         if vcpus > 1 { format!(" over {vcpus} vCPUs") } else { String::new() },
         if rounds == 0 { 0.0 } else { sampler.busy.as_secs_f64() * 1e6 / rounds as f64 },
         if n == 0 { 0.0 } else { 100.0 * complete as f64 / n as f64 },
+        if reasons.is_empty() { String::new() } else { format!(" (truncated: {reasons})") },
     );
     if n == 0 {
         bail!("no samples were taken");
@@ -446,8 +448,11 @@ fn one_stack(
             i += 1;
         }
     }
-    if !s.complete {
-        out.push_str("  (the stack could not be unwound further)\n");
+    if let Some(why) = s.truncated {
+        out.push_str(&format!(
+            "  (the stack could not be unwound further: {})\n",
+            why.as_str()
+        ));
     }
     out
 }
@@ -477,7 +482,9 @@ fn build_profile(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
         .saturating_sub(elapsed.as_nanos() as u64);
-    p.meta.truncated_stacks = samples.iter().filter(|s| !s.complete).count() as u64;
+    let t = truncation_meta(samples);
+    p.meta.truncated_stacks = t.truncated_stacks;
+    p.meta.truncated_by = t.truncated_by;
     let mut threads: HashMap<usize, u32> = HashMap::new();
     let mut cache = HashMap::new();
     for s in samples {
@@ -513,4 +520,14 @@ fn build_profile(
         p.add_sample(s.time.as_nanos() as u64, thread, 0, 1, stack);
     }
     p
+}
+
+/// Truncated stacks of the samples, in all and by reason (as the profile's metadata has them).
+fn truncation_meta(samples: &[sampler::RawSample]) -> superprof_profile::Meta {
+    let mut m = superprof_profile::Meta::default();
+    for why in samples.iter().filter_map(|s| s.truncated) {
+        m.truncated_stacks += 1;
+        *m.truncated_by.entry(why.as_str().to_owned()).or_default() += 1;
+    }
+    m
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use superprof_qemu::{Backend, GuestArch, QemuError};
-use superprof_unwind::{frame_parts, ElfImage, GuestUnwinder, UnwindOutcome, UserRegs};
+use superprof_unwind::{frame_parts, ElfImage, GuestUnwinder, Truncation, UnwindOutcome, UserRegs};
 
 /// An ELF file of the guest: the kernel, or a program given with --user.
 pub struct GuestElf {
@@ -60,14 +60,22 @@ pub enum Owner {
 }
 
 /// One sample: owner, frames innermost first as (guest address, is a return address, the
-/// ELF it belongs to and its bias), and whether the unwind reached the stack's root.
+/// ELF it belongs to and its bias), and why the unwind stopped before the stack's root, if
+/// it did.
 pub struct RawSample {
     pub time: Duration,
     /// The vCPU it was taken on.
     pub vcpu: usize,
     pub owner: Owner,
     pub frames: Vec<(u64, bool, Owner, u64)>,
-    pub complete: bool,
+    pub truncated: Option<Truncation>,
+}
+
+impl RawSample {
+    /// Whether the unwind ended where the CFI says the stack ends.
+    pub fn complete(&self) -> bool {
+        self.truncated.is_none()
+    }
 }
 
 pub struct Sampler {
@@ -220,7 +228,8 @@ impl Sampler {
             None => self.recognize(&mut mem, regs.pc),
         };
         let mut frames = Vec::new();
-        let mut complete = false;
+        // A pc in no known ELF: nothing to unwind it with.
+        let mut truncated = Some(Truncation::NoUnwindInfo);
         if owner.is_some() {
             let uregs = UserRegs {
                 pc: regs.pc,
@@ -230,8 +239,10 @@ impl Sampler {
             };
             let mut read = |a: u64| mem.word(a).ok_or(());
             let mut unwound = Vec::new();
-            complete =
-                self.unwinder.unwind(&uregs, &mut read, &mut unwound) == UnwindOutcome::Complete;
+            truncated = match self.unwinder.unwind(&uregs, &mut read, &mut unwound) {
+                UnwindOutcome::Complete => None,
+                UnwindOutcome::Truncated(why) => Some(why),
+            };
             for f in &unwound {
                 let (addr, ret) = frame_parts(f);
                 let (o, bias) = self.owner_of(addr).unwrap_or((Owner::Unknown, 0));
@@ -245,7 +256,7 @@ impl Sampler {
             vcpu,
             owner: owner.map_or(Owner::Unknown, |(o, _)| o),
             frames,
-            complete,
+            truncated,
         })
     }
 }

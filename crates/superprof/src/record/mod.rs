@@ -75,7 +75,7 @@ impl Recorded {
         let p = &self.profile;
         let threads: std::collections::HashSet<u32> = p.samples.iter().map(|s| s.thread).collect();
         format!(
-            "superprof: {} samples ({} at {} Hz{}) from {} threads in {:.2} s; {} lost, {} truncated stacks",
+            "superprof: {} samples ({} at {} Hz{}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
             p.samples.len(),
             p.meta.event,
             p.meta.frequency,
@@ -83,7 +83,11 @@ impl Recorded {
             threads.len(),
             p.meta.duration_ns as f64 / 1e9,
             p.meta.lost_samples,
-            p.meta.truncated_stacks
+            p.meta.truncated_stacks,
+            match p.meta.truncation_reasons() {
+                r if r.is_empty() => String::new(),
+                r => format!(" ({r})"),
+            }
         )
     }
 }
