@@ -174,7 +174,13 @@ impl ElfImage {
     /// architecture's return-address column.
     pub fn cfi_ends_stack(&self, svma: u64, ra: gimli::Register) -> Option<bool> {
         let key = (svma, ra.0);
-        if let Some(&known) = self.ends_stack.lock().ok().as_ref().and_then(|m| m.get(&key)) {
+        if let Some(&known) = self
+            .ends_stack
+            .lock()
+            .ok()
+            .as_ref()
+            .and_then(|m| m.get(&key))
+        {
             return known;
         }
         let answer = self.read_cfi_ends_stack(svma, ra);
