@@ -8,7 +8,7 @@ use std::sync::Arc;
 use framehop::{FrameAddress, Unwinder};
 
 use crate::elf::{ElfImage, SectionBytes};
-use crate::process::{outcome, UnwindOutcome};
+use crate::process::{outcome, walk, UnwindOutcome};
 use crate::regs::UserRegs;
 
 /// A guest's instruction set.
@@ -72,38 +72,18 @@ impl GuestUnwinder {
         read: &mut F,
         out: &mut Vec<FrameAddress>,
     ) -> UnwindOutcome {
-        macro_rules! walk {
-            ($iter:expr) => {{
-                let mut iter = $iter;
-                let mut end = None;
-                for _ in 0..256 {
-                    match iter.next() {
-                        Ok(Some(frame)) => out.push(frame),
-                        Ok(None) => {
-                            end = Some(Ok(()));
-                            break;
-                        }
-                        Err(e) => {
-                            end = Some(Err(e));
-                            break;
-                        }
-                    }
-                }
-                end
-            }};
-        }
         let (end, ra) = match &mut self.inner {
             Inner::X86_64(u, cache) => {
                 let r = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
                 (
-                    walk!(u.iter_frames(regs.pc, r, cache, read)),
+                    walk(u.iter_frames(regs.pc, r, cache, read), 256, out),
                     gimli::X86_64::RA,
                 )
             }
             Inner::Aarch64(u, cache) => {
                 let r = framehop::aarch64::UnwindRegsAarch64::new(regs.lr, regs.sp, regs.fp);
                 (
-                    walk!(u.iter_frames(regs.pc, r, cache, read)),
+                    walk(u.iter_frames(regs.pc, r, cache, read), 256, out),
                     gimli::AArch64::X30,
                 )
             }

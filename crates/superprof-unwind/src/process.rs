@@ -74,6 +74,27 @@ impl Truncation {
 /// How framehop's walk ended: its end (Ok), its error, or the depth limit (None).
 pub(crate) type WalkEnd = Option<Result<(), framehop::Error>>;
 
+/// Walks at most `depth` frames into `out` (a bound against cycles in corrupt frame-pointer
+/// chains), and says how the walk ended.
+pub(crate) fn walk<U, F>(
+    mut iter: framehop::UnwindIterator<'_, '_, '_, U, F>,
+    depth: usize,
+    out: &mut Vec<FrameAddress>,
+) -> WalkEnd
+where
+    U: Unwinder,
+    F: FnMut(u64) -> Result<u64, ()>,
+{
+    for _ in 0..depth {
+        match iter.next() {
+            Ok(Some(frame)) => out.push(frame),
+            Ok(None) => return Some(Ok(())),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    None
+}
+
 /// The honest outcome of a walk: complete only where the outermost frame's CFI says the stack
 /// ends (`ends` answers for an address; a return address is looked up at the call, one byte
 /// before it).
@@ -237,24 +258,10 @@ impl ProcessModules {
         let uregs = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
         #[cfg(target_arch = "aarch64")]
         let uregs = framehop::aarch64::UnwindRegsAarch64::new(regs.lr, regs.sp, regs.fp);
-        let mut iter = self
+        let iter = self
             .unwinder
             .iter_frames(regs.pc, uregs, &mut self.cache, &mut read_stack);
-        // A bound on depth protects against cycles in corrupt frame-pointer chains.
-        let mut end = None;
-        for _ in 0..1024 {
-            match iter.next() {
-                Ok(Some(frame)) => out.push(frame),
-                Ok(None) => {
-                    end = Some(Ok(()));
-                    break;
-                }
-                Err(e) => {
-                    end = Some(Err(e));
-                    break;
-                }
-            }
-        }
+        let end = walk(iter, 1024, out);
         outcome(end, out.last(), |avma| {
             let m = self.lookup(avma)?;
             let img = self.images.get(&m.module)?;
