@@ -139,30 +139,28 @@ impl ElfImage {
         }
     }
 
-    /// The module for framehop: loaded at `avma`, `bias` from its ELF addresses. framehop
-    /// looks code up by its offset (32 bits) from the module's base, so the base is the lowest
-    /// executable segment (its ELF address, and that plus the bias at run time), not address
-    /// 0: a kernel linked at 0xffffffff80100000 and loaded where it was linked (bias 0) would
-    /// be 2^64 - 2^31 bytes past a base of 0, and nothing in it would be found.
+    /// The module for framehop: the code at `avma`, `bias` from its ELF addresses. framehop
+    /// looks code up by its offset (32 bits) from the module's base, so the base is the start
+    /// of this range (and its ELF address), not address 0 nor the file's lowest segment: a
+    /// kernel linked at 0xffffffff80100000 and loaded where it was linked (bias 0) is
+    /// 2^64 - 2^31 bytes past a base of 0, and a low boot segment (at 1 MiB, say) is as far
+    /// below its code; from either base nothing in it would be found.
     pub fn framehop_module(
         &self,
         name: String,
         avma: Range<u64>,
         bias: u64,
     ) -> framehop::Module<SectionBytes> {
-        let base_avma = bias.wrapping_add(self.base_svma());
-        framehop::Module::new(name, avma, base_avma, SectionSource(self))
-    }
-
-    /// The ELF address framehop counts from: that of the lowest executable segment (0 when
-    /// there is none).
-    fn base_svma(&self) -> u64 {
-        self.segments
-            .iter()
-            .filter(|s| s.executable)
-            .map(|s| s.vaddr)
-            .min()
-            .unwrap_or(0)
+        let base_svma = avma.start.wrapping_sub(bias);
+        framehop::Module::new(
+            name,
+            avma.clone(),
+            avma.start,
+            SectionSource {
+                image: self,
+                base_svma,
+            },
+        )
     }
 }
 
@@ -327,18 +325,22 @@ fn eh_frame_hdr_is_sound(map: &Mmap, sections: &HashMap<&'static [u8], SectionIn
     true
 }
 
-struct SectionSource<'a>(&'a ElfImage);
+struct SectionSource<'a> {
+    image: &'a ElfImage,
+    /// The ELF address of the module's base (see [`ElfImage::framehop_module`]).
+    base_svma: u64,
+}
 
 impl framehop::ModuleSectionInfo<SectionBytes> for SectionSource<'_> {
     fn base_svma(&self) -> u64 {
-        self.0.base_svma()
+        self.base_svma
     }
     fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
-        self.0.sections.get(name).map(|s| s.svma.clone())
+        self.image.sections.get(name).map(|s| s.svma.clone())
     }
     fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
-        self.0.sections.get(name).map(|s| SectionBytes {
-            map: self.0.map.clone(),
+        self.image.sections.get(name).map(|s| SectionBytes {
+            map: self.image.map.clone(),
             range: s.file.clone(),
         })
     }
