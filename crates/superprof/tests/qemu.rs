@@ -490,6 +490,30 @@ fn bad_input_gives_one_line() {
             .all(|(s, _)| s[2..].iter().all(|fr| fr.starts_with("stripped.elf+0x"))),
         "{f:?}"
     );
+    // Linux's own unwind tables (ORC, as in Debian's kernels) and no .eh_frame: said so.
+    let orc_data = dir.path("orc.bin");
+    std::fs::write(&orc_data, [0u8; 12]).unwrap();
+    let orc = dir.path("orc.elf");
+    let st = Command::new("aarch64-linux-gnu-objcopy")
+        .arg("--remove-section=.eh_frame")
+        .arg(format!("--add-section=.orc_unwind={}", orc_data.display()))
+        .arg(&k.kernel)
+        .arg(&orc)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = superprof()
+        .args(["qemu", "--kernel"])
+        .arg(&orc)
+        .args(["--gdb", &gdb, "--duration", "0.5", "-o"])
+        .arg(dir.path("orc.folded"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let notice: Vec<&str> = stderr.lines().filter(|l| l.contains("ORC")).collect();
+    assert_eq!(notice.len(), 1, "{stderr}");
+    assert!(notice[0].contains("frame pointers"), "{stderr}");
 }
 
 #[test]

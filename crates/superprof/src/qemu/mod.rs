@@ -173,7 +173,14 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             kernel_path.display()
         );
     }
-    if !kernel.image.has_unwind_info() {
+    if !kernel.image.has_unwind_info() && kernel.has_orc {
+        eprintln!(
+            "superprof: {} unwinds with ORC (.orc_unwind), which superprof does not read, and \
+             has no .eh_frame: stacks come from frame pointers (a kernel built with \
+             CONFIG_UNWINDER_FRAME_POINTER unwinds fully), else the leaf frame only",
+            kernel_path.display()
+        );
+    } else if !kernel.image.has_unwind_info() {
         eprintln!(
             "superprof: {} has no .eh_frame or .debug_frame: stacks come from frame pointers, \
              and may be the leaf frame only",

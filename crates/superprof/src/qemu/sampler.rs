@@ -18,6 +18,8 @@ pub struct GuestElf {
     /// `.text`: ELF address and bytes (programs are recognized by it).
     pub text: (u64, Vec<u8>),
     pub has_symbols: bool,
+    /// Linux's own unwind tables (`.orc_unwind`), which superprof does not read.
+    pub has_orc: bool,
     /// The machine it is for (None: neither x86_64 nor AArch64).
     pub arch: Option<GuestArch>,
 }
@@ -32,6 +34,7 @@ impl GuestElf {
             .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
             .unwrap_or_default();
         let has_symbols = obj.symbols().next().is_some() || obj.dynamic_symbols().next().is_some();
+        let has_orc = obj.section_by_name(".orc_unwind").is_some();
         let arch = match obj.architecture() {
             object::Architecture::X86_64 => Some(GuestArch::X86_64),
             object::Architecture::Aarch64 => Some(GuestArch::Aarch64),
@@ -45,6 +48,7 @@ impl GuestElf {
             image: Arc::new(ElfImage::open(path)?),
             text,
             has_symbols,
+            has_orc,
             arch,
         })
     }
