@@ -52,7 +52,7 @@ fn build_higher_half(dir: &TempDir) -> Kernels {
     )
 }
 
-/// Builds the kernel from `{arch}{variant}-start.S` and `{arch}{variant}.ld` with `flags`
+/// Builds the kernel from `{arch}-start.S`, linked with `{arch}{variant}.ld`, with `flags`
 /// added, and the user program.
 fn build_with(dir: &TempDir, arch: Arch, variant: &str, flags: &[&str]) -> Kernels {
     let q = fixtures_dir().join("qemu");
@@ -80,10 +80,7 @@ fn build_with(dir: &TempDir, arch: Arch, variant: &str, flags: &[&str]) -> Kerne
         kernel: out(
             &format!("{prefix}-kernel.elf"),
             &format!("{prefix}{variant}.ld"),
-            &[
-                format!("{prefix}{variant}-start.S"),
-                format!("{prefix}-kernel.c"),
-            ],
+            &[format!("{prefix}-start.S"), format!("{prefix}-kernel.c")],
             flags,
         ),
         user: out(
