@@ -35,8 +35,9 @@ struct Entry {
 /// Entries the table holds (2 MiB); breakpoints beyond it are not covered.
 const CAPACITY: usize = 1 << 16;
 
-/// Processes whose memory descriptor the janitor keeps (others: by path and start time).
-const MAX_PROCESSES: usize = 1024;
+/// Processes whose memory descriptor the janitor keeps (others: by path and start time); well
+/// under the usual limit of 1024 open files.
+const MAX_PROCESSES: usize = 512;
 
 /// What a message to the janitor says about its pid.
 #[derive(Clone, Copy)]
@@ -134,8 +135,8 @@ impl Janitor {
         let Some(start_time) = self.start_time(pid) else {
             return;
         };
-        if self.sent.insert(pid) {
-            self.send_memory(pid);
+        if !self.sent.contains(&pid) && self.send_memory(pid) {
+            self.sent.insert(pid);
         }
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -178,22 +179,25 @@ impl Janitor {
     }
 
     /// Hands the janitor an open /proc/PID/mem of `pid` (superprof, its tracer, may open it).
-    fn send_memory(&mut self, pid: u32) {
+    /// Returns whether it went (else it is tried again with the next breakpoint).
+    fn send_memory(&mut self, pid: u32) -> bool {
         use std::os::fd::AsRawFd;
-        if let Ok(mem) = std::fs::OpenOptions::new()
+        match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(format!("/proc/{pid}/mem"))
         {
-            self.send(Message::Memory, pid, Some(mem.as_raw_fd()));
+            Ok(mem) => self.send(Message::Memory, pid, Some(mem.as_raw_fd())),
+            Err(_) => false,
         }
     }
 
-    /// One message to the janitor: `op` and `pid`, and a descriptor with it.
-    fn send(&mut self, op: Message, pid: u32, fd: Option<i32>) {
+    /// One message to the janitor: `op` and `pid`, and a descriptor with it. Returns whether
+    /// the whole message went.
+    fn send(&mut self, op: Message, pid: u32, fd: Option<i32>) -> bool {
         use std::os::fd::AsRawFd;
         let Some(sock) = self.alive.as_ref() else {
-            return;
+            return false;
         };
         let mut body = [0u8; 8];
         body[..4].copy_from_slice(&(op as u32).to_ne_bytes());
@@ -219,7 +223,7 @@ impl Janitor {
                 (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
                 std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
             }
-            libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+            libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) == body.len() as isize
         }
     }
 

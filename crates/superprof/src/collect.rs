@@ -49,7 +49,7 @@ pub struct Collector {
     maps_read_at: HashMap<u32, u64>,
     pub lost: u64,
     pub truncated: u64,
-    truncated_by: std::collections::BTreeMap<String, u64>,
+    truncated_by: std::collections::BTreeMap<superprof_unwind::Truncation, u64>,
     scratch: Vec<FrameAddress>,
     /// Why the last unwind in `scratch` stopped early, if it did.
     truncated_now: Option<superprof_unwind::Truncation>,
@@ -302,10 +302,7 @@ impl Collector {
             }
             if let Some(why) = self.truncated_now {
                 self.truncated += 1;
-                *self
-                    .truncated_by
-                    .entry(why.as_str().to_owned())
-                    .or_default() += 1;
+                *self.truncated_by.entry(why).or_default() += 1;
             }
             let process = self.processes.entry(s.pid).or_default();
             for i in 0..self.scratch.len() {
@@ -451,7 +448,11 @@ impl Collector {
         }
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;
-        profile.meta.truncated_by = self.truncated_by.clone();
+        profile.meta.truncated_by = self
+            .truncated_by
+            .iter()
+            .map(|(why, n)| (why.as_str().to_owned(), *n))
+            .collect();
         profile
     }
 }

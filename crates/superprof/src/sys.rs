@@ -1,32 +1,30 @@
 //! The binary's kernel interfaces: the stop signals, the vDSO copy, pidfds, limits.
 
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
-/// The last stop signal received and not yet taken (0: none).
-static LAST_STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Stop signals received and not passed on yet (bit `sig`): two arriving between two looks
+/// are both kept.
+static PENDING_STOP_SIGNALS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_stop_signal(sig: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
-    LAST_STOP_SIGNAL.store(sig, Ordering::SeqCst);
-}
-
-/// The stop signal received since the last call, if any.
-pub fn take_stop_signal() -> Option<libc::c_int> {
-    match LAST_STOP_SIGNAL.swap(0, Ordering::SeqCst) {
-        0 => None,
-        sig => Some(sig),
+    if (0..64).contains(&sig) {
+        PENDING_STOP_SIGNALS.fetch_or(1 << sig, Ordering::SeqCst);
     }
 }
 
-/// While superprof only waits for a command (preload, or after an error): a SIGTERM or SIGHUP
-/// sent to superprof since the last call is passed on to the command, which ends as it would
-/// have alone. (Ctrl-C reaches the command from the terminal itself.)
+/// While superprof only waits for a command (preload, or after an error): each SIGTERM or
+/// SIGHUP sent to superprof since the last call is passed on to the command, which ends as it
+/// would have alone. (Ctrl-C reaches the command from the terminal itself.)
 pub fn pass_stop_signal_on(pid: u32) {
-    if let Some(sig @ (libc::SIGTERM | libc::SIGHUP)) = take_stop_signal() {
-        superprof_trace::kill(pid, sig);
+    let pending = PENDING_STOP_SIGNALS.swap(0, Ordering::SeqCst);
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        if pending & (1 << sig) != 0 {
+            superprof_trace::kill(pid, sig);
+        }
     }
 }
 
