@@ -213,10 +213,36 @@ impl ElfImage {
             let eh = EhFrame::new(data, LittleEndian);
             let mut ctx = Box::new(gimli::UnwindContext::new());
             let b = bases(Some(info.svma.start), true);
-            if let Ok(row) =
-                eh.unwind_info_for_address(&b, &mut ctx, svma, EhFrame::cie_from_offset)
-            {
-                return Some(rule(row));
+            // The binary-search table of .eh_frame_hdr where there is one (checked at open):
+            // else gimli walks every FDE.
+            let hdr = self.sections.get(&b".eh_frame_hdr"[..]).and_then(|hdr| {
+                let hb = b.clone().set_eh_frame_hdr(hdr.svma.start);
+                let d = self.map.get(hdr.file.clone())?;
+                Some((
+                    gimli::EhFrameHdr::new(d, LittleEndian).parse(&hb, 8).ok()?,
+                    hb,
+                ))
+            });
+            match hdr.as_ref().and_then(|(p, hb)| Some((p.table()?, hb))) {
+                Some((table, hb)) => {
+                    let found = table.unwind_info_for_address(
+                        &eh,
+                        hb,
+                        &mut ctx,
+                        svma,
+                        EhFrame::cie_from_offset,
+                    );
+                    if let Ok(row) = found {
+                        return Some(rule(row));
+                    }
+                }
+                None => {
+                    if let Ok(row) =
+                        eh.unwind_info_for_address(&b, &mut ctx, svma, EhFrame::cie_from_offset)
+                    {
+                        return Some(rule(row));
+                    }
+                }
             }
         }
         if let Some(info) = self.sections.get(&b".debug_frame"[..]) {
