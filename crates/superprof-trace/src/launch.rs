@@ -120,11 +120,16 @@ static LAUNCHED: AtomicU32 = AtomicU32::new(0);
 /// error or a panic in superprof, which let it go, so that it ends as it would have alone
 /// (its output before the shell's prompt) and its status is known. `idle` is called with its
 /// pid every 10 ms meanwhile (to pass signals on). `None` if there is none.
-pub fn wait_launched(mut idle: impl FnMut(u32)) -> Option<ExitStatus> {
-    let pid = LAUNCHED.swap(0, Ordering::SeqCst);
-    if pid == 0 {
-        return None;
+pub fn wait_launched(idle: impl FnMut(u32)) -> Option<ExitStatus> {
+    match LAUNCHED.swap(0, Ordering::SeqCst) {
+        0 => None,
+        pid => wait_child(pid, idle),
     }
+}
+
+/// Waits for child `pid` to end, calling `idle` with its pid every 10 ms meanwhile (to pass
+/// signals on). `None` if it is not ours to reap (reaped already).
+pub fn wait_child(pid: u32, mut idle: impl FnMut(u32)) -> Option<ExitStatus> {
     loop {
         let mut status = 0;
         // SAFETY: waitpid on our own child with a valid out-pointer, not blocking.

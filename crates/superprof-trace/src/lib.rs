@@ -35,7 +35,7 @@ mod tracer;
 
 pub use launch::{
     inherited_ignored, kill, note_inherited_signals, process_alive, reset_signals_for_exec,
-    resolve_command, try_wait, wait_exit, wait_exit_timeout, wait_launched, ExitStatus,
+    resolve_command, try_wait, wait_child, wait_exit, wait_exit_timeout, wait_launched, ExitStatus,
     PendingChild,
 };
 pub use locate::{

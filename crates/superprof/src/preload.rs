@@ -59,19 +59,14 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         .env("SUPERPROF_PRELOAD_DIR", &dir)
         .env("SUPERPROF_HZ", args.frequency.to_string())
         .spawn()
-        .and_then(|mut child| {
+        .and_then(|child| {
             // Ctrl-C is the command's to take; superprof merges what it left. SIGTERM and
             // SIGHUP sent to superprof are passed on to the command, which ends as it would
             // have alone; superprof still merges.
             crate::sys::install_stop_handler();
             let _ignore = crate::sys::IgnoreInterrupts::new();
-            loop {
-                if let Some(status) = child.try_wait()? {
-                    break Ok(status);
-                }
-                crate::sys::pass_stop_signal_on(child.id());
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            superprof_trace::wait_child(child.id(), crate::sys::pass_stop_signal_on)
+                .ok_or_else(|| std::io::Error::other("the command was reaped elsewhere"))
         })
         .with_context(|| format!("cannot run '{program}'"));
     let status = match status {
@@ -105,12 +100,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let code = {
-        use std::os::unix::process::ExitStatusExt;
-        status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
-    };
+    let code = status.shell_code();
     let Some(mut profile) = profile.filter(|p| !p.samples.is_empty()) else {
         eprintln!(
             "superprof: no samples were taken: the program ran too briefly, was killed before \
