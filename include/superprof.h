@@ -2,7 +2,8 @@
  *
  * Link with -lsuperprof (target/release/libsuperprof.so or libsuperprof.a after
  * `cargo build --release`). Samples every thread of the process on its CPU time (SIGPROF from
- * a POSIX timer on the process CPU clock, deleted at exec), with call stacks from frame pointers (build with -fno-omit-frame-pointer for
+ * a POSIX timer on each thread's CPU clock, deleted at exec), with call stacks from frame
+ * pointers (build with -fno-omit-frame-pointer for
  * full stacks), and symbolizes them at stop with superprof's own symbolizer (ELF symbols,
  * DWARF file:line, inlined frames, demangled C++ and Rust names).
  */

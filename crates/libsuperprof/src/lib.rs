@@ -1,10 +1,11 @@
 //! libsuperprof: an in-process sampling profiler for C, C++ and Rust programs.
 //!
 //! The program calls `perf_start()` and `perf_stop()` (C, `include/superprof.h`) or holds a
-//! [`Profiler`] (Rust). Between them a POSIX timer on the process's CPU-time clock sends
-//! SIGPROF after every 1/hz s of the process's CPU time to the thread that is running, so every
-//! thread is sampled, those started later included. Nothing of it outlives the program image:
-//! exec deletes the timer and resets the handler, fork children get no timer (a preloaded
+//! [`Profiler`] (Rust). Between them each thread has a POSIX timer on its own CPU-time clock
+//! that sends it SIGPROF after every 1/hz s of CPU time it used (a watcher thread gives one to
+//! threads started later), so every thread gets its own share of samples, and a thread that
+//! sleeps gets none. Nothing of it outlives the program image:
+//! exec deletes the timers and resets the handler, fork children get no timer (a preloaded
 //! child starts its own), and stop puts SIGPROF's disposition back. The handler reads the
 //! interrupted pc, sp and frame pointer from the ucontext, unwinds with framehop over the CFI
 //! of the modules mapped at start (or walks the frame-pointer chain), reading memory through
@@ -27,6 +28,7 @@
 //! its constructor starts sampling when `SUPERPROF_PRELOAD_DIR` is set, and each process (and
 //! each fork child) writes its profile there at exit, for `superprof` to merge.
 
+mod clocks;
 mod sys;
 
 use std::ffi::CStr;
@@ -148,8 +150,8 @@ struct Session {
     output: Option<PathBuf>,
     started: Instant,
     start_unix_ns: u64,
-    /// Sends SIGPROF while it lives (deleted by exec, absent in fork children).
-    timer: Option<sys::CpuTimer>,
+    /// Send SIGPROF while they live (deleted by exec, absent in fork children).
+    clocks: Option<clocks::Clocks>,
     /// SIGPROF's disposition before start, put back at stop.
     previous: sys::SavedAction,
 }
@@ -291,7 +293,7 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
     PID.store(sys::getpid(), Ordering::Release);
     let previous = sys::install_handler(on_sigprof, inherited).map_err(Error::Io)?;
     ACTIVE.store(true, Ordering::SeqCst);
-    let timer = match sys::CpuTimer::start(hz) {
+    let clocks = match clocks::Clocks::start(hz) {
         Ok(t) => t,
         Err(e) => {
             ACTIVE.store(false, Ordering::SeqCst);
@@ -301,7 +303,7 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
         }
     };
     *session = Some(Session {
-        timer: Some(timer),
+        clocks: Some(clocks),
         previous,
         hz,
         output: output.or_else(|| std::env::var_os("SUPERPROF_OUTPUT").map(PathBuf::from)),
@@ -322,7 +324,13 @@ fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
         let Some(mut session) = guard.take() else {
             return Err(Error::NotRunning);
         };
-        drop(session.timer.take());
+        let refused = session.clocks.take().map_or(0, clocks::Clocks::stop);
+        if refused > 0 {
+            eprintln!(
+                "superprof: {refused} threads were not sampled: the kernel refused them a \
+                 timer (RLIMIT_SIGPENDING or the number of timers)"
+            );
+        }
         ACTIVE.store(false, Ordering::SeqCst);
         if PID.load(Ordering::SeqCst) != sys::getpid() {
             // A fork child stopping its parent's session: it sampled nothing of its own, and

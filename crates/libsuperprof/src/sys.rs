@@ -80,59 +80,212 @@ pub fn sigprof_pending() -> bool {
     unsafe { libc::sigpending(&mut set) == 0 && libc::sigismember(&set, libc::SIGPROF) == 1 }
 }
 
-/// The sampling clock: a POSIX timer on the process's CPU-time clock that sends SIGPROF after
-/// every 1/hz s of CPU time used by any of its threads. The signal is process-directed, and
-/// since Linux 6.3 such a signal goes to the current thread, the one whose tick expired the
-/// timer: the thread that is running, as with ITIMER_PROF. Unlike ITIMER_PROF, exec deletes
-/// the timer and fork does not copy it, so it cannot outlive the handler it signals (the
-/// handler does not survive exec either).
-pub struct CpuTimer {
-    id: usize,
-    /// The process that created the timer: ids are per process.
+/// The sampling clocks: a POSIX timer on each thread's own CPU-time clock, sending SIGPROF to
+/// that thread (SIGEV_THREAD_ID) after every 1/hz s of CPU time it used. A thread's clock
+/// advances only while it runs and its timer is checked at its own tick, so each thread gets
+/// its own share of samples: a timer on the process's clock is checked by one thread at a time,
+/// fires at most once a tick for the whole process, and its signal may go to any thread, even
+/// one asleep (measured: 0 of 150 samples in a thread that had a third of the CPU time). Unlike
+/// ITIMER_PROF, exec deletes the timers and fork does not copy them, so they cannot outlive the
+/// handler they signal (the handler does not survive exec either).
+pub struct ThreadTimers {
+    /// Thread id to the kernel's timer id.
+    timers: std::collections::HashMap<u32, libc::c_int>,
+    period_ns: i64,
+    /// The process that created the timers: ids are per process.
+    owner: u32,
+    /// Threads found that could not be given a timer (the kernel refused: a limit).
+    pub refused: u64,
+}
+
+/// The CPU-time clock of thread `tid` (the kernel's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)).
+fn thread_cpu_clock(tid: u32) -> libc::clockid_t {
+    (!(tid as libc::clockid_t) << 3) | 6
+}
+
+impl ThreadTimers {
+    pub fn new(hz: u32) -> ThreadTimers {
+        ThreadTimers {
+            timers: Default::default(),
+            period_ns: (1_000_000_000 / i64::from(hz.max(1))).max(1),
+            owner: getpid(),
+            refused: 0,
+        }
+    }
+
+    /// Threads with a timer now.
+    pub fn len(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Gives every thread of the process a timer, but `skip`; deletes the timers of threads
+    /// that are gone. Errors only when the thread list cannot be read.
+    pub fn sync(&mut self, skip: Option<u32>) -> std::io::Result<()> {
+        let mut now = Vec::with_capacity(self.timers.len() + 4);
+        for e in std::fs::read_dir("/proc/self/task")? {
+            if let Some(tid) = e?.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+                if Some(tid) != skip {
+                    now.push(tid);
+                }
+            }
+        }
+        now.sort_unstable();
+        self.timers.retain(|tid, id| {
+            let live = now.binary_search(tid).is_ok();
+            if !live {
+                delete_timer(*id);
+            }
+            live
+        });
+        for tid in now {
+            if self.timers.contains_key(&tid) {
+                continue;
+            }
+            match arm_timer(thread_cpu_clock(tid), tid, self.period_ns) {
+                Ok(id) => {
+                    self.timers.insert(tid, id);
+                }
+                // The thread ended meanwhile.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::EINVAL)) => {}
+                Err(_) => self.refused += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A POSIX timer on `clock` that sends SIGPROF to thread `tid` of this process every
+/// `period_ns`, armed; the kernel's timer id.
+fn arm_timer(clock: libc::clockid_t, tid: u32, period_ns: i64) -> std::io::Result<libc::c_int> {
+    // SAFETY: a zeroed sigevent asking for SIGPROF to thread `tid`.
+    let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
+    sev.sigev_notify = libc::SIGEV_THREAD_ID;
+    sev.sigev_signo = libc::SIGPROF;
+    sev.sigev_notify_thread_id = tid as libc::c_int;
+    let mut id: libc::c_int = 0;
+    // SAFETY: the raw timer_create with a valid sigevent; the kernel writes its timer id (an
+    // int) into `id`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_timer_create,
+            clock,
+            &mut sev as *mut libc::sigevent,
+            &mut id as *mut libc::c_int,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let period = libc::timespec {
+        tv_sec: period_ns / 1_000_000_000,
+        tv_nsec: period_ns % 1_000_000_000,
+    };
+    let it = libc::itimerspec {
+        it_interval: period,
+        it_value: period,
+    };
+    // SAFETY: arming the timer just created with a valid itimerspec.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_timer_settime,
+            id,
+            0,
+            &it as *const libc::itimerspec,
+            std::ptr::null_mut::<libc::itimerspec>(),
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        delete_timer(id);
+        return Err(e);
+    }
+    Ok(id)
+}
+
+/// A timer on the process's CPU clock that sends SIGPROF to one thread (which blocks it and
+/// waits for it with [`wait_sigprof`]) after every `period` of CPU time used by any thread.
+pub struct ProcessCpuAlarm {
+    id: libc::c_int,
     owner: u32,
 }
 
-impl CpuTimer {
-    pub fn start(hz: u32) -> std::io::Result<CpuTimer> {
-        // SAFETY: a zeroed sigevent asking for SIGPROF (SIGEV_SIGNAL, no value).
-        let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
-        sev.sigev_notify = libc::SIGEV_SIGNAL;
-        sev.sigev_signo = libc::SIGPROF;
-        let mut id: libc::timer_t = std::ptr::null_mut();
-        // SAFETY: timer_create with a valid sigevent, writing the new id into `id`.
-        if unsafe { libc::timer_create(libc::CLOCK_PROCESS_CPUTIME_ID, &mut sev, &mut id) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let timer = CpuTimer {
-            id: id as usize,
+impl ProcessCpuAlarm {
+    pub fn start(tid: u32, period: std::time::Duration) -> std::io::Result<ProcessCpuAlarm> {
+        let ns = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX).max(1);
+        Ok(ProcessCpuAlarm {
+            id: arm_timer(libc::CLOCK_PROCESS_CPUTIME_ID, tid, ns)?,
             owner: getpid(),
-        };
-        let ns = (1_000_000_000 / i64::from(hz.max(1))).max(1);
-        let period = libc::timespec {
-            tv_sec: ns / 1_000_000_000,
-            tv_nsec: ns % 1_000_000_000,
-        };
-        let it = libc::itimerspec {
-            it_interval: period,
-            it_value: period,
-        };
-        // SAFETY: arming the timer just created with a valid itimerspec.
-        if unsafe { libc::timer_settime(id, 0, &it, std::ptr::null_mut()) } != 0 {
-            return Err(std::io::Error::last_os_error()); // the drop deletes it
-        }
-        Ok(timer)
+        })
     }
 }
 
-impl Drop for CpuTimer {
-    /// Deletes the timer, in the process that created it only: a fork child has no copy, and
-    /// the same id may name one of the child's own timers there.
+impl Drop for ProcessCpuAlarm {
     fn drop(&mut self) {
         if self.owner == getpid() {
-            // SAFETY: deleting a timer this process created and has not deleted.
-            unsafe { libc::timer_delete(self.id as libc::timer_t) };
+            delete_timer(self.id);
         }
     }
+}
+
+/// Waits up to `timeout` for a SIGPROF sent to this thread (which blocks it), taking it.
+pub fn wait_sigprof(timeout: std::time::Duration) {
+    // SAFETY: a local set holding SIGPROF, a valid timeout; no siginfo is asked for.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPROF);
+    }
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: as above.
+    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+}
+
+/// Sends SIGPROF to thread `tid` of this process.
+pub fn sigprof_thread(tid: u32) {
+    // SAFETY: tgkill to a thread of our own process.
+    unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            getpid() as libc::pid_t,
+            tid as libc::pid_t,
+            libc::SIGPROF,
+        )
+    };
+}
+
+fn delete_timer(id: libc::c_int) {
+    // SAFETY: deleting a timer this process created and has not deleted.
+    unsafe { libc::syscall(libc::SYS_timer_delete, id) };
+}
+
+impl Drop for ThreadTimers {
+    /// Deletes the timers, in the process that created them only: a fork child has no copy,
+    /// and the same ids may name the child's own timers there.
+    fn drop(&mut self) {
+        if self.owner == getpid() {
+            for (_, id) in self.timers.drain() {
+                delete_timer(id);
+            }
+        }
+    }
+}
+
+/// Runs `f` with every signal blocked in this thread (a thread it spawns inherits the mask).
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigfillset and pthread_sigmask on local sets; the old mask is put back below.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let r = f();
+    // SAFETY: putting back the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
 }
 
 pub fn gettid() -> u32 {

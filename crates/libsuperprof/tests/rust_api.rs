@@ -74,7 +74,12 @@ fn guard_samples_a_rust_program() {
     }
     assert!(total > 40, "{total} samples");
     let share = 1.0 - light as f64 / total as f64;
-    assert!((share - 2.0 / 3.0).abs() < 0.12, "light {light} of {total}");
+    // Each thread is sampled on its own CPU clock: the main thread's share is 2/3 within 4σ.
+    let sigma = (2.0 / 9.0 / total as f64).sqrt();
+    assert!(
+        (share - 2.0 / 3.0).abs() < 4.0 * sigma,
+        "light {light} of {total}"
+    );
     // The leaf address's frames: inlined std functions inside burn, demangled.
     // Full stacks (from the CFI: Rust code has no frame pointers here): each function under
     // its caller.
