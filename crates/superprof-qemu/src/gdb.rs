@@ -23,7 +23,15 @@ pub struct Gdb {
     no_ack: bool,
     /// The vCPUs' thread ids, as the stub names them (`p1.1`, `p1.2`...).
     threads: Option<Vec<String>>,
+    /// The last `g` reply (the current vCPU's registers).
+    last_g: Vec<u8>,
+    /// The address-space register's number and offset in `g`, once looked up (None inside:
+    /// the stub does not have it).
+    space_reg: Option<Option<(u32, Option<usize>)>>,
 }
+
+/// The most bytes of one target-description file.
+const MAX_XML: usize = 1 << 20;
 
 fn hex_byte(b: &[u8]) -> Option<u8> {
     u8::from_str_radix(std::str::from_utf8(b).ok()?, 16).ok()
@@ -54,6 +62,8 @@ impl Gdb {
             running: false,
             no_ack: false,
             threads: None,
+            last_g: Vec::new(),
+            space_reg: None,
         };
         g.conn.timeout = Duration::from_secs(3);
         // A running guest is stopped by the connection, and QEMU says so first (a stop
@@ -175,6 +185,39 @@ impl Gdb {
                     continue;
                 }
                 _ => return Ok(r),
+            }
+        }
+    }
+
+    /// One file of the target description (`qXfer:features:read`), in as many pieces as
+    /// the stub sends, at most [`MAX_XML`] bytes.
+    fn xfer(&mut self, annex: &str) -> Result<String> {
+        let mut out = Vec::new();
+        loop {
+            let r = self.request(
+                format!("qXfer:features:read:{annex}:{:x},{:x}", out.len(), 0xffb).as_bytes(),
+            )?;
+            let (last, data) = match r.split_first() {
+                Some((b'l', d)) => (true, d),
+                Some((b'm', d)) if !d.is_empty() => (false, d),
+                _ => {
+                    return Err(QemuError::Protocol(format!(
+                        "cannot read {}: {}",
+                        shown(annex.as_bytes()),
+                        shown(&r)
+                    )))
+                }
+            };
+            if out.len() + data.len() > MAX_XML {
+                return Err(QemuError::Protocol(format!(
+                    "{} is more than {} KiB",
+                    shown(annex.as_bytes()),
+                    MAX_XML >> 10
+                )));
+            }
+            out.extend_from_slice(data);
+            if last {
+                return Ok(String::from_utf8_lossy(&out).into_owned());
             }
         }
     }
@@ -346,13 +389,14 @@ impl Backend for Gdb {
         let r = self.request(b"g")?;
         let bytes = unhex(&r)
             .ok_or_else(|| QemuError::Protocol(format!("bad register reply: {}", shown(&r))))?;
+        self.last_g.clear();
         let word = |i: usize| -> Result<u64> {
             bytes
                 .get(i * 8..i * 8 + 8)
                 .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
                 .ok_or_else(|| QemuError::Protocol("short register reply".into()))
         };
-        Ok(match arch {
+        let regs = match arch {
             // rax rbx rcx rdx rsi rdi rbp rsp r8..r15 rip
             GuestArch::X86_64 => GuestRegs {
                 pc: word(16)?,
@@ -367,7 +411,41 @@ impl Backend for Gdb {
                 fp: word(29)?,
                 lr: word(30)?,
             },
-        })
+        };
+        self.last_g = bytes;
+        Ok(regs)
+    }
+
+    fn space(&mut self) -> Result<Option<u64>> {
+        let arch = self.arch()?;
+        if self.space_reg.is_none() {
+            let name = crate::space_register(arch);
+            let regs = match crate::tdesc::registers(&mut |annex| self.xfer(annex)) {
+                Ok(r) => r,
+                Err(QemuError::Protocol(_)) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            self.space_reg = Some(crate::tdesc::locate(&regs, name));
+        }
+        let Some(Some((regnum, offset))) = self.space_reg else {
+            return Ok(None);
+        };
+        let in_g = offset
+            .and_then(|o| self.last_g.get(o..o.checked_add(8)?))
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+        let raw = match in_g {
+            Some(v) => v,
+            None => {
+                let r = self.request(format!("p{regnum:x}").as_bytes())?;
+                match unhex(&r).and_then(|b| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?)))
+                {
+                    Some(v) => v,
+                    // E.. or a short value: not readable on this vCPU.
+                    None => return Ok(None),
+                }
+            }
+        };
+        Ok(Some(crate::space_root(arch, raw)))
     }
 
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize> {

@@ -27,6 +27,7 @@
 
 mod gdb;
 mod qmp;
+pub mod tdesc;
 
 pub use gdb::Gdb;
 pub use qmp::Qmp;
@@ -97,6 +98,11 @@ pub trait Backend {
     fn select(&mut self, index: usize) -> Result<()>;
     /// Registers of the current vCPU of a stopped guest.
     fn regs(&mut self) -> Result<GuestRegs>;
+    /// The current vCPU's address space (call after [`Backend::regs`]): the physical address
+    /// of its page-table root, CR3 on x86_64 and TTBR0_EL1 on AArch64 (the user half's), with
+    /// PCID or ASID and flag bits cleared ([`space_root`]); None where the backend cannot
+    /// read it.
+    fn space(&mut self) -> Result<Option<u64>>;
     /// Reads guest virtual memory (as the current vCPU sees it); returns the bytes read.
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize>;
     /// Lets the guest run again.
@@ -109,6 +115,25 @@ pub trait Backend {
     /// or any error, mid-sample); waits at most [`GRACE`] and ignores the [`Cancel`] check.
     /// Best effort: errors are ignored.
     fn let_go(&mut self);
+}
+
+/// The register that roots the address space of user code: `cr3` (x86_64) or `TTBR0_EL1`
+/// (AArch64), as gdbstubs name them.
+pub fn space_register(arch: GuestArch) -> &'static str {
+    match arch {
+        GuestArch::X86_64 => "cr3",
+        GuestArch::Aarch64 => "TTBR0_EL1",
+    }
+}
+
+/// An address space's identity from the raw register: CR3 without its PCID and flag bits
+/// (0-11) and bit 63 (no-flush); TTBR0_EL1 without its ASID (48-63) and CnP (0). A process
+/// keeps it while it lives, whatever PCID or ASID the kernel gives it.
+pub fn space_root(arch: GuestArch, raw: u64) -> u64 {
+    match arch {
+        GuestArch::X86_64 => raw & 0x000f_ffff_ffff_f000,
+        GuestArch::Aarch64 => raw & 0x0000_ffff_ffff_fffe,
+    }
 }
 
 /// A [`Cancel`] check that never cancels.

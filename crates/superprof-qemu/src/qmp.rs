@@ -31,6 +31,8 @@ pub struct Qmp {
     /// The vCPU that `info registers` and `memsave` look at.
     cpu: usize,
     cpus: Option<usize>,
+    /// The last `info registers` text (the current vCPU's).
+    last_info: String,
 }
 
 impl Qmp {
@@ -53,6 +55,7 @@ impl Qmp {
             stopped: false,
             cpu: 0,
             cpus: None,
+            last_info: String::new(),
         };
         q.conn.begin();
         let greeting = q.next_message().map_err(|e| match e {
@@ -242,7 +245,7 @@ impl Backend for Qmp {
         let get = |n: &str| {
             reg(&text, n).ok_or_else(|| QemuError::Protocol(format!("no {n} in info registers")))
         };
-        Ok(match arch {
+        let regs = match arch {
             // In long mode the 64-bit names; before it (at boot), the 32-bit ones.
             GuestArch::X86_64 if reg(&text, "RIP").is_some() => GuestRegs {
                 pc: get("RIP")?,
@@ -262,7 +265,20 @@ impl Backend for Qmp {
                 fp: get("X29")?,
                 lr: get("X30")?,
             },
-        })
+        };
+        self.last_info = text;
+        Ok(regs)
+    }
+
+    fn space(&mut self) -> Result<Option<u64>> {
+        let arch = self.arch()?;
+        match arch {
+            // From the `info registers` of the last regs().
+            GuestArch::X86_64 => {
+                Ok(reg(&self.last_info, "CR3").map(|v| crate::space_root(arch, v)))
+            }
+            GuestArch::Aarch64 => Ok(None),
+        }
     }
 
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<usize> {

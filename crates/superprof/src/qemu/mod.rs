@@ -381,11 +381,11 @@ type SymFrames = Vec<(String, Option<String>, u32, bool)>;
 fn symbolize(
     sampler: &Sampler,
     symbols: &mut superprof_symbols::Symbolizer,
-    cache: &mut HashMap<(u64, bool, Owner), SymFrames>,
+    cache: &mut HashMap<(u64, bool, Owner, u64), SymFrames>,
     (addr, ret, owner, bias): (u64, bool, Owner, u64),
 ) -> SymFrames {
     cache
-        .entry((addr, ret, owner))
+        .entry((addr, ret, owner, bias))
         .or_insert_with(|| {
             let elf = match owner {
                 Owner::Kernel => Some(&sampler.kernel),
@@ -417,11 +417,26 @@ fn symbolize(
         .clone()
 }
 
-fn root_name(sampler: &Sampler, owner: Owner) -> (String, PathBuf) {
+/// The name and file of an owner's frames.
+fn owner_name(sampler: &Sampler, owner: Owner) -> (String, PathBuf) {
     match owner {
         Owner::Kernel => ("kernel".to_owned(), sampler.kernel.path.clone()),
         Owner::User(u) => (sampler.users[u].name.clone(), sampler.users[u].path.clone()),
         Owner::Unknown => ("[unknown]".to_owned(), PathBuf::from("[unknown]")),
+    }
+}
+
+/// A sample's root frame: whose code it is in, and for code of the lower half (programs), in
+/// which address space: `prog_a [as 0x1d2c000]`, so that two processes, or two instances of
+/// one program, are told apart.
+fn root_name(sampler: &Sampler, s: &RawSample) -> (String, PathBuf) {
+    let (name, path) = owner_name(sampler, s.owner);
+    let user_half = s.frames.first().is_some_and(|f| f.0 >> 63 == 0);
+    match s.space {
+        Some(space) if s.owner != Owner::Kernel && user_half => {
+            (format!("{name} [as {space:#x}]"), path)
+        }
+        _ => (name, path),
     }
 }
 
@@ -432,7 +447,7 @@ fn one_stack(
     addresses: bool,
 ) -> String {
     let mut cache = HashMap::new();
-    let mut out = format!("{}\n", escape(&root_name(sampler, s.owner).0));
+    let mut out = format!("{}\n", escape(&root_name(sampler, s).0));
     let mut i = 0;
     for &f in &s.frames {
         for (name, file, line, inlined) in
@@ -498,14 +513,14 @@ fn build_profile(
         let thread = *threads
             .entry(s.vcpu)
             .or_insert_with(|| p.add_thread(0, s.vcpu as u32 + 1, &format!("vcpu{}", s.vcpu)));
-        let (root, root_module) = root_name(sampler, s.owner);
+        let (root, root_module) = root_name(sampler, s);
         let root_module = root_module.to_string_lossy().into_owned();
         let rf = p.intern_frame_named(&root, &root_module, None, 0, 0, false);
         let mut stack = Some(p.intern_stack(None, rf));
         for &f in s.frames.iter().rev() {
             let module = match f.2 {
                 Owner::Unknown => "[unknown]".to_owned(),
-                o => root_name(sampler, o).1.to_string_lossy().into_owned(),
+                o => owner_name(sampler, o).1.to_string_lossy().into_owned(),
             };
             for (name, file, line, inlined) in symbolize(sampler, symbols, &mut cache, f) {
                 let name = if args.show_addresses {

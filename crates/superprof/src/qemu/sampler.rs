@@ -71,6 +71,9 @@ pub struct RawSample {
     /// The vCPU it was taken on.
     pub vcpu: usize,
     pub owner: Owner,
+    /// The address space of a sample in user code (the root of its page tables), where the
+    /// backend can read it.
+    pub space: Option<u64>,
     pub frames: Vec<(u64, bool, Owner, u64)>,
     pub truncated: Option<Truncation>,
 }
@@ -82,15 +85,26 @@ impl RawSample {
     }
 }
 
-pub struct Sampler {
-    pub kernel: GuestElf,
-    kernel_ranges: Vec<Range<u64>>,
-    pub users: Vec<GuestElf>,
+/// An address space of the guest (or all of them, where the backend cannot tell them apart):
+/// the programs found in it, and an unwinder that knows the kernel and them.
+struct Space {
     /// Guest ranges where a program's .text was found: (range, program, bias).
     placed: Vec<(Range<u64>, usize, u64)>,
     /// Guest pages of unknown code already searched.
     unmatched: HashSet<u64>,
     unwinder: GuestUnwinder,
+}
+
+/// The most address spaces kept apart; samples of more share one.
+pub const MAX_SPACES: usize = 4096;
+
+pub struct Sampler {
+    arch: GuestArch,
+    pub kernel: GuestElf,
+    kernel_ranges: Vec<Range<u64>>,
+    pub users: Vec<GuestElf>,
+    /// By address space (None: not known); the kernel's samples use None's.
+    spaces: HashMap<Option<u64>, Space>,
     pub verbose: bool,
     /// Time spent per sample, stop to resume.
     pub busy: Duration,
@@ -126,71 +140,123 @@ impl MemCache<'_> {
 impl Sampler {
     pub fn new(arch: GuestArch, kernel: GuestElf, users: Vec<GuestElf>) -> Sampler {
         let kernel_ranges = kernel.image.executable_ranges();
-        let mut unwinder = GuestUnwinder::new(arch);
-        for r in &kernel_ranges {
-            unwinder.add_module(&kernel.image, &kernel.name, r.clone(), 0);
-        }
         Sampler {
+            arch,
             kernel,
             kernel_ranges,
             users,
-            placed: Vec::new(),
-            unmatched: HashSet::new(),
-            unwinder,
+            spaces: HashMap::new(),
             verbose: false,
             busy: Duration::ZERO,
         }
     }
 
-    fn owner_of(&self, pc: u64) -> Option<(Owner, u64)> {
-        if self.kernel_ranges.iter().any(|r| r.contains(&pc)) {
+    /// Address space `key`'s state, made on first use (with the kernel in its unwinder).
+    fn space(&mut self, key: Option<u64>) -> &mut Space {
+        let key = if self.spaces.len() >= MAX_SPACES && !self.spaces.contains_key(&key) {
+            None
+        } else {
+            key
+        };
+        let (arch, kernel, ranges) = (self.arch, &self.kernel, &self.kernel_ranges);
+        self.spaces.entry(key).or_insert_with(|| {
+            let mut unwinder = GuestUnwinder::new(arch);
+            for r in ranges {
+                unwinder.add_module(&kernel.image, &kernel.name, r.clone(), 0);
+            }
+            Space {
+                placed: Vec::new(),
+                unmatched: HashSet::new(),
+                unwinder,
+            }
+        })
+    }
+
+    fn in_kernel(&self, pc: u64) -> bool {
+        self.kernel_ranges.iter().any(|r| r.contains(&pc))
+    }
+
+    fn owner_of(&self, space: Option<u64>, pc: u64) -> Option<(Owner, u64)> {
+        if self.in_kernel(pc) {
             return Some((Owner::Kernel, 0));
         }
-        self.placed
+        self.spaces
+            .get(&space)?
+            .placed
             .iter()
             .find(|(r, _, _)| r.contains(&pc))
             .map(|&(_, u, bias)| (Owner::User(u), bias))
     }
 
-    /// Looks for the code at `pc` in the programs' .text; a match is confirmed by comparing
-    /// the hash of the whole .text in guest memory with the file's.
-    fn recognize(&mut self, mem: &mut MemCache, pc: u64) -> Option<(Owner, u64)> {
+    /// Looks for the code at `pc` of address space `space` in the programs' .text; a match is
+    /// confirmed by comparing the hash of the whole .text in guest memory with the file's.
+    fn recognize(
+        &mut self,
+        mem: &mut MemCache,
+        space: Option<u64>,
+        pc: u64,
+    ) -> Option<(Owner, u64)> {
         let page = pc & !0xfff;
-        if self.users.is_empty() || self.unmatched.contains(&page) {
+        if self.users.is_empty() || self.space(space).unmatched.contains(&page) {
             return None;
         }
-        let mut window = [0u8; 32];
-        for (i, w) in window.chunks_mut(8).enumerate() {
-            w.copy_from_slice(&mem.word(pc + 8 * i as u64)?.to_le_bytes());
+        // 16 bytes from pc, and the 16 before it: one of them lies inside the program's .text
+        // even where pc is near either end of it.
+        let mut window = |from: u64| -> Option<[u8; 16]> {
+            let mut w = [0u8; 16];
+            w[..8].copy_from_slice(&mem.word(from)?.to_le_bytes());
+            w[8..].copy_from_slice(&mem.word(from.checked_add(8)?)?.to_le_bytes());
+            Some(w)
+        };
+        let after = window(pc);
+        let before = pc.checked_sub(16).and_then(&mut window);
+        if after.is_none() && before.is_none() {
+            return None;
         }
         for (u, elf) in self.users.iter().enumerate() {
             let (text_addr, text) = &elf.text;
-            let Some(off) = text.windows(window.len()).position(|w| w == window) else {
-                continue;
-            };
-            let Some(start) = pc.checked_sub(off as u64) else {
-                continue;
-            };
-            // The whole .text, read back from the guest and hashed.
-            let mut guest = vec![0u8; text.len()];
-            if mem.backend.read(start, &mut guest).ok()? != text.len() || hash(&guest) != hash(text)
-            {
-                continue;
+            // Where the code at pc could start: each place the bytes occur (at most a few,
+            // each checked below).
+            let mut starts: Vec<u64> = Vec::new();
+            for (i, w) in text.windows(16).enumerate() {
+                if starts.len() >= 8 {
+                    break;
+                }
+                let start = if Some(w) == after.as_ref().map(|a| &a[..]) {
+                    pc.checked_sub(i as u64)
+                } else if Some(w) == before.as_ref().map(|b| &b[..]) {
+                    pc.checked_sub(i as u64 + 16)
+                } else {
+                    None
+                };
+                if let Some(st) = start.filter(|st| !starts.contains(st)) {
+                    starts.push(st);
+                }
             }
+            let Some(start) = starts.into_iter().find(|&start| {
+                // The whole .text, read back from the guest and hashed.
+                let mut guest = vec![0u8; text.len()];
+                matches!(mem.backend.read(start, &mut guest), Ok(n) if n == text.len())
+                    && hash(&guest) == hash(text)
+            }) else {
+                continue;
+            };
             let bias = start.wrapping_sub(*text_addr);
             if self.verbose {
                 eprintln!(
-                    "superprof: found {} at {start:#x} (its .text hash matches)",
-                    elf.path.display()
+                    "superprof: found {} at {start:#x}{} (its .text hash matches)",
+                    elf.path.display(),
+                    space.map_or(String::new(), |s| format!(" in address space {s:#x}"))
                 );
             }
             let range = start..start.saturating_add(text.len() as u64);
-            self.unwinder
-                .add_module(&elf.image, &elf.name, range.clone(), bias);
-            self.placed.push((range, u, bias));
+            let (image, name) = (elf.image.clone(), elf.name.clone());
+            let sp = self.space(space);
+            sp.unwinder.add_module(&image, &name, range.clone(), bias);
+            sp.placed.push((range, u, bias));
             return Some((Owner::User(u), bias));
         }
-        self.unmatched.insert(page);
+        self.space(space).unmatched.insert(page);
         None
     }
 
@@ -223,13 +289,20 @@ impl Sampler {
         vcpu: usize,
     ) -> Result<RawSample, QemuError> {
         let regs = backend.regs()?;
+        // Code outside the kernel's ELF is told apart by address space (a program found in
+        // one says nothing of another); the kernel's is the same in all.
+        let space = if self.in_kernel(regs.pc) {
+            None
+        } else {
+            backend.space()?
+        };
         let mut mem = MemCache {
             backend,
             chunks: HashMap::new(),
         };
-        let owner = match self.owner_of(regs.pc) {
+        let owner = match self.owner_of(space, regs.pc) {
             Some(o) => Some(o),
-            None => self.recognize(&mut mem, regs.pc),
+            None => self.recognize(&mut mem, space, regs.pc),
         };
         let mut frames = Vec::new();
         // A pc in no known ELF: nothing to unwind it with.
@@ -243,13 +316,14 @@ impl Sampler {
             };
             let mut read = |a: u64| mem.word(a).ok_or(());
             let mut unwound = Vec::new();
-            truncated = match self.unwinder.unwind(&uregs, &mut read, &mut unwound) {
+            let unwinder = &mut self.space(space).unwinder;
+            truncated = match unwinder.unwind(&uregs, &mut read, &mut unwound) {
                 UnwindOutcome::Complete => None,
                 UnwindOutcome::Truncated(why) => Some(why),
             };
             for f in &unwound {
                 let (addr, ret) = frame_parts(f);
-                let (o, bias) = self.owner_of(addr).unwrap_or((Owner::Unknown, 0));
+                let (o, bias) = self.owner_of(space, addr).unwrap_or((Owner::Unknown, 0));
                 frames.push((addr, ret, o, bias));
             }
         } else {
@@ -259,6 +333,7 @@ impl Sampler {
             time: t,
             vcpu,
             owner: owner.map_or(Owner::Unknown, |(o, _)| o),
+            space,
             frames,
             truncated,
         })
