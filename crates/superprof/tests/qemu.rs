@@ -2,6 +2,9 @@
 //! kernel for `-M virt` and an x86_64 kernel booted through its PVH note, each spending known
 //! shares of its time in known functions under known callers (tests/fixtures/qemu/work.h),
 //! and a "user" program placed in guest memory with `-device loader` that the kernel runs.
+//! Each kernel also comes laid out like real ones (`-hh`: x86_64 linked at
+//! 0xffffffff80000000, AArch64 in TTBR1's half with the MMU on), and with address spaces of
+//! its own (`-DSPACES`: two programs at one address, and two instances of one).
 
 mod common;
 
@@ -686,33 +689,51 @@ fn x86_64_higher_half_kernel_through_gdbstub_and_qmp() {
 }
 
 /// Issue 13, item 4: processes told apart by address space. The upper-half kernel built with
-/// SPACES runs three address spaces of its own (CR3), each mapping USER_BASE to its own copy of
-/// a program: the user program in the first and third (two instances), and user-b.c, linked at
-/// the same address with other code, in the second, for 1, 2 and 1 UNITs a round. Through both
-/// backends every user sample has its address space's root frame, with the program found in
-/// that space (`x86_64-user.elf [as 0x...]`, the CR3 the kernel set), the right program's
-/// functions under it, and the 1:2:1 shares within 4σ. (Before, every sample went to the
-/// first program found, as one process.)
-#[test]
-fn x86_64_address_spaces_tell_programs_and_instances_apart() {
+/// SPACES runs three address spaces of its own (CR3 on x86_64, TTBR0_EL1 on AArch64), each
+/// mapping USER_BASE to its own copy of a program: the user program in the first and third
+/// (two instances), and user-b.c, linked at the same address with other code, in the second,
+/// for 1, 2 and 1 UNITs a round. Every user sample has its address space's root frame, with
+/// the program found in that space (`x86_64-user.elf [as 0x...]`, the root the kernel set),
+/// the right program's functions under it, and the 1:2:1 shares within 4σ. (Before, every
+/// sample went to the first program found, as one process.) QMP cannot read TTBR0_EL1.
+fn address_spaces(arch: Arch) {
     let _cpu = cpu_lock();
-    let dir = TempDir::new("qemu-spaces");
-    let k = build_with(
-        &dir,
-        Arch::X86_64,
-        "-hh",
-        &["-mcmodel=kernel", "-fomit-frame-pointer", "-DSPACES"],
-    );
+    let dir = TempDir::new(&format!("qemu-spaces-{arch:?}"));
+    let (prefix, cc, objcopy, flags, phys, table, vma): (_, _, _, &[&str], u64, _, u64) = match arch
+    {
+        Arch::X86_64 => (
+            "x86_64",
+            "gcc",
+            "objcopy",
+            &["-mcmodel=kernel", "-fomit-frame-pointer", "-DSPACES"],
+            0x1000000,
+            "space_pml4",
+            0xffffffff80000000,
+        ),
+        Arch::Aarch64 => (
+            "aarch64",
+            "aarch64-linux-gnu-gcc",
+            "aarch64-linux-gnu-objcopy",
+            &["-fomit-frame-pointer", "-DSPACES"],
+            0x44000000,
+            "space_l0",
+            0xffff000000000000,
+        ),
+    };
+    let k = build_with(&dir, arch, "-hh", flags);
     let q = fixtures_dir().join("qemu");
-    let user_b = dir.path("x86_64-user-b.elf");
-    let o = Command::new("gcc")
+    let user_b = dir.path(&format!("{prefix}-user-b.elf"));
+    let o = Command::new(cc)
         .args(CFLAGS)
-        .arg("-mno-red-zone")
+        .arg(match arch {
+            Arch::X86_64 => "-mno-red-zone",
+            Arch::Aarch64 => "-mstrict-align",
+        })
         .arg("-T")
-        .arg(q.join("x86_64-user.ld"))
+        .arg(q.join(format!("{prefix}-user.ld")))
         .arg("-o")
         .arg(&user_b)
-        .arg(q.join("x86_64-user-start.S"))
+        .arg(q.join(format!("{prefix}-user-start.S")))
         .arg(q.join("user-b.c"))
         .output()
         .unwrap();
@@ -720,7 +741,7 @@ fn x86_64_address_spaces_tell_programs_and_instances_apart() {
     // Raw images, for the loader to place at physical addresses of our choosing.
     let raw = |elf: &Path, name: &str| {
         let bin = dir.path(name);
-        let o = Command::new("objcopy")
+        let o = Command::new(objcopy)
             .args(["-O", "binary"])
             .arg(elf)
             .arg(&bin)
@@ -730,48 +751,49 @@ fn x86_64_address_spaces_tell_programs_and_instances_apart() {
         bin.display().to_string()
     };
     let (a_bin, b_bin) = (raw(&k.user, "a.bin"), raw(&user_b, "b.bin"));
-    let loaders: Vec<String> = [
-        (&a_bin, 0x1000000),
-        (&b_bin, 0x1200000),
-        (&a_bin, 0x1400000),
-    ]
-    .iter()
-    .map(|(f, at)| format!("loader,file={f},addr={at:#x},force-raw=on"))
-    .collect();
+    let loaders: Vec<String> = [(&a_bin, 0), (&b_bin, 1), (&a_bin, 2)]
+        .iter()
+        .map(|(f, i)| format!("loader,file={f},addr={:#x},force-raw=on", phys + (i << 21)))
+        .collect();
     let mut extra = Vec::new();
     for l in &loaders {
         extra.extend(["-device", l.as_str()]);
     }
-    let qemu = start_qemu_with(&dir, Arch::X86_64, &k, &extra);
-    // The CR3 of each space: the physical address of space_pml4[i].
+    let qemu = start_qemu_with(&dir, arch, &k, &extra);
+    // Each space's root: the physical address of its top-level table.
     let nm = Command::new("nm").arg(&k.kernel).output().unwrap();
-    let pml4 = String::from_utf8_lossy(&nm.stdout)
+    let tables = String::from_utf8_lossy(&nm.stdout)
         .lines()
         .find_map(|l| {
             let (addr, name) = l.split_once(' ')?;
-            (name.ends_with(" space_pml4")).then(|| u64::from_str_radix(addr, 16).unwrap())
+            (name.ends_with(&format!(" {table}"))).then(|| u64::from_str_radix(addr, 16).unwrap())
         })
-        .expect("space_pml4 in the kernel");
-    let cr3 = |i: u64| pml4 - 0xffffffff80000000 + i * 4096;
-    let (a, b) = ("x86_64-user.elf", "x86_64-user-b.elf");
+        .expect("the tables in the kernel's symbols");
+    let root = |i: u64| tables - vma + i * 4096;
+    let a = k.user.file_name().unwrap().to_string_lossy().into_owned();
+    let b = user_b.file_name().unwrap().to_string_lossy().into_owned();
     let want = [
         (
-            format!("{a} [as {:#x}]", cr3(0)),
+            format!("{a} [as {:#x}]", root(0)),
             "user_main;user_spin",
             0.25,
         ),
         (
-            format!("{b} [as {:#x}]", cr3(1)),
+            format!("{b} [as {:#x}]", root(1)),
             "user_main;b_work;b_spin",
             0.5,
         ),
         (
-            format!("{a} [as {:#x}]", cr3(2)),
+            format!("{a} [as {:#x}]", root(2)),
             "user_main;user_spin",
             0.25,
         ),
     ];
-    for (backend, sock, interval) in [("--gdb", &qemu.gdb, "1"), ("--qmp", &qemu.qmp, "2")] {
+    let mut backends = vec![("--gdb", &qemu.gdb, "1")];
+    if arch == Arch::X86_64 {
+        backends.push(("--qmp", &qemu.qmp, "2"));
+    }
+    for (backend, sock, interval) in backends {
         let out_file = dir.path("spaces.folded");
         let _ = std::fs::remove_file(&out_file);
         let out = superprof()
@@ -804,15 +826,55 @@ fn x86_64_address_spaces_tell_programs_and_instances_apart() {
             let sigma = (share * (1.0 - share) / total as f64).sqrt();
             assert!(
                 (p - share).abs() < 4.0 * sigma,
-                "{backend}: {root} has {n} of {total} samples, want {share}: {:?}",
+                "{arch:?} {backend}: {root} has {n} of {total} samples, want {share}: {:?}",
                 f.0
             );
             // The program found in that space, not the one at the same address elsewhere.
             assert!(
                 right as f64 >= 0.95 * n as f64,
-                "{backend}: {root}: {right} of {n} stacks end in {leaf}: {:?}",
+                "{arch:?} {backend}: {root}: {right} of {n} stacks end in {leaf}: {:?}",
                 f.0
             );
         }
+    }
+}
+
+#[test]
+fn x86_64_address_spaces_tell_programs_and_instances_apart() {
+    address_spaces(Arch::X86_64);
+}
+
+#[test]
+fn aarch64_address_spaces_tell_programs_and_instances_apart() {
+    address_spaces(Arch::Aarch64);
+}
+
+/// Issue 13, item 2: the AArch64 kernel in TTBR1's half (0xffff000040085000 and up, MMU on,
+/// no frame pointers), its user program in TTBR0's: both unwind from their CFI through both
+/// backends.
+#[test]
+fn aarch64_higher_half_kernel_through_gdbstub_and_qmp() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-aarch64-higher-half");
+    let k = build_with(&dir, Arch::Aarch64, "-hh", &["-fomit-frame-pointer"]);
+    let q = start_qemu(&dir, Arch::Aarch64, &k);
+    let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
+    for (backend, sock, interval) in [("--gdb", &q.gdb, "1"), ("--qmp", &q.qmp, "4")] {
+        let sock = sock.to_string_lossy().into_owned();
+        let (out, folded) = profile(
+            &dir,
+            &k,
+            &[backend, &sock, "--interval", interval, "--duration", "3"],
+            "hh.folded",
+        );
+        assert_known_shares(backend, &folded, &user);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let unwound: f64 = stderr
+            .split("% fully unwound")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0.0);
+        assert!(unwound > 95.0, "{stderr}");
     }
 }
