@@ -23,6 +23,8 @@ pub struct Gdb {
     no_ack: bool,
     /// The vCPUs' thread ids, as the stub names them (`p1.1`, `p1.2`...).
     threads: Option<Vec<String>>,
+    /// A stop was sent and its reply not read yet.
+    stop_pending: bool,
     /// The last `g` reply (the current vCPU's registers).
     last_g: Vec<u8>,
     /// The address-space register's number and offset in `g`, once looked up (None inside:
@@ -62,6 +64,7 @@ impl Gdb {
             running: false,
             no_ack: false,
             threads: None,
+            stop_pending: false,
             last_g: Vec::new(),
             space_reg: None,
         };
@@ -167,7 +170,24 @@ impl Gdb {
     fn request(&mut self, data: &[u8]) -> Result<Vec<u8>> {
         self.conn.begin();
         self.send(data)?;
+        self.stop_reply()?;
         self.reply()
+    }
+
+    /// The reply to a stop sent before, if one is awaited.
+    fn stop_reply(&mut self) -> Result<()> {
+        if !std::mem::take(&mut self.stop_pending) {
+            return Ok(());
+        }
+        // Console output may come first.
+        let r = loop {
+            let r = self.recv()?;
+            if r.first() == Some(&b'O') && r != b"OK" {
+                continue;
+            }
+            break r;
+        };
+        Self::check_stop_reply(&r)
     }
 
     /// The reply to a request: console output (`O...`) and stray stop replies are skipped, a
@@ -322,23 +342,18 @@ impl Backend for Gdb {
         Ok(a)
     }
 
+    /// Sends the stop; its reply is taken after the next request is sent (one round trip
+    /// less a sample: QEMU stops the guest when the byte arrives, before it reads the
+    /// request behind it).
     fn stop(&mut self) -> Result<()> {
         if !self.running {
             return Ok(());
         }
-        self.conn.begin();
         // Set first: if the stop reply never comes, the guest may be stopped all the same.
         self.running = false;
-        self.send_raw(&[0x03])?;
-        // Console output may come first.
-        let r = loop {
-            let r = self.recv()?;
-            if r.first() == Some(&b'O') && r != b"OK" {
-                continue;
-            }
-            break r;
-        };
-        Self::check_stop_reply(&r)
+        self.stop_pending = true;
+        self.conn.begin();
+        self.send_raw(&[0x03])
     }
 
     fn vcpus(&mut self) -> Result<usize> {
@@ -474,6 +489,8 @@ impl Backend for Gdb {
         if self.running {
             return Ok(());
         }
+        self.conn.begin();
+        self.stop_reply()?;
         self.send(b"c")?;
         self.running = true;
         Ok(())
@@ -491,6 +508,7 @@ impl Backend for Gdb {
 
     fn let_go(&mut self) {
         // Replies to a request given up on may still come: they are skipped as strays.
+        self.stop_pending = false;
         if !self.running {
             let _ = self.send(b"c");
             self.running = true;

@@ -114,12 +114,49 @@ pub struct Sampler {
 struct MemCache<'a> {
     backend: &'a mut dyn Backend,
     chunks: HashMap<u64, Option<Vec<u8>>>,
+    /// The top of the stack, read at once from sp: (sp, bytes).
+    top: Option<(u64, Vec<u8>)>,
 }
 
 const CHUNK: u64 = 512;
+/// Bytes read from the stack pointer up, first: the frames of most samples lie there, so
+/// that one read serves the whole unwind.
+const TOP: u64 = 1024;
 
 impl MemCache<'_> {
+    fn new(backend: &mut dyn Backend) -> MemCache<'_> {
+        MemCache {
+            backend,
+            chunks: HashMap::new(),
+            top: None,
+        }
+    }
+
+    /// Reads the stack from `sp` up: TOP bytes, or to the end of sp's page when that is
+    /// 256 bytes or more away (a read that runs into an unmapped page gets nothing).
+    fn read_top(&mut self, sp: u64) {
+        let to_page_end = 0x1000 - (sp & 0xfff);
+        let len = if to_page_end >= 256 {
+            to_page_end.min(TOP)
+        } else {
+            TOP
+        };
+        let mut buf = vec![0u8; len as usize];
+        if let Ok(n) = self.backend.read(sp, &mut buf) {
+            buf.truncate(n);
+            self.top = Some((sp, buf));
+        }
+    }
+
     fn word(&mut self, addr: u64) -> Option<u64> {
+        if let Some((sp, top)) = &self.top {
+            if let Some(b) = addr
+                .checked_sub(*sp)
+                .and_then(|off| top.get(off as usize..(off as usize).checked_add(8)?))
+            {
+                return Some(u64::from_le_bytes(b.try_into().ok()?));
+            }
+        }
         let mut out = [0u8; 8];
         for (i, b) in out.iter_mut().enumerate() {
             let a = addr.checked_add(i as u64)?;
@@ -296,14 +333,14 @@ impl Sampler {
         } else {
             backend.space()?
         };
-        let mut mem = MemCache {
-            backend,
-            chunks: HashMap::new(),
-        };
+        let mut mem = MemCache::new(backend);
         let owner = match self.owner_of(space, regs.pc) {
             Some(o) => Some(o),
             None => self.recognize(&mut mem, space, regs.pc),
         };
+        if owner.is_some() {
+            mem.read_top(regs.sp);
+        }
         let mut frames = Vec::new();
         // A pc in no known ELF: nothing to unwind it with.
         let mut truncated = Some(Truncation::NoUnwindInfo);
