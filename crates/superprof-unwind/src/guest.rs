@@ -72,6 +72,15 @@ impl GuestUnwinder {
         read: &mut F,
         out: &mut Vec<FrameAddress>,
     ) -> UnwindOutcome {
+        // Code whose ELF has no unwind tables (a kernel built with frame pointers and no
+        // .eh_frame): its chain of frame records, as perf walks it.
+        if self
+            .modules
+            .iter()
+            .any(|(r, img, _)| r.contains(&regs.pc) && !img.has_unwind_info())
+        {
+            return frame_pointer_walk(regs, read, out, 256);
+        }
         let (end, ra) = match &mut self.inner {
             Inner::X86_64(u, cache) => {
                 let r = framehop::x86_64::UnwindRegsX86_64::new(regs.pc, regs.sp, regs.fp);
@@ -100,5 +109,114 @@ pub fn frame_parts(f: &FrameAddress) -> (u64, bool) {
     match f {
         FrameAddress::InstructionPointer(a) => (*a, false),
         FrameAddress::ReturnAddress(a) => (a.get(), true),
+    }
+}
+
+/// The chain of frame records from `regs`: the pc, then each record's return address, until a
+/// null frame pointer (the convention's end of the stack, after its record's return address)
+/// or a null return address. A record is [caller's frame pointer, return address] at the frame
+/// pointer, on both architectures (rbp on x86_64, x29 on AArch64); each must lie above the one
+/// before. The caller of a leaf function that keeps no record is not seen (as with perf).
+pub fn frame_pointer_walk<F: FnMut(u64) -> Result<u64, ()>>(
+    regs: &UserRegs,
+    read: &mut F,
+    out: &mut Vec<FrameAddress>,
+    max_depth: usize,
+) -> UnwindOutcome {
+    use crate::process::Truncation;
+    out.push(FrameAddress::from_instruction_pointer(regs.pc));
+    let mut fp = regs.fp;
+    let mut last = regs.sp;
+    loop {
+        if fp == 0 {
+            return if out.len() >= 2 {
+                UnwindOutcome::Complete
+            } else {
+                UnwindOutcome::Truncated(Truncation::NoUnwindInfo)
+            };
+        }
+        if fp < last || fp % 8 != 0 {
+            return UnwindOutcome::Truncated(Truncation::FramePointer);
+        }
+        let (Some(ra_at), true) = (fp.checked_add(8), out.len() < max_depth) else {
+            return UnwindOutcome::Truncated(Truncation::Depth);
+        };
+        let (Ok(next), Ok(ra)) = (read(fp), read(ra_at)) else {
+            return UnwindOutcome::Truncated(Truncation::Unreadable);
+        };
+        let Some(ra) = FrameAddress::from_return_address(ra) else {
+            // A null return address: the end, as a null frame pointer.
+            return if out.len() >= 2 {
+                UnwindOutcome::Complete
+            } else {
+                UnwindOutcome::Truncated(Truncation::FramePointer)
+            };
+        };
+        out.push(ra);
+        if next != 0 && next <= fp {
+            return UnwindOutcome::Truncated(Truncation::FramePointer);
+        }
+        last = fp;
+        fp = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stack of records: leaf at 0x1000 with fp 0x7f00 -> [0x7f20, ra1] -> [0x7f40, ra2] ->
+    /// [0, ra3]: four frames, complete.
+    #[test]
+    fn frame_records_to_the_null_frame_pointer() {
+        let mem: std::collections::HashMap<u64, u64> = [
+            (0x7f00, 0x7f20),
+            (0x7f08, 0x2004),
+            (0x7f20, 0x7f40),
+            (0x7f28, 0x3008),
+            (0x7f40, 0),
+            (0x7f48, 0x400c),
+        ]
+        .into_iter()
+        .collect();
+        let regs = UserRegs {
+            pc: 0x1000,
+            sp: 0x7ef0,
+            fp: 0x7f00,
+            lr: 0,
+        };
+        let mut read = |a: u64| mem.get(&a).copied().ok_or(());
+        let mut out = Vec::new();
+        let o = frame_pointer_walk(&regs, &mut read, &mut out, 64);
+        assert_eq!(o, UnwindOutcome::Complete);
+        let addrs: Vec<u64> = out.iter().map(|f| crate::guest::frame_parts(f).0).collect();
+        assert_eq!(addrs, [0x1000, 0x2004, 0x3008, 0x400c]);
+        // A record pointing backwards, memory that cannot be read, the depth limit.
+        let mut bad = mem.clone();
+        bad.insert(0x7f20, 0x7f00);
+        let mut read = |a: u64| bad.get(&a).copied().ok_or(());
+        let mut out = Vec::new();
+        assert_eq!(
+            frame_pointer_walk(&regs, &mut read, &mut out, 64),
+            UnwindOutcome::Truncated(crate::process::Truncation::FramePointer)
+        );
+        let mut read = |a: u64| {
+            if a < 0x7f40 {
+                mem.get(&a).copied().ok_or(())
+            } else {
+                Err(())
+            }
+        };
+        let mut out = Vec::new();
+        assert_eq!(
+            frame_pointer_walk(&regs, &mut read, &mut out, 64),
+            UnwindOutcome::Truncated(crate::process::Truncation::Unreadable)
+        );
+        let mut read = |a: u64| mem.get(&a).copied().ok_or(());
+        let mut out = Vec::new();
+        assert_eq!(
+            frame_pointer_walk(&regs, &mut read, &mut out, 2),
+            UnwindOutcome::Truncated(crate::process::Truncation::Depth)
+        );
     }
 }

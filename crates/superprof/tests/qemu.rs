@@ -401,7 +401,9 @@ fn qemu_ending_mid_run_keeps_the_samples() {
 #[test]
 fn bad_input_gives_one_line() {
     let dir = TempDir::new("qemu-bad");
-    let k = build(&dir, Arch::Aarch64);
+    // Frame records in leaf functions too (as Linux builds its frame-pointer kernels), for
+    // the stripped copy below.
+    let k = build_with(&dir, Arch::Aarch64, "", &["-mno-omit-leaf-frame-pointer"]);
     let kernel = k.kernel.to_string_lossy().into_owned();
     let run = |args: &[&str]| superprof().arg("qemu").args(args).output().unwrap();
     // No socket there.
@@ -500,6 +502,25 @@ fn bad_input_gives_one_line() {
             .all(|(s, _)| s[2..].iter().all(|fr| fr.starts_with("stripped.elf+0x"))),
         "{f:?}"
     );
+    // Built with frame pointers: the chains of frame records unwind it to _start (spin,
+    // work_a or work_b, kmain, _start: the record of kmain holds _start's null frame pointer,
+    // the end), and such stacks count as fully unwound.
+    let n: u64 = kernel.iter().map(|(_, n)| n).sum();
+    let deep: u64 = kernel
+        .iter()
+        .filter(|(s, _)| s.len() == 6)
+        .map(|(_, n)| n)
+        .sum();
+    assert!(deep as f64 >= 0.9 * n as f64, "{deep} of {n}: {f:?}");
+    let unwound: f64 = stderr
+        .split("% fully unwound")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0.0);
+    // (The user program's samples, no --user given, are unknown code: not unwound.)
+    let kernel_share = 100.0 * n as f64 / f.total() as f64;
+    assert!(unwound >= kernel_share - 0.5, "{kernel_share}: {stderr}");
     // Linux's own unwind tables (ORC, as in Debian's kernels) and no .eh_frame: said so.
     let orc_data = dir.path("orc.bin");
     std::fs::write(&orc_data, [0u8; 12]).unwrap();
