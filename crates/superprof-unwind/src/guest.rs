@@ -135,7 +135,7 @@ pub fn frame_pointer_walk<F: FnMut(u64) -> Result<u64, ()>>(
                 UnwindOutcome::Truncated(Truncation::NoUnwindInfo)
             };
         }
-        if fp < last || fp % 8 != 0 {
+        if fp < last || !fp.is_multiple_of(8) {
             return UnwindOutcome::Truncated(Truncation::FramePointer);
         }
         let (Some(ra_at), true) = (fp.checked_add(8), out.len() < max_depth) else {
