@@ -1,8 +1,15 @@
-//! Kernel symbols from /proc/kallsyms.
+//! Kernel symbols from /proc/kallsyms, or from a file in its format (a copy of a guest's
+//! /proc/kallsyms, or a System.map: `ADDRESS TYPE NAME [MODULE]` per line).
 
-/// Sorted kernel symbols. Empty (all addresses zero) when kptr_restrict hides them.
+/// The largest symbols file read.
+pub const MAX_FILE: u64 = 256 << 20;
+/// The longest name kept (longer ones are cut).
+const MAX_NAME: usize = 512;
+
+/// Sorted kernel text symbols. Empty (all addresses zero) when kptr_restrict hides them.
 pub struct Kallsyms {
-    symbols: Vec<(u64, String)>,
+    /// Address, name, and the module for a module's symbol (`[ext4]` in kallsyms).
+    symbols: Vec<(u64, String, Option<String>)>,
 }
 
 impl Kallsyms {
@@ -11,16 +18,42 @@ impl Kallsyms {
         Self::parse(&text)
     }
 
+    /// A symbols file (kallsyms or System.map format), at most [`MAX_FILE`] bytes.
+    pub fn from_file(path: &std::path::Path) -> std::io::Result<Kallsyms> {
+        use std::io::Read;
+        let f = std::fs::File::open(path)?;
+        let mut bytes = Vec::new();
+        f.take(MAX_FILE + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_FILE {
+            return Err(std::io::Error::other(format!(
+                "more than {} MiB",
+                MAX_FILE >> 20
+            )));
+        }
+        let k = Self::parse(&String::from_utf8_lossy(&bytes));
+        if k.symbols.is_empty() {
+            return Err(std::io::Error::other(
+                "no text symbols in it (lines of ADDRESS TYPE NAME, as /proc/kallsyms or \
+                 System.map; addresses all zero when kptr_restrict hid them)",
+            ));
+        }
+        Ok(k)
+    }
+
     pub fn parse(text: &str) -> Kallsyms {
-        let mut symbols: Vec<(u64, String)> = text
+        let mut symbols: Vec<(u64, String, Option<String>)> = text
             .lines()
             .filter_map(|line| {
                 let mut parts = line.split_whitespace();
                 let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
                 let kind = parts.next()?;
                 let name = parts.next()?;
+                let module = parts
+                    .next()
+                    .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
+                    .map(|m| cut(m).to_owned());
                 let text_symbol = matches!(kind, "t" | "T" | "w" | "W");
-                (addr != 0 && text_symbol).then(|| (addr, name.to_string()))
+                (addr != 0 && text_symbol).then(|| (addr, cut(name).to_owned(), module))
             })
             .collect();
         symbols.sort_unstable_by_key(|s| s.0);
@@ -29,7 +62,87 @@ impl Kallsyms {
 
     /// The function that contains `addr`, if kernel symbols are readable.
     pub fn lookup(&self, addr: u64) -> Option<&str> {
+        self.lookup_with_module(addr).map(|(name, _)| name)
+    }
+
+    /// The function that contains `addr`, and its module when it is a module's.
+    pub fn lookup_with_module(&self, addr: u64) -> Option<(&str, Option<&str>)> {
         let i = self.symbols.partition_point(|s| s.0 <= addr);
-        Some(self.symbols.get(i.checked_sub(1)?)?.1.as_str())
+        let (_, name, module) = self.symbols.get(i.checked_sub(1)?)?;
+        Some((name.as_str(), module.as_deref()))
+    }
+
+    /// The address of the first text symbol called `name` (of the kernel, not a module).
+    pub fn address_of(&self, name: &str) -> Option<u64> {
+        self.symbols
+            .iter()
+            .find(|(_, n, m)| n == name && m.is_none())
+            .map(|(a, _, _)| *a)
+    }
+
+    /// The same symbols `offset` higher (wrapping): a System.map's link addresses moved to
+    /// where a relocated (KASLR) kernel runs, or the reverse.
+    pub fn shifted(&self, offset: u64) -> Kallsyms {
+        let mut symbols: Vec<_> = self
+            .symbols
+            .iter()
+            .map(|(a, n, m)| (a.wrapping_add(offset), n.clone(), m.clone()))
+            .collect();
+        symbols.sort_unstable_by_key(|s| s.0);
+        Kallsyms { symbols }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.symbols.is_empty()
+    }
+}
+
+/// At most [`MAX_NAME`] bytes of `s`, cut at a character boundary.
+fn cut(s: &str) -> &str {
+    if s.len() <= MAX_NAME {
+        return s;
+    }
+    let mut end = MAX_NAME;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kallsyms_and_system_map_lines() {
+        let k = Kallsyms::parse(
+            "ffffffff81000000 T _text\n\
+             ffffffff81000000 T startup_64\n\
+             ffffffff81001000 t helper\n\
+             ffffffff82000000 D some_data\n\
+             ffffffffc0001000 t ext4_read\t[ext4]\n\
+             0000000000000000 T hidden\n\
+             garbage line\n\
+             ffffffffzz T bad_hex\n",
+        );
+        assert_eq!(k.lookup(0xffffffff81000010), Some("startup_64"));
+        assert_eq!(k.lookup(0xffffffff81001234), Some("helper"));
+        assert_eq!(
+            k.lookup_with_module(0xffffffffc0001008),
+            Some(("ext4_read", Some("ext4")))
+        );
+        assert_eq!(k.lookup(0xffffffff80000000), None);
+        assert_eq!(k.address_of("_text"), Some(0xffffffff81000000));
+        assert_eq!(k.address_of("ext4_read"), None);
+        let moved = k.shifted(0xa800000);
+        assert_eq!(moved.lookup(0xffffffff8b801234), Some("helper"));
+        let long = format!("ffffffff81000000 T {}\n", "é".repeat(400));
+        assert!(
+            Kallsyms::parse(&long)
+                .lookup(0xffffffff81000000)
+                .unwrap()
+                .len()
+                <= MAX_NAME
+        );
     }
 }

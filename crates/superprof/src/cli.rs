@@ -281,6 +281,11 @@ pub struct QemuArgs {
     /// guest's architecture
     #[arg(long, value_name = "ELF")]
     pub kernel: PathBuf,
+    /// The kernel's symbols, for a kernel ELF without them (one extracted from a bzImage): a
+    /// System.map, or a copy of the guest's /proc/kallsyms (which also names modules' code and
+    /// gives the KASLR slide)
+    #[arg(long, value_name = "FILE")]
+    pub kallsyms: Option<PathBuf>,
     /// Sample through this QMP socket (a Unix socket path, or HOST:PORT)
     #[arg(long, value_name = "SOCKET", conflicts_with = "gdb")]
     pub qmp: Option<String>,

@@ -707,6 +707,36 @@ fn x86_64_higher_half_kernel_through_gdbstub_and_qmp() {
         );
         assert_known_shares(backend, &folded, &user);
     }
+    // The same kernel as if KASLR had moved it: an ELF whose addresses are all 2 MiB lower
+    // than where the guest runs it. The slide is found in guest memory, through both backends,
+    // and the profile is the same.
+    let moved = dir.path("x86_64-kernel-moved.elf");
+    let st = Command::new("objcopy")
+        .args(["--change-addresses", "-0x200000"])
+        .arg(&k.kernel)
+        .arg(&moved)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let moved_k = Kernels {
+        kernel: moved,
+        user: k.user.clone(),
+    };
+    for (backend, sock, interval) in [("--gdb", &q.gdb, "1"), ("--qmp", &q.qmp, "4")] {
+        let sock = sock.to_string_lossy().into_owned();
+        let (out, folded) = profile(
+            &dir,
+            &moved_k,
+            &[backend, &sock, "--interval", interval, "--duration", "3"],
+            "moved.folded",
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("runs 0x200000 above its link addresses (KASLR): found in guest memory"),
+            "{backend}: {stderr}"
+        );
+        assert_known_shares(backend, &folded, &user);
+    }
 }
 
 /// Issue 13, item 4: processes told apart by address space. The upper-half kernel built with

@@ -167,9 +167,10 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     };
     let kernel = GuestElf::open(kernel_path).ok_or_else(not_elf)?;
     let arch = kernel.arch.ok_or_else(not_elf)?;
-    if !kernel.has_symbols {
+    if !kernel.has_symbols && args.kallsyms.is_none() {
         eprintln!(
-            "superprof: {} has no symbol table: frames are shown as addresses",
+            "superprof: {} has no symbol table: frames are shown as addresses (--kallsyms \
+             FILE names them from a System.map or a copy of the guest's /proc/kallsyms)",
             kernel_path.display()
         );
     }
@@ -228,6 +229,17 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     }
     let mut sampler = Sampler::new(arch, kernel, users);
     sampler.verbose = args.verbose;
+    if let Some(path) = &args.kallsyms {
+        let syms = superprof_symbols::Kallsyms::from_file(path)
+            .map_err(|e| anyhow!("cannot read kernel symbols '{}': {e}", path.display()))?;
+        if let Some(slide) = sampler.set_kernel_symbols(syms) {
+            eprintln!(
+                "superprof: the kernel runs {slide:#x} above its link addresses (KASLR), as {} \
+                 says",
+                path.display()
+            );
+        }
+    }
     // A debugger's connection stops the guest: let it run first.
     backend.resume()?;
     let interval = Duration::from_secs_f64(args.interval / 1000.0);
@@ -393,12 +405,27 @@ fn symbolize(
                 Owner::Unknown => None,
             };
             let Some(elf) = elf else {
+                // A module's code, named by a kallsyms file.
+                let look = if ret { addr.wrapping_sub(1) } else { addr };
+                if let Some((name, Some(module))) = sampler
+                    .runtime_symbols
+                    .as_ref()
+                    .and_then(|k| k.lookup_with_module(look))
+                {
+                    return vec![(format!("{name} [{module}]"), None, 0, false)];
+                }
                 return vec![(format!("{addr:#x}"), None, 0, false)];
             };
             let svma = addr.wrapping_sub(bias);
             let look = if ret { svma.wrapping_sub(1) } else { svma };
             let frames = symbols.symbolize(&elf.path, &elf.path, look);
             if frames.is_empty() {
+                let from_file = (owner == Owner::Kernel)
+                    .then(|| sampler.kernel_symbols.as_ref()?.lookup(look))
+                    .flatten();
+                if let Some(name) = from_file {
+                    return vec![(name.to_owned(), None, 0, false)];
+                }
                 return vec![(format!("{}+{svma:#x}", elf.name), None, 0, false)];
             }
             frames

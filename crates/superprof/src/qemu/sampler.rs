@@ -101,7 +101,18 @@ pub const MAX_SPACES: usize = 4096;
 pub struct Sampler {
     arch: GuestArch,
     pub kernel: GuestElf,
+    /// Where the kernel's code is in the guest: its ELF's executable ranges, plus the slide.
     kernel_ranges: Vec<Range<u64>>,
+    /// How far above its link addresses the kernel runs (KASLR), once known.
+    pub kernel_slide: u64,
+    /// Whether the slide is known (found in memory or given), or no longer looked for.
+    slide_settled: bool,
+    /// Pages of the upper half already tried for the slide.
+    slide_tried: HashSet<u64>,
+    /// The kernel's symbols from --kallsyms, at link addresses.
+    pub kernel_symbols: Option<superprof_symbols::Kallsyms>,
+    /// The same file as it was read, for modules' code (kallsyms gives their addresses).
+    pub runtime_symbols: Option<superprof_symbols::Kallsyms>,
     pub users: Vec<GuestElf>,
     /// By address space (None: not known); the kernel's samples use None's.
     spaces: HashMap<Option<u64>, Space>,
@@ -181,6 +192,11 @@ impl Sampler {
             arch,
             kernel,
             kernel_ranges,
+            kernel_slide: 0,
+            slide_settled: false,
+            slide_tried: HashSet::new(),
+            kernel_symbols: None,
+            runtime_symbols: None,
             users,
             spaces: HashMap::new(),
             verbose: false,
@@ -196,10 +212,11 @@ impl Sampler {
             key
         };
         let (arch, kernel, ranges) = (self.arch, &self.kernel, &self.kernel_ranges);
+        let slide = self.kernel_slide;
         self.spaces.entry(key).or_insert_with(|| {
             let mut unwinder = GuestUnwinder::new(arch);
             for r in ranges {
-                unwinder.add_module(&kernel.image, &kernel.name, r.clone(), 0);
+                unwinder.add_module(&kernel.image, &kernel.name, r.clone(), slide);
             }
             Space {
                 placed: Vec::new(),
@@ -213,9 +230,128 @@ impl Sampler {
         self.kernel_ranges.iter().any(|r| r.contains(&pc))
     }
 
+    /// Places the kernel `slide` above its link addresses (KASLR): its ranges move, and the
+    /// address spaces start again (their unwinders had the kernel where it is not).
+    pub fn set_slide(&mut self, slide: u64) {
+        self.kernel_slide = slide;
+        self.slide_settled = true;
+        self.kernel_ranges = self
+            .kernel
+            .image
+            .executable_ranges()
+            .into_iter()
+            .map(|r| r.start.wrapping_add(slide)..r.end.wrapping_add(slide))
+            .collect();
+        self.spaces.clear();
+    }
+
+    /// Looks for the kernel's slide from a pc in the upper half that is in none of its
+    /// ranges, when the kernel is linked there too: the 4 KiB page around the pc is compared
+    /// with each page of the kernel's .text at the same offset in a page; the best match, if
+    /// it is one (90% of the bytes equal: relocations change a few), and clearly better than
+    /// any other, gives the slide, confirmed on a second page. At most 64 pages are tried
+    /// (code in modules matches nothing).
+    fn find_slide(&mut self, mem: &mut MemCache, pc: u64) {
+        let (text_addr, text) = (self.kernel.text.0, &self.kernel.text.1);
+        let upper = |a: u64| a >> 63 == 1;
+        if self.slide_settled || !upper(pc) || !upper(text_addr) || text.len() < 64 {
+            return;
+        }
+        let page = pc & !0xfff;
+        if !self.slide_tried.insert(page) {
+            return;
+        }
+        if self.slide_tried.len() > 64 {
+            self.slide_settled = true;
+            return;
+        }
+        let mut guest = vec![0u8; 4096];
+        if !matches!(mem.backend.read(page, &mut guest), Ok(4096)) {
+            return;
+        }
+        // The share of bytes equal between guest memory at `at` and the kernel's .text at
+        // link address `link` (4096 bytes, or what of them lies in .text: 1 KiB at least, or
+        // all of a smaller .text).
+        let least = text.len().min(1024) as u64;
+        let similar = |guest: &[u8], link: u64| -> f64 {
+            let start = link.max(text_addr);
+            let end = link.saturating_add(4096).min(text_addr + text.len() as u64);
+            if end <= start || end - start < least {
+                return 0.0;
+            }
+            let (g, t) = (
+                &guest[(start - link) as usize..(end - link) as usize],
+                &text[(start - text_addr) as usize..(end - text_addr) as usize],
+            );
+            let allowed = g.len() / 10;
+            let mut differ = 0;
+            for (a, b) in g.iter().zip(t) {
+                if a != b {
+                    differ += 1;
+                    if differ > allowed {
+                        return 0.0;
+                    }
+                }
+            }
+            1.0 - differ as f64 / g.len() as f64
+        };
+        let mut scored: Vec<(f64, u64)> = Vec::new();
+        let mut link = text_addr & !0xfff;
+        while link < text_addr + text.len() as u64 {
+            let score = similar(&guest, link);
+            if score > 0.0 {
+                scored.push((score, page.wrapping_sub(link)));
+            }
+            link += 4096;
+        }
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let Some(&(best, slide)) = scored.first() else {
+            return;
+        };
+        if scored
+            .get(1)
+            .is_some_and(|&(second, _)| second > best - 0.05)
+        {
+            return; // no clear winner (a page of padding, or repeated code)
+        }
+        // Confirmed on another page of .text: its middle.
+        let other = (text_addr + text.len() as u64 / 2) & !0xfff;
+        if other != page.wrapping_sub(slide)
+            && (!matches!(
+                mem.backend.read(other.wrapping_add(slide), &mut guest),
+                Ok(4096)
+            ) || similar(&guest, other) < 0.9)
+        {
+            return;
+        }
+        eprintln!(
+            "superprof: the kernel runs {slide:#x} above its link addresses (KASLR): found in \
+             guest memory, its frames are placed there"
+        );
+        self.set_slide(slide);
+    }
+
+    /// Takes the kernel's symbols from a System.map or kallsyms file. A file whose `_stext`
+    /// (or `_text`) is not the ELF's `.text` address was read from the running kernel: the
+    /// difference is the slide.
+    pub fn set_kernel_symbols(&mut self, syms: superprof_symbols::Kallsyms) -> Option<u64> {
+        let at = syms
+            .address_of("_stext")
+            .or_else(|| syms.address_of("_text"));
+        let offset = at.map_or(0, |a| a.wrapping_sub(self.kernel.text.0));
+        if offset != 0 && self.kernel.text.0 != 0 {
+            self.set_slide(offset);
+            self.kernel_symbols = Some(syms.shifted(offset.wrapping_neg()));
+        } else {
+            self.kernel_symbols = Some(syms.shifted(0));
+        }
+        self.runtime_symbols = Some(syms);
+        (offset != 0).then_some(offset)
+    }
+
     fn owner_of(&self, space: Option<u64>, pc: u64) -> Option<(Owner, u64)> {
         if self.in_kernel(pc) {
-            return Some((Owner::Kernel, 0));
+            return Some((Owner::Kernel, self.kernel_slide));
         }
         self.spaces
             .get(&space)?
@@ -328,6 +464,10 @@ impl Sampler {
         let regs = backend.regs()?;
         // Code outside the kernel's ELF is told apart by address space (a program found in
         // one says nothing of another); the kernel's is the same in all.
+        if !self.in_kernel(regs.pc) && !self.slide_settled {
+            let mut mem = MemCache::new(backend);
+            self.find_slide(&mut mem, regs.pc);
+        }
         let space = if self.in_kernel(regs.pc) {
             None
         } else {
