@@ -600,6 +600,55 @@ mod hostile {
         }
     }
 
+    /// A stub whose target description never ends (`m` pieces for ever) after an x86_64
+    /// first piece.
+    fn endless_description(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        let mut w = c.try_clone()?;
+        let mut r = std::io::BufReader::new(c);
+        loop {
+            let mut b = [0u8];
+            let mut p = Vec::new();
+            loop {
+                r.read_exact(&mut b)?;
+                if b[0] == b'$' {
+                    break;
+                }
+            }
+            loop {
+                r.read_exact(&mut b)?;
+                if b[0] == b'#' {
+                    r.read_exact(&mut [0u8; 2])?;
+                    break;
+                }
+                p.push(b[0]);
+            }
+            let reply = match p.as_slice() {
+                b"QStartNoAckMode" => "OK".to_owned(),
+                b"?" => "T05".to_owned(),
+                q if q.starts_with(b"qXfer:features:read:target.xml:0,") => {
+                    "m<target><architecture>i386:x86-64</architecture>".to_owned()
+                }
+                q if q.starts_with(b"qXfer") => {
+                    format!("m{}", "<reg name=\"r\" bitsize=\"64\"/>".repeat(100))
+                }
+                _ => String::new(),
+            };
+            let sum = reply.bytes().fold(0u8, |a, b| a.wrapping_add(b));
+            write!(w, "${reply}#{sum:02x}")?;
+        }
+    }
+
+    #[test]
+    fn a_description_without_end_leaves_the_address_space_unknown() {
+        let sock = peer("gdb-xml", endless_description);
+        let mut g = Gdb::connect(&sock).unwrap();
+        let t = Instant::now();
+        assert_eq!(g.space().unwrap(), None);
+        // Looked up once: the next sample asks nothing.
+        assert_eq!(g.space().unwrap(), None);
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
     #[test]
     fn a_thread_list_without_end_is_refused() {
         let sock = peer("gdb-threads", endless_threads);

@@ -40,19 +40,24 @@ const CFLAGS: &[&str] = &[
     "-Wl,--build-id=none",
 ];
 
+/// The test kernel laid out like real ones (issue 13): x86_64 linked at 0xffffffff80000000,
+/// AArch64 in TTBR1's half with the MMU on, without frame pointers, so that only their CFI
+/// unwinds them; their user programs in the lower half. Most tests run on these.
 fn build(dir: &TempDir, arch: Arch) -> Kernels {
-    build_with(dir, arch, "", &[])
+    match arch {
+        Arch::X86_64 => build_with(
+            dir,
+            arch,
+            "-hh",
+            &["-mcmodel=kernel", "-fomit-frame-pointer"],
+        ),
+        Arch::Aarch64 => build_with(dir, arch, "-hh", &["-fomit-frame-pointer"]),
+    }
 }
 
-/// The test kernel laid out like real ones (issue 13): x86_64 linked at 0xffffffff80000000,
-/// without frame pointers, so that only its CFI unwinds it.
-fn build_higher_half(dir: &TempDir) -> Kernels {
-    build_with(
-        dir,
-        Arch::X86_64,
-        "-hh",
-        &["-mcmodel=kernel", "-fomit-frame-pointer"],
-    )
+/// The test kernel linked low, as hobby kernels often are.
+fn build_low(dir: &TempDir, arch: Arch) -> Kernels {
+    build_with(dir, arch, "", &[])
 }
 
 /// Builds the kernel from `{arch}-start.S`, linked with `{arch}{variant}.ld`, with `flags`
@@ -236,7 +241,7 @@ fn profile(
 fn both_backends(arch: Arch) {
     let _cpu = cpu_lock();
     let dir = TempDir::new(&format!("qemu-{arch:?}"));
-    let k = build(&dir, arch);
+    let k = build_low(&dir, arch);
     let q = start_qemu(&dir, arch, &k);
     let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
     let gdb = q.gdb.to_string_lossy().into_owned();
@@ -672,7 +677,7 @@ fn qmp_reads_upper_half_addresses() {
     use superprof_qemu::Backend;
     let _cpu = cpu_lock();
     let dir = TempDir::new("qemu-upper");
-    let k = build(&dir, Arch::X86_64);
+    let k = build_low(&dir, Arch::X86_64);
     let q = start_qemu(&dir, Arch::X86_64, &k);
     let mut b = superprof_qemu::Qmp::connect(q.qmp.to_str().unwrap()).unwrap();
     std::thread::sleep(Duration::from_millis(300)); // into long mode
@@ -694,7 +699,7 @@ fn qmp_reads_upper_half_addresses() {
 fn x86_64_higher_half_kernel_through_gdbstub_and_qmp() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("qemu-higher-half");
-    let k = build_higher_half(&dir);
+    let k = build(&dir, Arch::X86_64);
     let q = start_qemu(&dir, Arch::X86_64, &k);
     let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
     for (backend, sock, interval) in [("--gdb", &q.gdb, "1"), ("--qmp", &q.qmp, "4")] {
@@ -732,7 +737,8 @@ fn x86_64_higher_half_kernel_through_gdbstub_and_qmp() {
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            stderr.contains("runs 0x200000 above its link addresses (KASLR): found in guest memory"),
+            stderr
+                .contains("runs 0x200000 above its link addresses (KASLR): found in guest memory"),
             "{backend}: {stderr}"
         );
         assert_known_shares(backend, &folded, &user);
@@ -907,7 +913,7 @@ fn aarch64_address_spaces_tell_programs_and_instances_apart() {
 fn aarch64_higher_half_kernel_through_gdbstub_and_qmp() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("qemu-aarch64-higher-half");
-    let k = build_with(&dir, Arch::Aarch64, "-hh", &["-fomit-frame-pointer"]);
+    let k = build(&dir, Arch::Aarch64);
     let q = start_qemu(&dir, Arch::Aarch64, &k);
     let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
     for (backend, sock, interval) in [("--gdb", &q.gdb, "1"), ("--qmp", &q.qmp, "4")] {
