@@ -491,18 +491,15 @@ impl Symbols {
         let look = if ret { svma.wrapping_sub(1) } else { svma };
         let found = self.symbolizer.symbolize(&m.path, &m.path, look);
         if found.is_empty() {
-            let name = format!(
-                "{}+{svma:#x}",
-                m.path
-                    .file_name()
-                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-            );
+            let name = superprof_symbols::address_name(&module, svma);
             return vec![p.intern_frame_named(&name, &module, None, 0, svma, false)];
         }
         found
             .into_iter()
             .map(|f| {
-                let name = f.function.unwrap_or_else(|| format!("{module}+{svma:#x}"));
+                let name = f
+                    .function
+                    .unwrap_or_else(|| superprof_symbols::address_name(&module, svma));
                 p.intern_frame_named(
                     &name,
                     &module,

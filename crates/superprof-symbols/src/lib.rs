@@ -13,6 +13,7 @@
 //! }
 //! ```
 
+mod cfi;
 mod debugfile;
 mod kallsyms;
 mod service;
@@ -44,6 +45,18 @@ struct ModuleSymbols {
     code: Loader,
     /// A separate debug file, when the code file has no DWARF of its own.
     debug: Option<Loader>,
+    /// Where the code file is read (for its CFI).
+    open_path: PathBuf,
+    /// The functions its FDEs cover, read at the first address without a symbol.
+    functions: Option<Vec<(u64, u64)>>,
+}
+
+/// `module+0xADDR`: the name of code without a symbol (the file name of `module`, and the
+/// function's start where the CFI tells it, else the address itself). Every part of superprof
+/// names such code this way.
+pub fn address_name(module: &str, addr: u64) -> String {
+    let base = module.rsplit('/').next().unwrap_or(module);
+    format!("{base}+{addr:#x}")
 }
 
 /// Symbolizes addresses of many modules, parsing each module once.
@@ -176,15 +189,32 @@ impl Symbolizer {
         let symbol = m
             .code
             .find_symbol(svma)
-            .or_else(|| m.debug.as_ref().and_then(|d| d.find_symbol(svma)));
+            .or_else(|| m.debug.as_ref().and_then(|d| d.find_symbol(svma)))
+            .map(demangle);
+        // No symbol: the function's start from the CFI names it.
+        let symbol = symbol.or_else(|| {
+            let open = m.open_path.clone();
+            let ranges = m.functions.get_or_insert_with(|| {
+                std::fs::File::open(&open)
+                    .and_then(|f| {
+                        // SAFETY: a read-only private mapping of a file the profile is about;
+                        // its bytes are only parsed (checked by gimli and object).
+                        unsafe { memmap2::Mmap::map(&f) }
+                    })
+                    .map(|d| cfi::function_ranges(&d))
+                    .unwrap_or_default()
+            });
+            cfi::function_start(ranges, svma)
+                .map(|start| address_name(&path.to_string_lossy(), start))
+        });
         match frames.last_mut() {
             Some(outer) if outer.function.is_none() => {
-                outer.function = symbol.map(demangle);
+                outer.function = symbol;
             }
             None => {
                 if let Some(name) = symbol {
                     frames.push(SymFrame {
-                        function: Some(demangle(name)),
+                        function: Some(name),
                         file: None,
                         line: None,
                         inlined: false,
@@ -205,7 +235,12 @@ fn load_module(open_path: &Path) -> Option<ModuleSymbols> {
     } else {
         debugfile::find(open_path).and_then(|p| Loader::new(p).ok())
     };
-    Some(ModuleSymbols { code, debug })
+    Some(ModuleSymbols {
+        code,
+        debug,
+        open_path: open_path.to_owned(),
+        functions: None,
+    })
 }
 
 /// DWARF frames, innermost first.

@@ -457,8 +457,7 @@ impl Collector {
     }
 }
 
-/// `module+0xOFFSET` for code with no symbol.
+/// `module+0xOFFSET` for code with no symbol (named as everywhere in superprof).
 fn unknown_name(module: &str, addr: u64) -> String {
-    let base = module.rsplit('/').next().unwrap_or(module);
-    format!("{base}+0x{addr:x}")
+    superprof_symbols::address_name(module, addr)
 }

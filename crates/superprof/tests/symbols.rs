@@ -67,23 +67,62 @@ fn debug_info_is_found_through_gnu_debuglink() {
     );
 }
 
+/// Code without a symbol is named per function (issue 14): the start of the FDE that covers
+/// it, so every address of work_alpha shows as `split+0x<work_alpha's address>`, as nm of the
+/// unstripped copy tells, with the fixture's own split of its time within 4σ.
 #[test]
-fn code_without_symbols_shows_module_and_offset() {
+fn code_without_symbols_is_named_by_its_functions_start() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("stripped");
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-no-pie", "-fno-pie"]);
+    let nm = run_ok(Command::new("nm").arg(&exe));
+    let starts: std::collections::HashMap<String, String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split_whitespace();
+            let (addr, _, name) = (p.next()?, p.next()?, p.next()?);
+            name.starts_with("work_").then(|| {
+                let a = u64::from_str_radix(addr, 16).unwrap();
+                (format!("split+{a:#x}"), name.to_owned())
+            })
+        })
+        .collect();
+    assert_eq!(starts.len(), 3, "{starts:?}");
     run_ok(Command::new("strip").arg("--strip-all").arg(&exe));
-    let (_, f) = record_folded(&dir, &[exe.as_ref(), "0.6".as_ref()]);
-    let named: u64 =
-        f.0.iter()
-            .filter(|(s, _)| s.iter().skip(1).any(|x| x.starts_with("split+0x")))
-            .map(|(_, n)| n)
-            .sum();
-    // Nothing is dropped: the stripped code is counted under split+0xOFFSET.
+    let (out, f) = record_folded(&dir, &[exe.as_ref(), "0.8".as_ref()]);
+    let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    // Each sample's innermost frame in the program.
+    let mut by_fn: std::collections::HashMap<String, u64> = Default::default();
+    let mut in_split = 0;
+    for (stack, n) in &f.0 {
+        if let Some(fr) = stack.iter().rev().find(|x| x.starts_with("split+0x")) {
+            in_split += n;
+            *by_fn.entry(fr.clone()).or_default() += n;
+        }
+    }
+    // Nothing is dropped, and one name per function: no per-address confetti.
     assert!(
-        named as f64 > 0.9 * f.total() as f64,
-        "{named} of {} samples in split+0x...",
+        in_split as f64 > 0.9 * f.total() as f64,
+        "{in_split} of {} samples in split+0x...: {by_fn:?}",
         f.total()
     );
-    assert!(f.total() > 400);
+    assert!(by_fn.len() <= 6, "{by_fn:?}");
+    let total: u64 = starts
+        .keys()
+        .map(|k| by_fn.get(k).copied().unwrap_or(0))
+        .sum();
+    assert!(total as f64 > 0.9 * in_split as f64, "{by_fn:?} {starts:?}");
+    let sum: f64 = ["work_alpha", "work_beta", "work_gamma"]
+        .iter()
+        .map(|w| own[*w])
+        .sum();
+    for (name, func) in &starts {
+        let want = own[func] / sum;
+        let got = by_fn.get(name).copied().unwrap_or(0) as f64 / total as f64;
+        let sigma = (want * (1.0 - want) / total as f64).sqrt();
+        assert!(
+            (got - want).abs() < 4.0 * sigma,
+            "{func} ({name}): {got:.3}, the fixture says {want:.3}: {by_fn:?}"
+        );
+    }
 }

@@ -426,14 +426,19 @@ fn symbolize(
                 if let Some(name) = from_file {
                     return vec![(name.to_owned(), None, 0, false)];
                 }
-                return vec![(format!("{}+{svma:#x}", elf.name), None, 0, false)];
+                return vec![(
+                    superprof_symbols::address_name(&elf.name, svma),
+                    None,
+                    0,
+                    false,
+                )];
             }
             frames
                 .into_iter()
                 .map(|f| {
                     (
                         f.function
-                            .unwrap_or_else(|| format!("{}+{svma:#x}", elf.name)),
+                            .unwrap_or_else(|| superprof_symbols::address_name(&elf.name, svma)),
                         f.file,
                         f.line.unwrap_or(0),
                         f.inlined,
