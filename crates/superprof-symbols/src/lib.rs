@@ -16,6 +16,7 @@
 mod cfi;
 mod debugfile;
 mod kallsyms;
+mod perfmap;
 mod service;
 mod sys;
 
@@ -25,6 +26,7 @@ use std::path::{Path, PathBuf};
 use addr2line::Loader;
 
 pub use kallsyms::Kallsyms;
+pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};
 
 /// Where an inlined copy was made: the calling function and the call's file, line and column.
@@ -195,12 +197,7 @@ impl Symbolizer {
         let symbol = symbol.or_else(|| {
             let open = m.open_path.clone();
             let ranges = m.functions.get_or_insert_with(|| {
-                std::fs::File::open(&open)
-                    .and_then(|f| {
-                        // SAFETY: a read-only private mapping of a file the profile is about;
-                        // its bytes are only parsed (checked by gimli and object).
-                        unsafe { memmap2::Mmap::map(&f) }
-                    })
+                sys::map_file(&open)
                     .map(|d| cfi::function_ranges(&d))
                     .unwrap_or_default()
             });

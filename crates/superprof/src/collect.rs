@@ -21,7 +21,11 @@ enum AddrFrame {
         ret: bool,
     },
     Kernel(u64),
-    Unknown(u64),
+    /// Code in no file: JIT code, named from the process's perf map if it has one.
+    Unknown {
+        pid: u32,
+        addr: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +62,8 @@ pub struct Collector {
     vdso: Option<Option<TempCopy>>,
     /// Loads symbols in the background as modules appear.
     symbols: SymbolService,
+    /// Each process's user (whose perf map may be trusted).
+    owners: HashMap<u32, u32>,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -121,6 +127,7 @@ impl Collector {
     /// sample lands outside every known mapping).
     pub fn read_proc(&mut self, pid: u32, now: u64) {
         self.maps_read_at.insert(pid, now);
+        self.note_owner(pid);
         for m in superprof_unwind::maps::executable_mappings(pid).unwrap_or_default() {
             let known = self.processes.get(&pid).and_then(|p| p.lookup(m.start));
             if !known.is_some_and(|k| k.start == m.start && k.end == m.end) {
@@ -128,6 +135,16 @@ impl Collector {
             }
         }
         self.read_thread_names(pid);
+    }
+
+    /// Keeps the user of process `pid`, the first time it is seen.
+    fn note_owner(&mut self, pid: u32) {
+        use std::os::unix::fs::MetadataExt;
+        if let std::collections::hash_map::Entry::Vacant(e) = self.owners.entry(pid) {
+            if let Ok(m) = std::fs::metadata(format!("/proc/{pid}")) {
+                e.insert(m.uid());
+            }
+        }
     }
 
     /// Where superprof reads a module's file.
@@ -199,7 +216,7 @@ impl Collector {
                 executable: true,
                 path,
                 ..
-            } => {
+            } if !is_anonymous(path) => {
                 self.add_mapping(*pid, *start, *len, *pgoff, Path::new(path));
             }
             Record::Mmap { .. } => {}
@@ -276,6 +293,9 @@ impl Collector {
         self.threads
             .entry(s.tid)
             .or_insert_with(|| (s.pid, String::new()));
+        if !self.owners.contains_key(&s.pid) {
+            self.note_owner(s.pid);
+        }
         self.path_frames.clear();
         for &ip in &s.kernel_ips {
             let id = self.intern_frame(AddrFrame::Kernel(ip));
@@ -314,7 +334,10 @@ impl Collector {
                         svma: avma.wrapping_sub(m.bias),
                         ret: fa.is_return_address(),
                     },
-                    None => AddrFrame::Unknown(avma),
+                    None => AddrFrame::Unknown {
+                        pid: s.pid,
+                        addr: avma,
+                    },
                 };
                 let id = *self.frame_ids.entry(f).or_insert_with(|| {
                     self.frames.push(f);
@@ -358,12 +381,14 @@ impl Collector {
                     svma: if ret { svma.wrapping_sub(1) } else { svma },
                 }),
                 AddrFrame::Kernel(addr) => kernel.push(addr),
-                AddrFrame::Unknown(_) => {}
+                AddrFrame::Unknown { .. } => {}
             }
         }
         let mut answer = self.symbols.symbolize(queries, kernel);
         let (mut user_answers, mut kernel_answers) =
             (answer.user.drain(..), answer.kernel.drain(..));
+        // JIT code's perf maps, read once per process, now: they grow while the program runs.
+        let mut perf_maps: HashMap<u32, Option<superprof_symbols::PerfMap>> = HashMap::new();
         // Each address frame becomes a chain of profile frames, outermost first.
         let mut chains: Vec<Vec<superprof_profile::FrameId>> =
             Vec::with_capacity(self.frames.len());
@@ -410,15 +435,19 @@ impl Collector {
                         false,
                     ));
                 }
-                AddrFrame::Unknown(addr) => {
-                    chain.push(profile.intern_frame_named(
-                        &unknown_name("[unknown]", addr),
-                        "[unknown]",
-                        None,
-                        0,
-                        addr,
-                        false,
-                    ));
+                AddrFrame::Unknown { pid, addr } => {
+                    let map = perf_maps.entry(pid).or_insert_with(|| {
+                        let owner = self.owners.get(&pid).copied();
+                        superprof_symbols::PerfMap::load(Path::new("/tmp"), pid, owner)
+                    });
+                    let named = map.as_ref().and_then(|m| {
+                        let module = m.path.file_name()?.to_string_lossy().into_owned();
+                        Some((m.lookup(addr)?.to_owned(), module))
+                    });
+                    let (name, module) = named.unwrap_or_else(|| {
+                        (unknown_name("[unknown]", addr), "[unknown]".to_owned())
+                    });
+                    chain.push(profile.intern_frame_named(&name, &module, None, 0, addr, false));
                 }
             }
             chains.push(chain);
@@ -455,6 +484,12 @@ impl Collector {
             .collect();
         profile
     }
+}
+
+/// An executable mapping of no file: JIT code (perf names it `//anon`, or `[anon:NAME]` when
+/// the program named it). Its code is named from the process's perf map.
+fn is_anonymous(path: &str) -> bool {
+    path.is_empty() || path.starts_with("//anon") || path.starts_with("[anon")
 }
 
 /// `module+0xOFFSET` for code with no symbol (named as everywhere in superprof).

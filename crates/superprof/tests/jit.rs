@@ -1,0 +1,167 @@
+//! JIT code named from the runtime's perf map (issue 14): node `--perf-basic-prof` and Java
+//! `-XX:+DumpPerfMapAtExit` (written at exit) write /tmp/perf-PID.map; `record` names their
+//! compiled functions with it, as perf does on the same program, with each program's own split
+//! of its time between two hot functions within 4σ.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::*;
+
+/// Samples per leaf name, from a folded file.
+fn leaves(f: &Folded) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for (s, n) in &f.0 {
+        *m.entry(s.last().cloned().unwrap_or_default()).or_default() += n;
+    }
+    m
+}
+
+/// Leaf shares (percent) of a perf.data, by symbol, from `perf report`.
+fn perf_leaves(data: &std::path::Path) -> BTreeMap<String, f64> {
+    let out = Command::new("perf")
+        .args([
+            "report",
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "sym",
+            "-g",
+            "none",
+            "-i",
+        ])
+        .arg(data)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (pct, rest) = l.trim().split_once("%")?;
+            let name = rest.trim().strip_prefix("[.] ")?;
+            Some((name.trim().to_owned(), pct.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Records `cmd` (in `dir`), and checks the JIT'd hotA and hotB: named like `jit_name` says,
+/// the program's own split within 4σ, and at least `named` of all samples theirs.
+fn check(dir: &TempDir, cmd: &[&str], jit_name: fn(&str) -> Option<&'static str>, named: f64) {
+    let folded = dir.path("jit.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .args(cmd)
+            .current_dir(&dir.0),
+    );
+    let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let f = Folded::read(&folded);
+    let l = leaves(&f);
+    let count = |which: &str| -> u64 {
+        l.iter()
+            .filter(|(k, _)| jit_name(k) == Some(which))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (a, b) = (count("hotA"), count("hotB"));
+    let total = f.total();
+    assert!(
+        (a + b) as f64 >= named * total as f64,
+        "{cmd:?}: hotA {a} + hotB {b} of {total}: {l:?}"
+    );
+    let share = a as f64 / (a + b) as f64;
+    let want = own["hotA"];
+    let sigma = (want * (1.0 - want) / (a + b) as f64).sqrt();
+    assert!(
+        (share - want).abs() < 4.0 * sigma,
+        "{cmd:?}: hotA {share:.3} of the two, the program says {want:.3}: {l:?}"
+    );
+    // perf on the same program names the same code the same way.
+    let data = dir.path("perf.data");
+    let st = Command::new("perf")
+        .args(["record", "-q", "-F", "999", "-g", "-o"])
+        .arg(&data)
+        .arg("--")
+        .args(cmd)
+        .current_dir(&dir.0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let p = perf_leaves(&data);
+    let ours: std::collections::BTreeSet<&str> = l
+        .keys()
+        .filter(|k| jit_name(k).is_some())
+        .map(String::as_str)
+        .collect();
+    let theirs: Vec<(&String, &f64)> = p.iter().filter(|(k, _)| jit_name(k).is_some()).collect();
+    let perf_named: f64 = theirs.iter().map(|(_, v)| **v).sum::<f64>() / 100.0;
+    assert!(
+        theirs.iter().any(|(k, _)| ours.contains(k.as_str())),
+        "{cmd:?}: perf's names {theirs:?}, ours {ours:?}"
+    );
+    // As many samples named as perf names, within 4σ.
+    let ours_named = (a + b) as f64 / total as f64;
+    let sigma = (perf_named * (1.0 - perf_named) / total as f64).sqrt();
+    assert!(
+        ours_named > perf_named - 4.0 * sigma,
+        "{cmd:?}: {ours_named:.3} of samples named, perf {perf_named:.3}: {theirs:?}"
+    );
+}
+
+#[test]
+fn node_perf_basic_prof_names_js_functions() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-node");
+    let js = fixtures_dir().join("jit/hot.js");
+    check(
+        &dir,
+        &["node", "--perf-basic-prof", js.to_str().unwrap()],
+        |k| {
+            let k = k.strip_prefix("JS:")?;
+            if k.contains("hotA") {
+                Some("hotA")
+            } else if k.contains("hotB") {
+                Some("hotB")
+            } else {
+                None
+            }
+        },
+        0.85,
+    );
+}
+
+#[test]
+fn java_perf_map_at_exit_names_methods() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-java");
+    let src = dir.path("Hot.java");
+    std::fs::copy(fixtures_dir().join("jit/Hot.java"), &src).unwrap();
+    run_ok(Command::new("javac").arg(&src).current_dir(&dir.0));
+    check(
+        &dir,
+        &[
+            "java",
+            "-XX:+UnlockDiagnosticVMOptions",
+            "-XX:+DumpPerfMapAtExit",
+            "-XX:+PreserveFramePointer",
+            "-cp",
+            dir.0.to_str().unwrap(),
+            "Hot",
+        ],
+        |k| {
+            if k.contains("Hot.hotA") {
+                Some("hotA")
+            } else if k.contains("Hot.hotB") {
+                Some("hotB")
+            } else {
+                None
+            }
+        },
+        0.85,
+    );
+}
