@@ -154,6 +154,8 @@ struct Session {
     clocks: Option<clocks::Clocks>,
     /// SIGPROF's disposition before start, put back at stop.
     previous: sys::SavedAction,
+    /// The process's CPU time at start.
+    cpu_at_start: Duration,
 }
 
 static SESSION: Mutex<Option<Session>> = Mutex::new(None);
@@ -308,6 +310,7 @@ fn start_session(hz: u32, output: Option<PathBuf>) -> Result<(), Error> {
         hz,
         output: output.or_else(|| std::env::var_os("SUPERPROF_OUTPUT").map(PathBuf::from)),
         started: Instant::now(),
+        cpu_at_start: sys::process_cpu_time(),
         start_unix_ns: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),
@@ -394,6 +397,9 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
     p.meta.duration_ns = session.started.elapsed().as_nanos() as u64;
     p.meta.version = env!("CARGO_PKG_VERSION").to_owned();
     p.meta.lost_samples = DROPPED.load(Ordering::Acquire);
+    p.meta.cpu_time_ns = sys::process_cpu_time()
+        .saturating_sub(session.cpu_at_start)
+        .as_nanos() as u64;
     p.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();

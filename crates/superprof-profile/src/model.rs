@@ -64,6 +64,19 @@ pub struct Meta {
     pub truncated_stacks: u64,
     /// Truncated stacks by reason ("no unwind info", "unreadable memory", ...).
     pub truncated_by: std::collections::BTreeMap<String, u64>,
+    /// CPU time the profiled processes used while they were recorded (0: not known).
+    pub cpu_time_ns: u64,
+}
+
+impl Meta {
+    /// Samples per second of the profiled CPU time: the rate the kernel delivered, where
+    /// `frequency` is the one asked (0 when the CPU time is not known).
+    pub fn delivered_frequency(&self, samples: usize) -> f64 {
+        if self.cpu_time_ns == 0 {
+            return 0.0;
+        }
+        samples as f64 / (self.cpu_time_ns as f64 / 1e9)
+    }
 }
 
 impl Meta {
@@ -156,6 +169,7 @@ impl Profile {
         }
         self.meta.lost_samples += other.meta.lost_samples;
         self.meta.truncated_stacks += other.meta.truncated_stacks;
+        self.meta.cpu_time_ns += other.meta.cpu_time_ns;
         for (why, n) in &other.meta.truncated_by {
             *self.meta.truncated_by.entry(why.clone()).or_default() += n;
         }

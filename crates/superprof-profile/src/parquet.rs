@@ -149,6 +149,7 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
             "superprof.truncated_by",
             serde_json::to_string(&m.truncated_by).unwrap_or_default(),
         ),
+        ("superprof.cpu_time_ns", m.cpu_time_ns.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| KeyValue::new(k.to_owned(), v))
@@ -810,6 +811,7 @@ fn read_meta(kv: &HashMap<String, String>) -> Meta {
         lost_samples: num("lost_samples"),
         truncated_stacks: num("truncated_stacks"),
         truncated_by: serde_json::from_str(&get("truncated_by")).unwrap_or_default(),
+        cpu_time_ns: num("cpu_time_ns"),
     }
 }
 

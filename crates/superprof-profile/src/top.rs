@@ -92,9 +92,13 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     let total = profile.total_weight();
     let threads: std::collections::HashSet<u32> =
         profile.samples.iter().map(|s| s.thread).collect();
+    let delivered = match profile.meta.delivered_frequency(profile.samples.len()) {
+        0.0 => String::new(),
+        hz => format!(" ({hz:.0} Hz delivered)"),
+    };
     writeln!(
         w,
-        "{} samples of {} at {} Hz, {} threads, {} lost",
+        "{} samples of {} at {} Hz{delivered}, {} threads, {} lost",
         total,
         if profile.meta.event.is_empty() {
             "?".into()

@@ -74,8 +74,12 @@ impl Recorded {
     pub fn summary(&self) -> String {
         let p = &self.profile;
         let threads: std::collections::HashSet<u32> = p.samples.iter().map(|s| s.thread).collect();
+        let delivered = match p.meta.delivered_frequency(p.samples.len()) {
+            0.0 => String::new(),
+            hz => format!(", {hz:.0} Hz delivered"),
+        };
         format!(
-            "superprof: {} samples ({} at {} Hz{}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
+            "superprof: {} samples ({} at {} Hz{delivered}{}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
             p.samples.len(),
             p.meta.event,
             p.meta.frequency,
@@ -386,6 +390,17 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     let mut collector = Collector::default();
     let started = start(cfg, &mut collector)?;
     let mut progress = Progress::new(cfg);
+    // The CPU time of what is profiled: a launched command's tree through the children's
+    // rusage once it is waited for; an attached process through /proc.
+    let (pid, launched) = (started.pid, started.launched);
+    let cpu_now = move || {
+        if launched {
+            Some(sys::children_cpu_time())
+        } else {
+            sys::process_tree_cpu_time(pid)
+        }
+    };
+    let cpu_before = cpu_now();
     let result = match started.source {
         Source::Perf(sampler) => perf::run(
             cfg,
@@ -410,6 +425,10 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     };
     progress.clear();
     let mut profile = Profile::default();
+    profile.meta.cpu_time_ns = match (cpu_before, cpu_now()) {
+        (Some(a), Some(b)) => b.saturating_sub(a).as_nanos() as u64,
+        _ => 0,
+    };
     profile.meta.command = started.command;
     profile.meta.event = result.event.to_owned();
     profile.meta.frequency = result.frequency;
