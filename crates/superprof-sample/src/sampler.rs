@@ -143,6 +143,66 @@ impl PerfSampler {
         Ok(sampler)
     }
 
+    /// Opens per-CPU events for every task of a cgroup v2 (`cgroup`: its directory), that a
+    /// launched command was put in before its exec: the sampling timer runs on across task
+    /// switches inside the cgroup, so tasks shorter than one period are sampled too (a
+    /// per-task timer starts again in each new task). The events start disabled: enable them
+    /// when the command is released. `pid` is the command's, for messages.
+    pub fn open_cgroup(
+        cgroup: &OwnedFd,
+        pid: u32,
+        config: &SamplerConfig,
+    ) -> Result<Self, SampleError> {
+        let config_frequency = config.frequency;
+        if config.frequency == 0 {
+            return Err(SampleError::ZeroFrequency);
+        }
+        let frequency = throttle(config.frequency, max_sample_rate());
+        let config = &SamplerConfig {
+            frequency,
+            ..config.clone()
+        };
+        if config.stack_size == 0
+            || !config.stack_size.is_multiple_of(8)
+            || config.stack_size > 65528
+        {
+            return Err(SampleError::BadStackSize(config.stack_size));
+        }
+        let cpus = online_cpus().map_err(io_err("reading the list of online CPUs"))?;
+        let mut sampler = PerfSampler {
+            attr: PerfEventAttr::default(),
+            cpus,
+            rings: Vec::new(),
+            others: Vec::new(),
+            threads: BTreeSet::new(),
+            data_pages: ring_pages(config.stack_size),
+            hung_up: Vec::new(),
+            owner: Default::default(),
+            event_name: "cycles",
+            kernel_stacks: true,
+            asked_frequency: (frequency != config_frequency).then_some(config_frequency),
+            frequency,
+        };
+        let cpu0 = sampler.cpus[0] as i32;
+        sampler.choose_attr_with(
+            pid,
+            TargetMode::Attached,
+            config,
+            &|attr| sys::perf_event_open_cgroup(attr, cgroup, cpu0),
+            &|attr| attr.flags &= !(sys::FLAG_INHERIT | sys::FLAG_ENABLE_ON_EXEC),
+        )?;
+        for &cpu in &sampler.cpus.clone() {
+            let fd = sys::perf_event_open_cgroup(&sampler.attr, cgroup, cpu as i32).map_err(
+                io_err(format!("perf_event_open for the cgroup on CPU {cpu}")),
+            )?;
+            let ring = sampler.map_ring(&fd)?;
+            sampler.rings.push((fd, ring));
+            sampler.hung_up.push(false);
+        }
+        sampler.threads.insert(pid);
+        Ok(sampler)
+    }
+
     /// Finds the best event this machine and these rights allow: hardware cycles, else the
     /// cpu-clock software event; kernel callchains, else user space only.
     fn choose_attr(
@@ -158,6 +218,25 @@ impl PerfSampler {
                 .first()
                 .ok_or(SampleError::NoSuchProcess(pid))?,
         };
+        let cpu0 = self.cpus[0] as i32;
+        self.choose_attr_with(
+            pid,
+            mode,
+            config,
+            &|attr| sys::perf_event_open(attr, probe_tid as i32, cpu0),
+            &|_| {},
+        )
+    }
+
+    /// [`Self::choose_attr`], probing each candidate with `probe`, after `tweak`.
+    fn choose_attr_with(
+        &mut self,
+        pid: u32,
+        mode: TargetMode,
+        config: &SamplerConfig,
+        probe: &dyn Fn(&PerfEventAttr) -> io::Result<OwnedFd>,
+        tweak: &dyn Fn(&mut PerfEventAttr),
+    ) -> Result<(), SampleError> {
         let candidates = [
             (
                 "cycles",
@@ -187,7 +266,8 @@ impl PerfSampler {
         let mut last_err = None;
         for (name, ty, cfg, kernel) in candidates {
             let mut attr = make_attr(ty, cfg, kernel, mode, config);
-            match sys::perf_event_open(&attr, probe_tid as i32, self.cpus[0] as i32) {
+            tweak(&mut attr);
+            match probe(&attr) {
                 Ok(probe) => {
                     // Find the ring size these rights allow (an unprivileged user is limited by
                     // perf_event_mlock_kb), and wake up when a quarter of it is filled.

@@ -77,12 +77,33 @@ pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<O
     perf_event_open_group(attr, pid, cpu, None)
 }
 
+/// Opens one per-CPU event for the tasks of a cgroup (v2): `cgroup` is the cgroup's directory.
+pub fn perf_event_open_cgroup(
+    attr: &PerfEventAttr,
+    cgroup: &OwnedFd,
+    cpu: i32,
+) -> io::Result<OwnedFd> {
+    perf_event_open_flags(attr, cgroup.as_raw_fd(), cpu, None, PERF_FLAG_PID_CGROUP)
+}
+
+const PERF_FLAG_PID_CGROUP: libc::c_ulong = 1 << 2;
+
 /// Opens one perf event, in the group of `group_fd` when given.
 pub fn perf_event_open_group(
     attr: &PerfEventAttr,
     pid: i32,
     cpu: i32,
     group_fd: Option<RawFd>,
+) -> io::Result<OwnedFd> {
+    perf_event_open_flags(attr, pid, cpu, group_fd, 0)
+}
+
+fn perf_event_open_flags(
+    attr: &PerfEventAttr,
+    pid: i32,
+    cpu: i32,
+    group_fd: Option<RawFd>,
+    flags: libc::c_ulong,
 ) -> io::Result<OwnedFd> {
     let mut attr = *attr;
     attr.size = std::mem::size_of::<PerfEventAttr>() as u32;
@@ -95,7 +116,7 @@ pub fn perf_event_open_group(
             pid as libc::pid_t,
             cpu as libc::c_int,
             group_fd.unwrap_or(-1) as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
+            PERF_FLAG_FD_CLOEXEC | flags,
         )
     };
     if fd < 0 {

@@ -64,6 +64,9 @@ pub struct Collector {
     symbols: SymbolService,
     /// Each process's user (whose perf map may be trusted).
     owners: HashMap<u32, u32>,
+    /// A launched command whose samples count only from its exec (before it, the child runs
+    /// superprof's code).
+    awaiting_exec: Option<u32>,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -229,6 +232,9 @@ impl Collector {
             } => {
                 if *exec && pid == tid {
                     self.processes.entry(*pid).or_default().clear();
+                    if self.awaiting_exec == Some(*pid) {
+                        self.awaiting_exec = None;
+                    }
                 }
                 self.threads.insert(*tid, (*pid, name.clone()));
             }
@@ -289,7 +295,15 @@ impl Collector {
         };
     }
 
+    /// Keeps no sample of process `pid` until it execs.
+    pub fn await_exec(&mut self, pid: u32) {
+        self.awaiting_exec = Some(pid);
+    }
+
     fn sample(&mut self, s: &SampleRecord) {
+        if self.awaiting_exec == Some(s.pid) {
+            return;
+        }
         self.threads
             .entry(s.tid)
             .or_insert_with(|| (s.pid, String::new()));

@@ -134,6 +134,12 @@ pub fn process_tree_cpu_time(pid: u32) -> Option<std::time::Duration> {
     ))
 }
 
+/// The effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 pub fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,

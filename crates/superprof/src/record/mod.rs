@@ -1,6 +1,7 @@
 //! `superprof record`: run a sampler (perf_event, or ptrace where perf_event_open is denied)
 //! over a launched or attached process, feed the collector, and write the outputs.
 
+mod cgroup;
 mod perf;
 mod ptrace;
 
@@ -229,6 +230,24 @@ struct Started {
     launched: bool,
     command: Vec<String>,
     clock: Clock,
+    /// The launched command's own cgroup, when it is sampled per CPU (removed when dropped,
+    /// after the loop).
+    cgroup: Option<cgroup::Cgroup>,
+}
+
+/// Per-CPU sampling of a launched command's cgroup (see `cgroup`), where it may be made and
+/// perf's cgroup events work; None otherwise (the caller samples per task).
+fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(Source, cgroup::Cgroup)> {
+    if cfg.sampler_kind == SamplerKind::Ptrace {
+        return None;
+    }
+    let cg = cgroup::Cgroup::create()?;
+    cg.add(pid).ok()?;
+    let sampler = PerfSampler::open_cgroup(&cg.fd, pid, &cfg.sampler).ok()?;
+    if let Some(notice) = sampler.throttle_notice() {
+        eprintln!("{notice}");
+    }
+    Some((Source::Perf(Box::new(sampler)), cg))
 }
 
 /// Whether perf_event_open was refused in a way that ptrace can stand in for.
@@ -285,6 +304,25 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
             let mut child = PendingChild::spawn(&path, cmd)
                 .with_context(|| format!("cannot start '{program}'"))?;
+            if let Some((source, cg)) = open_cgroup_source(cfg, child.pid) {
+                let clock = Clock::now();
+                // Samples of the child before its exec are superprof's code: not kept.
+                collector.await_exec(child.pid);
+                if let Source::Perf(s) = &source {
+                    s.enable()?;
+                }
+                child
+                    .release()
+                    .with_context(|| format!("cannot run '{program}'"))?;
+                return Ok(Started {
+                    source,
+                    pid: child.pid,
+                    launched: true,
+                    command: cmd.clone(),
+                    clock,
+                    cgroup: Some(cg),
+                });
+            }
             let source = match open_source(cfg, child.pid, TargetMode::Launched) {
                 Ok(s) => s,
                 Err(e) => {
@@ -306,6 +344,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 launched: true,
                 command: cmd.clone(),
                 clock,
+                cgroup: None,
             })
         }
         Target::Pid(pid) => {
@@ -328,6 +367,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 launched: false,
                 command,
                 clock,
+                cgroup: None,
             })
         }
     }
@@ -424,13 +464,20 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         }
     };
     progress.clear();
+    // The tree has ended (or was ended): its cgroup goes.
+    let per_cpu = started.cgroup.is_some();
+    drop(started.cgroup);
     let mut profile = Profile::default();
     profile.meta.cpu_time_ns = match (cpu_before, cpu_now()) {
         (Some(a), Some(b)) => b.saturating_sub(a).as_nanos() as u64,
         _ => 0,
     };
     profile.meta.command = started.command;
-    profile.meta.event = result.event.to_owned();
+    profile.meta.event = if per_cpu {
+        format!("{} (per CPU)", result.event)
+    } else {
+        result.event.to_owned()
+    };
     profile.meta.frequency = result.frequency;
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
     profile.meta.duration_ns = progress.start.elapsed().as_nanos() as u64;
@@ -439,6 +486,18 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
     let profile = collector.finish(profile, started.clock.monotonic_ns);
+    // Per task, a timer starts again in every new task: a tree of short ones goes partly
+    // unseen. Say how much, where the rate tells (perf's cpu-clock keeps its rate per task).
+    let cpu_s = profile.meta.cpu_time_ns as f64 / 1e9;
+    let seen = profile.samples.len() as f64 / (cpu_s * f64::from(result.frequency.max(1)));
+    if launched && !per_cpu && result.event.starts_with("cpu-clock") && cpu_s > 0.05 && seen < 0.8 {
+        eprintln!(
+            "superprof: the samples cover {:.0}% of the {cpu_s:.2} s of CPU time the command's \
+             processes used: tasks shorter than a sampling period are not seen when sampling per \
+             task (as root, superprof samples the command per CPU, in a cgroup of its own)",
+            100.0 * seen.min(1.0)
+        );
+    }
     Ok(Recorded {
         profile,
         exit: result.exit,

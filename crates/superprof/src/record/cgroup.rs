@@ -1,0 +1,97 @@
+//! A cgroup (v2) of superprof's own for a launched command, so that its whole process tree is
+//! sampled per CPU: the sampling timer then runs on across the tree's task switches, and a
+//! process or thread that lives less than one sampling period is sampled too (a per-task
+//! timer starts again in every new task, so a fork storm or a thread churn goes unseen).
+//!
+//! Made only where allowed (root, with cgroup v2 mounted and perf's cgroup events on it);
+//! otherwise `record` samples per task as before. The cgroup has no controller and no limit:
+//! the command runs as it would. At the end, any process left in it (a daemon the command
+//! started) is moved back to superprof's own cgroup and the folder removed.
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+pub struct Cgroup {
+    dir: PathBuf,
+    pub fd: OwnedFd,
+    /// Where processes left at the end go back to: superprof's own cgroup.
+    home: PathBuf,
+}
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        // ... mount-point ... - fstype source options
+        let (left, right) = l.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        Some(PathBuf::from(left.split_whitespace().nth(4)?))
+    })
+}
+
+/// This process's cgroup v2 path (`0::/PATH` in /proc/self/cgroup).
+fn own_cgroup() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_owned())
+}
+
+impl Cgroup {
+    /// A new, empty cgroup under the v2 root, or None where that is not allowed.
+    pub fn create() -> Option<Cgroup> {
+        use std::os::unix::fs::DirBuilderExt;
+        if crate::sys::euid() != 0 {
+            return None;
+        }
+        let root = cgroup2_mount()?;
+        let home = root.join(own_cgroup()?.trim_start_matches('/'));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = root.join(format!("superprof-{}-{nanos:08x}", std::process::id()));
+        // create, not create_all: a folder that already exists is not ours.
+        std::fs::DirBuilder::new().mode(0o755).create(&dir).ok()?;
+        let fd = match std::fs::File::open(&dir) {
+            Ok(f) => OwnedFd::from(f),
+            Err(_) => {
+                let _ = std::fs::remove_dir(&dir);
+                return None;
+            }
+        };
+        Some(Cgroup { dir, fd, home })
+    }
+
+    /// Puts process `pid` (and the tasks it will start) in the cgroup.
+    pub fn add(&self, pid: u32) -> std::io::Result<()> {
+        write_pid(&self.dir.join("cgroup.procs"), pid)
+    }
+}
+
+fn write_pid(procs: &Path, pid: u32) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).open(procs)?;
+    f.write_all(format!("{pid}\n").as_bytes())
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let home = self.home.join("cgroup.procs");
+        for _ in 0..50 {
+            let left = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in left.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                let _ = write_pid(&home, pid);
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        eprintln!(
+            "superprof: could not remove the cgroup {} (processes still in it)",
+            self.dir.display()
+        );
+    }
+}
