@@ -82,14 +82,32 @@ fn debug_roots(root: &Option<PathBuf>) -> Vec<PathBuf> {
 /// folder.
 fn build_id_candidates(path: &Path, hex: &str) -> Vec<PathBuf> {
     let (root, _) = split_proc_root(path);
-    debug_roots(&root)
+    let mut c: Vec<PathBuf> = debug_roots(&root)
         .into_iter()
         .map(|d| {
             d.join(".build-id")
                 .join(&hex[..2])
                 .join(format!("{}.debug", &hex[2..]))
         })
-        .collect()
+        .collect();
+    // What debuginfod fetched before (for gdb, perf or us), when it is in use.
+    if std::env::var_os("DEBUGINFOD_URLS").is_some_and(|v| !v.is_empty()) {
+        if let Some(cache) = crate::debuginfod::cache_dir() {
+            c.push(crate::Debuginfod::cached_path(&cache, hex));
+        }
+    }
+    c
+}
+
+/// The build id (hex) of a file that has no DWARF of its own and no debug file here: what a
+/// debuginfod server would be asked for.
+pub fn missing_debug_build_id(path: &Path) -> Option<String> {
+    if has_dwarf(path) || find(path).is_some() {
+        return None;
+    }
+    let (map, ()) = parse(path)?;
+    let obj = object::File::parse(&*map).ok()?;
+    crate::debuginfod::build_id_hex(obj.build_id().ok()??)
 }
 
 /// Where the debug file a `.gnu_debuglink` names may be, as gdb looks: beside the file, in

@@ -15,6 +15,7 @@
 
 mod cfi;
 mod debugfile;
+mod debuginfod;
 mod kallsyms;
 mod perfmap;
 mod service;
@@ -25,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use addr2line::Loader;
 
+pub use debuginfod::Debuginfod;
 pub use kallsyms::Kallsyms;
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};

@@ -9,7 +9,32 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
 
-use crate::{Kallsyms, SymFrame, Symbolizer};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::{Debuginfod, Kallsyms, SymFrame, Symbolizer};
+
+/// A slot among the [`PARALLEL_FETCHES`] fetches that may run at once, held while it lives.
+struct Slot;
+
+static SLOTS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+impl Slot {
+    fn take() -> Slot {
+        let mut used = SLOTS.0.lock().unwrap_or_else(|e| e.into_inner());
+        while *used >= PARALLEL_FETCHES {
+            used = SLOTS.1.wait(used).unwrap_or_else(|e| e.into_inner());
+        }
+        *used += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *SLOTS.0.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        SLOTS.1.notify_one();
+    }
+}
 
 /// One address to resolve: module path (as the target names it), where to read the file, and
 /// the ELF virtual address to look up.
@@ -35,7 +60,14 @@ pub struct Answer {
 pub struct SymbolService {
     tx: Option<Sender<Request>>,
     worker: Option<JoinHandle<()>>,
+    /// Debug files to fetch, where DEBUGINFOD_URLS asks for it.
+    debuginfod: Option<Arc<Debuginfod>>,
+    /// Fetches running or waiting: their number, signalled when it changes.
+    fetching: Arc<(Mutex<usize>, Condvar)>,
 }
+
+/// The most debuginfod fetches at once.
+const PARALLEL_FETCHES: usize = 8;
 
 impl Default for SymbolService {
     fn default() -> Self {
@@ -53,12 +85,52 @@ impl SymbolService {
         SymbolService {
             tx: Some(tx),
             worker,
+            debuginfod: Debuginfod::from_env().map(Arc::new),
+            fetching: Arc::new((Mutex::new(0), Condvar::new())),
         }
     }
 
-    /// Starts loading the symbols of a module in the background.
+    /// Starts loading the symbols of a module in the background; where debuginfod is in use
+    /// and the module's debug file is nowhere here, fetches it first (on a thread of its own,
+    /// a few at a time), with a notice.
     pub fn preload(&self, path: PathBuf, open_path: PathBuf) {
-        self.send(Request::Preload(path, open_path));
+        // ([vdso] and the like are no file a server would know.)
+        let (Some(d), Some(tx), true) = (&self.debuginfod, &self.tx, path.is_absolute()) else {
+            self.send(Request::Preload(path, open_path));
+            return;
+        };
+        let (d, tx, fetching) = (d.clone(), tx.clone(), self.fetching.clone());
+        *fetching.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let spawned = std::thread::Builder::new()
+            .name("superprof-debuginfod".into())
+            .spawn({
+                let fetching = fetching.clone();
+                let (path, open_path) = (path.clone(), open_path.clone());
+                move || {
+                    if let Some(hex) = crate::debugfile::missing_debug_build_id(&open_path) {
+                        // A slot among PARALLEL_FETCHES: wait while as many fetch.
+                        let _slot = Slot::take();
+                        let name = path.file_name().unwrap_or_default().to_string_lossy();
+                        match d.fetch(&hex) {
+                            Ok(p) => eprintln!(
+                                "superprof: debuginfod: {name}: debug info fetched ({:.1} MB, {})",
+                                std::fs::metadata(&p).map_or(0, |m| m.len()) as f64 / 1e6,
+                                p.display()
+                            ),
+                            Err(e) => eprintln!("superprof: debuginfod: {name}: not fetched ({e})"),
+                        }
+                    }
+                    let _ = tx.send(Request::Preload(path, open_path));
+                    let (n, cv) = &*fetching;
+                    *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    cv.notify_all();
+                }
+            });
+        if spawned.is_err() {
+            let (n, _) = &*self.fetching;
+            *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            self.send(Request::Preload(path, open_path));
+        }
     }
 
     /// Starts reading /proc/kallsyms in the background.
@@ -72,8 +144,15 @@ impl SymbolService {
         }
     }
 
-    /// Resolves user addresses and kernel addresses; waits for the preloads before it.
+    /// Resolves user addresses and kernel addresses; waits for the preloads before it (and
+    /// for the debuginfod fetches, each bounded by its own timeout).
     pub fn symbolize(&self, user: Vec<Query>, kernel: Vec<u64>) -> Answer {
+        let (n, cv) = &*self.fetching;
+        let mut left = n.lock().unwrap_or_else(|e| e.into_inner());
+        while *left > 0 {
+            left = cv.wait(left).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(left);
         let (atx, arx) = channel();
         let (nu, nk) = (user.len(), kernel.len());
         self.send(Request::Symbolize(user, kernel, atx));
