@@ -395,14 +395,11 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
     p.meta.frequency = session.hz;
     p.meta.start_time_unix_ns = session.start_unix_ns;
     p.meta.duration_ns = session.started.elapsed().as_nanos() as u64;
-    p.meta.version = env!("CARGO_PKG_VERSION").to_owned();
+    superprof_resolve::stamp(&mut p.meta);
     p.meta.lost_samples = DROPPED.load(Ordering::Acquire);
     p.meta.cpu_time_ns = sys::process_cpu_time()
         .saturating_sub(session.cpu_at_start)
         .as_nanos() as u64;
-    p.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
     let mut symbols = Symbols::new(pid);
     let mut frames_of: std::collections::HashMap<(u64, bool), Vec<superprof_profile::FrameId>> =
         Default::default();
@@ -445,6 +442,9 @@ struct Symbols {
     maps: Vec<superprof_unwind::maps::MapEntry>,
     images: std::collections::HashMap<PathBuf, Option<superprof_unwind::ElfImage>>,
     symbolizer: superprof_symbols::Symbolizer,
+    /// Names frames as everywhere in superprof (JIT code from this process's perf map).
+    namer: superprof_resolve::Namer,
+    pid: u32,
     /// The mapping of superprof's own code when it is a library of its own (linked
     /// statically, it is in the program and symbolized as the program).
     own: Option<std::ops::Range<u64>>,
@@ -463,6 +463,8 @@ impl Symbols {
             maps,
             images: Default::default(),
             symbolizer: superprof_symbols::Symbolizer::default(),
+            namer: superprof_resolve::Namer::new(),
+            pid,
             own,
         }
     }
@@ -470,14 +472,7 @@ impl Symbols {
     /// The profile frames of one address, outermost first.
     fn frames(&mut self, p: &mut Profile, addr: u64, ret: bool) -> Vec<superprof_profile::FrameId> {
         let Some(m) = self.maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
-            return vec![p.intern_frame_named(
-                &format!("{addr:#x}"),
-                "[unknown]",
-                None,
-                0,
-                addr,
-                false,
-            )];
+            return vec![self.namer.anonymous_frame(p, Some(self.pid), addr)];
         };
         let bias = self
             .images
@@ -496,26 +491,7 @@ impl Symbols {
         }
         let look = if ret { svma.wrapping_sub(1) } else { svma };
         let found = self.symbolizer.symbolize(&m.path, &m.path, look);
-        if found.is_empty() {
-            let name = superprof_symbols::address_name(&module, svma);
-            return vec![p.intern_frame_named(&name, &module, None, 0, svma, false)];
-        }
-        found
-            .into_iter()
-            .map(|f| {
-                let name = f
-                    .function
-                    .unwrap_or_else(|| superprof_symbols::address_name(&module, svma));
-                p.intern_frame_named(
-                    &name,
-                    &module,
-                    f.file.as_deref(),
-                    f.line.unwrap_or(0),
-                    svma,
-                    f.inlined,
-                )
-            })
-            .collect()
+        self.namer.elf_frames(p, &module, svma, found)
     }
 }
 
@@ -543,12 +519,11 @@ fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), E
                 ),
             ))
         })?;
-        superprof_profile::write_atomic(path, |w| {
-            superprof_profile::output::write(profile, format, "superprof (in process)", w)
-        })
-        .map_err(|e| match e.raw_os_error() {
-            Some(code) => Error::Io(std::io::Error::from_raw_os_error(code)),
-            None => Error::Io(std::io::Error::other(e.to_string())),
+        superprof_resolve::write_output(profile, path, format).map_err(|e| {
+            match e.raw_os_error() {
+                Some(code) => Error::Io(std::io::Error::from_raw_os_error(code)),
+                None => Error::Io(std::io::Error::other(e.to_string())),
+            }
         })?;
     }
     Ok(())

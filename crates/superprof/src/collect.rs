@@ -401,8 +401,12 @@ impl Collector {
         let mut answer = self.symbols.symbolize(queries, kernel);
         let (mut user_answers, mut kernel_answers) =
             (answer.user.drain(..), answer.kernel.drain(..));
-        // JIT code's perf maps, read once per process, now: they grow while the program runs.
-        let mut perf_maps: HashMap<u32, Option<superprof_symbols::PerfMap>> = HashMap::new();
+        // Names as everywhere in superprof; JIT code's perf maps are read now (they grow while
+        // the program runs), once per process.
+        let mut namer = superprof_resolve::Namer::new();
+        for (&pid, &uid) in &self.owners {
+            namer.set_owner(pid, uid);
+        }
         // Each address frame becomes a chain of profile frames, outermost first.
         let mut chains: Vec<Vec<superprof_profile::FrameId>> =
             Vec::with_capacity(self.frames.len());
@@ -411,57 +415,15 @@ impl Collector {
             match *f {
                 AddrFrame::User { module, svma, .. } => {
                     let module_name = self.elves.path(module).to_string_lossy();
-                    for sf in user_answers.next().unwrap_or_default() {
-                        let name = sf
-                            .function
-                            .unwrap_or_else(|| unknown_name(&module_name, svma));
-                        chain.push(profile.intern_frame_named(
-                            &name,
-                            &module_name,
-                            sf.file.as_deref(),
-                            sf.line.unwrap_or(0),
-                            svma,
-                            sf.inlined,
-                        ));
-                    }
-                    if chain.is_empty() {
-                        chain.push(profile.intern_frame_named(
-                            &unknown_name(&module_name, svma),
-                            &module_name,
-                            None,
-                            0,
-                            svma,
-                            false,
-                        ));
-                    }
+                    let found = user_answers.next().unwrap_or_default();
+                    chain = namer.elf_frames(&mut profile, &module_name, svma, found);
                 }
                 AddrFrame::Kernel(addr) => {
-                    let name = kernel_answers
-                        .next()
-                        .flatten()
-                        .unwrap_or_else(|| unknown_name("[kernel.kallsyms]", addr));
-                    chain.push(profile.intern_frame_named(
-                        &name,
-                        "[kernel.kallsyms]",
-                        None,
-                        0,
-                        addr,
-                        false,
-                    ));
+                    let name = kernel_answers.next().flatten();
+                    chain.push(namer.kernel_frame(&mut profile, addr, name.as_deref()));
                 }
                 AddrFrame::Unknown { pid, addr } => {
-                    let map = perf_maps.entry(pid).or_insert_with(|| {
-                        let owner = self.owners.get(&pid).copied();
-                        superprof_symbols::PerfMap::load(Path::new("/tmp"), pid, owner)
-                    });
-                    let named = map.as_ref().and_then(|m| {
-                        let module = m.path.file_name()?.to_string_lossy().into_owned();
-                        Some((m.lookup(addr)?.to_owned(), module))
-                    });
-                    let (name, module) = named.unwrap_or_else(|| {
-                        (unknown_name("[unknown]", addr), "[unknown]".to_owned())
-                    });
-                    chain.push(profile.intern_frame_named(&name, &module, None, 0, addr, false));
+                    chain.push(namer.anonymous_frame(&mut profile, Some(pid), addr));
                 }
             }
             chains.push(chain);
@@ -504,9 +466,4 @@ impl Collector {
 /// the program named it). Its code is named from the process's perf map.
 fn is_anonymous(path: &str) -> bool {
     path.is_empty() || path.starts_with("//anon") || path.starts_with("[anon")
-}
-
-/// `module+0xOFFSET` for code with no symbol (named as everywhere in superprof).
-fn unknown_name(module: &str, addr: u64) -> String {
-    superprof_symbols::address_name(module, addr)
 }

@@ -39,7 +39,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     if args.frequency == 0 {
         bail!("frequency must be at least 1 Hz");
     }
-    let outputs = crate::record::check_output_paths(&args.outputs)?;
+    let outputs = superprof_resolve::check_outputs(&args.outputs)?;
     let lib = library()?;
     let program = &args.command[0];
     let exe = superprof_trace::resolve_command(program)
@@ -127,7 +127,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         superprof_profile::top::write(&profile, 30, &mut stdout.lock())?;
     }
     for (path, format) in &outputs {
-        crate::record::write_output(&profile, path, *format)?;
+        superprof_resolve::write_output(&profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());
     }
     Ok(code)

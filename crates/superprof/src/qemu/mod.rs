@@ -192,7 +192,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     let outputs = if args.one_shot {
         Vec::new()
     } else {
-        crate::record::check_output_paths(&args.outputs)?
+        superprof_resolve::check_outputs(&args.outputs)?
     };
     sys::install_stop_handler();
     let (mut launched, mut backend): (Option<Launched>, Box<dyn Backend>) =
@@ -368,7 +368,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     let stdout = std::io::stdout();
     superprof_profile::top::write(&profile, 20, &mut stdout.lock())?;
     for (path, format) in &outputs {
-        crate::record::write_output(&profile, path, *format)?;
+        superprof_resolve::write_output(&profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());
     }
     Ok(0)
@@ -387,15 +387,86 @@ impl Jitter {
     }
 }
 
-/// A symbolized frame: function (or address), file, line, inlined.
-type SymFrames = Vec<(String, Option<String>, u32, bool)>;
+/// What is known of one frame's code: in an ELF (the module path frames are named by, the ELF
+/// address, the symbolizer's frames, outermost first), a module's function named by a kallsyms
+/// file, or nothing.
+#[derive(Clone)]
+enum Resolved {
+    Elf {
+        module: String,
+        svma: u64,
+        found: Vec<superprof_symbols::SymFrame>,
+    },
+    Module(String),
+    Unknown(u64),
+}
+
+impl Resolved {
+    /// (name, file, line, inlined) of each frame, outermost first, named as the profile names
+    /// them (`superprof_resolve`).
+    fn names(&self) -> Vec<(String, Option<String>, u32, bool)> {
+        match self {
+            Resolved::Elf { found, .. } if found.is_empty() => {
+                vec![(self.fallback(), None, 0, false)]
+            }
+            Resolved::Elf { found, .. } => found
+                .iter()
+                .map(|f| {
+                    (
+                        f.function.clone().unwrap_or_else(|| self.fallback()),
+                        f.file.clone(),
+                        f.line.unwrap_or(0),
+                        f.inlined,
+                    )
+                })
+                .collect(),
+            Resolved::Module(name) => vec![(name.clone(), None, 0, false)],
+            Resolved::Unknown(_) => vec![(self.fallback(), None, 0, false)],
+        }
+    }
+
+    fn fallback(&self) -> String {
+        match self {
+            Resolved::Elf { module, svma, .. } => superprof_symbols::address_name(module, *svma),
+            Resolved::Module(name) => name.clone(),
+            Resolved::Unknown(addr) => {
+                superprof_symbols::address_name(superprof_resolve::UNKNOWN_MODULE, *addr)
+            }
+        }
+    }
+
+    /// The profile frames, outermost first.
+    fn frames(
+        &self,
+        namer: &mut superprof_resolve::Namer,
+        p: &mut Profile,
+        addr: u64,
+    ) -> Vec<superprof_profile::FrameId> {
+        match self {
+            Resolved::Elf {
+                module,
+                svma,
+                found,
+            } => namer.elf_frames(p, module, *svma, found.clone()),
+            Resolved::Module(name) => vec![p.intern_frame_named(
+                name,
+                superprof_resolve::UNKNOWN_MODULE,
+                None,
+                0,
+                addr,
+                false,
+            )],
+            Resolved::Unknown(addr) => vec![namer.anonymous_frame(p, None, *addr)],
+        }
+    }
+}
 
 fn symbolize(
     sampler: &Sampler,
     symbols: &mut superprof_symbols::Symbolizer,
-    cache: &mut HashMap<(u64, bool, Owner, u64), SymFrames>,
+    cache: &mut HashMap<(u64, bool, Owner, u64), Resolved>,
     (addr, ret, owner, bias): (u64, bool, Owner, u64),
-) -> SymFrames {
+) -> Resolved {
     cache
         .entry((addr, ret, owner, bias))
         .or_insert_with(|| {
@@ -412,39 +483,29 @@ fn symbolize(
                     .as_ref()
                     .and_then(|k| k.lookup_with_module(look))
                 {
-                    return vec![(format!("{name} [{module}]"), None, 0, false)];
+                    return Resolved::Module(format!("{name} [{module}]"));
                 }
-                return vec![(format!("{addr:#x}"), None, 0, false)];
+                return Resolved::Unknown(addr);
             };
             let svma = addr.wrapping_sub(bias);
             let look = if ret { svma.wrapping_sub(1) } else { svma };
-            let frames = symbols.symbolize(&elf.path, &elf.path, look);
-            if frames.is_empty() {
-                let from_file = (owner == Owner::Kernel)
-                    .then(|| sampler.kernel_symbols.as_ref()?.lookup(look))
-                    .flatten();
-                if let Some(name) = from_file {
-                    return vec![(name.to_owned(), None, 0, false)];
+            let mut found = symbols.symbolize(&elf.path, &elf.path, look);
+            if found.is_empty() && owner == Owner::Kernel {
+                // A kernel ELF without symbols: a System.map or kallsyms file names it.
+                if let Some(name) = sampler.kernel_symbols.as_ref().and_then(|k| k.lookup(look)) {
+                    found.push(superprof_symbols::SymFrame {
+                        function: Some(name.to_owned()),
+                        file: None,
+                        line: None,
+                        inlined: false,
+                    });
                 }
-                return vec![(
-                    superprof_symbols::address_name(&elf.name, svma),
-                    None,
-                    0,
-                    false,
-                )];
             }
-            frames
-                .into_iter()
-                .map(|f| {
-                    (
-                        f.function
-                            .unwrap_or_else(|| superprof_symbols::address_name(&elf.name, svma)),
-                        f.file,
-                        f.line.unwrap_or(0),
-                        f.inlined,
-                    )
-                })
-                .collect()
+            Resolved::Elf {
+                module: elf.path.to_string_lossy().into_owned(),
+                svma,
+                found,
+            }
         })
         .clone()
 }
@@ -482,8 +543,10 @@ fn one_stack(
     let mut out = format!("{}\n", escape(&root_name(sampler, s).0));
     let mut i = 0;
     for &f in &s.frames {
-        for (name, file, line, inlined) in
-            symbolize(sampler, symbols, &mut cache, f).into_iter().rev()
+        for (name, file, line, inlined) in symbolize(sampler, symbols, &mut cache, f)
+            .names()
+            .into_iter()
+            .rev()
         {
             let at = if addresses {
                 format!("{:#018x} ", f.0)
@@ -531,7 +594,7 @@ fn build_profile(
         0
     };
     p.meta.duration_ns = elapsed.as_nanos() as u64;
-    p.meta.version = env!("CARGO_PKG_VERSION").to_owned();
+    superprof_resolve::stamp(&mut p.meta);
     p.meta.start_time_unix_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -541,6 +604,7 @@ fn build_profile(
     p.meta.truncated_by = t.truncated_by;
     let mut threads: HashMap<usize, u32> = HashMap::new();
     let mut cache = HashMap::new();
+    let mut namer = superprof_resolve::Namer::new();
     for s in samples {
         let thread = *threads
             .entry(s.vcpu)
@@ -550,18 +614,21 @@ fn build_profile(
         let rf = p.intern_frame_named(&root, &root_module, None, 0, 0, false);
         let mut stack = Some(p.intern_stack(None, rf));
         for &f in s.frames.iter().rev() {
+            let resolved = symbolize(sampler, symbols, &mut cache, f);
+            if !args.show_addresses {
+                for fr in resolved.frames(&mut namer, &mut p, f.0) {
+                    stack = Some(p.intern_stack(stack, fr));
+                }
+                continue;
+            }
+            // Each frame's name with its guest address.
             let module = match f.2 {
-                Owner::Unknown => "[unknown]".to_owned(),
+                Owner::Unknown => superprof_resolve::UNKNOWN_MODULE.to_owned(),
                 o => owner_name(sampler, o).1.to_string_lossy().into_owned(),
             };
-            for (name, file, line, inlined) in symbolize(sampler, symbols, &mut cache, f) {
-                let name = if args.show_addresses {
-                    format!("{name} [{:#x}]", f.0)
-                } else {
-                    name
-                };
+            for (name, file, line, inlined) in resolved.names() {
                 let fr = p.intern_frame_named(
-                    &name,
+                    &format!("{name} [{:#x}]", f.0),
                     &module,
                     file.as_deref(),
                     line,

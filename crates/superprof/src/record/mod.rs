@@ -139,54 +139,15 @@ pub fn show(
         lock.flush()?;
     }
     for (path, format) in outputs {
-        write_output(profile, path, *format)?;
+        superprof_resolve::write_output(profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());
     }
     Ok(())
 }
 
-/// The default output of `record`: the native profile file.
-pub const DEFAULT_OUTPUT: &str = "superprof.parquet";
-
 /// Validates the output paths before anything runs, so a bad -o costs nothing.
 pub fn check_outputs(cfg: &RecordConfig) -> Result<Vec<(PathBuf, OutputFormat)>> {
-    check_output_paths(&cfg.outputs)
-}
-
-/// [`check_outputs`] for a list of paths (none: the default output).
-pub fn check_output_paths(outputs: &[PathBuf]) -> Result<Vec<(PathBuf, OutputFormat)>> {
-    let paths = if outputs.is_empty() {
-        vec![PathBuf::from(DEFAULT_OUTPUT)]
-    } else {
-        outputs.to_vec()
-    };
-    paths
-        .into_iter()
-        .map(|path| {
-            let format = OutputFormat::from_path(&path).ok_or_else(|| {
-                anyhow!(
-                    "cannot tell the format of output '{}': use one of the extensions {}",
-                    path.display(),
-                    OutputFormat::extensions()
-                )
-            })?;
-            superprof_profile::output::check_writable(&path)
-                .with_context(|| format!("cannot write output '{}'", path.display()))?;
-            Ok((path, format))
-        })
-        .collect()
-}
-
-pub fn write_output(profile: &Profile, path: &std::path::Path, format: OutputFormat) -> Result<()> {
-    let title = if profile.meta.command.is_empty() {
-        "superprof".to_owned()
-    } else {
-        format!("superprof: {}", profile.meta.command.join(" "))
-    };
-    superprof_profile::write_atomic(path, |w| {
-        superprof_profile::output::write(profile, format, &title, w)
-    })
-    .with_context(|| format!("cannot write '{}'", path.display()))
+    Ok(superprof_resolve::check_outputs(&cfg.outputs)?)
 }
 
 /// Which sampler `record` uses.
@@ -481,10 +442,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     profile.meta.frequency = result.frequency;
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
     profile.meta.duration_ns = progress.start.elapsed().as_nanos() as u64;
-    profile.meta.version = env!("CARGO_PKG_VERSION").to_owned();
-    profile.meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
+    superprof_resolve::stamp(&mut profile.meta);
     let profile = collector.finish(profile, started.clock.monotonic_ns);
     // Per task, a timer starts again in every new task: a tree of short ones goes partly
     // unseen. Say how much, where the rate tells (perf's cpu-clock keeps its rate per task).

@@ -1,0 +1,221 @@
+//! superprof-resolve: the one place where `record`, `qemu`, `preload`, libsuperprof, `demo`
+//! and `blocks` turn code addresses into the profile's frames and a profile into files, so
+//! that they name the same code the same way and write the same files.
+//!
+//! - [`Namer`]: frames of code in an ELF file (functions, file:line, inlined calls; code
+//!   without a name as `module+0xSTART`, the start of its function where the CFI tells it),
+//!   of the kernel (`[kernel.kallsyms]`), and of code in no file (JIT code named from the
+//!   process's `/tmp/perf-PID.map`, else `[unknown]+0xADDR`).
+//! - [`stamp`]: the metadata every profile carries (superprof's version, the host).
+//! - [`check_outputs`] and [`write_output`]: output paths checked before anything runs (format
+//!   by extension, writable), and each file written whole (a temporary file renamed).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use superprof_profile::{FrameId, Meta, OutputFormat, Profile};
+use superprof_symbols::{address_name, PerfMap, SymFrame};
+
+/// The module name of kernel frames (as perf shows it).
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+/// The module name of code in no known file.
+pub const UNKNOWN_MODULE: &str = "[unknown]";
+/// The output written when none is given.
+pub const DEFAULT_OUTPUT: &str = "superprof.parquet";
+
+/// Names frames the same way everywhere; keeps the perf maps it has read.
+#[derive(Default)]
+pub struct Namer {
+    perf_maps: HashMap<u32, Option<PerfMap>>,
+    /// Each process's user (whose perf map may be trusted).
+    owners: HashMap<u32, u32>,
+    /// Where perf maps are (/tmp).
+    map_dir: Option<PathBuf>,
+}
+
+impl Namer {
+    pub fn new() -> Namer {
+        Namer::default()
+    }
+
+    /// Perf maps are looked for in `dir` instead of /tmp (tests).
+    pub fn with_map_dir(dir: &Path) -> Namer {
+        Namer {
+            map_dir: Some(dir.to_owned()),
+            ..Namer::default()
+        }
+    }
+
+    /// Process `pid` runs as `uid`: its perf map may be owned by it.
+    pub fn set_owner(&mut self, pid: u32, uid: u32) {
+        self.owners.insert(pid, uid);
+    }
+
+    /// The frames of ELF address `svma` of `module` (its path), outermost first, from what the
+    /// symbolizer found there (`found`, outermost first; empty when nothing is known).
+    pub fn elf_frames(
+        &self,
+        p: &mut Profile,
+        module: &str,
+        svma: u64,
+        found: Vec<SymFrame>,
+    ) -> Vec<FrameId> {
+        if found.is_empty() {
+            let name = address_name(module, svma);
+            return vec![p.intern_frame_named(&name, module, None, 0, svma, false)];
+        }
+        found
+            .into_iter()
+            .map(|f| {
+                let name = f.function.unwrap_or_else(|| address_name(module, svma));
+                p.intern_frame_named(
+                    &name,
+                    module,
+                    f.file.as_deref(),
+                    f.line.unwrap_or(0),
+                    svma,
+                    f.inlined,
+                )
+            })
+            .collect()
+    }
+
+    /// A frame of the kernel at `addr`, named `name` (from kallsyms) where it is known.
+    pub fn kernel_frame(&self, p: &mut Profile, addr: u64, name: Option<&str>) -> FrameId {
+        let name = name.map_or_else(|| address_name(KERNEL_MODULE, addr), str::to_owned);
+        p.intern_frame_named(&name, KERNEL_MODULE, None, 0, addr, false)
+    }
+
+    /// A frame of code in no file at `addr` of process `pid`: JIT code named from the
+    /// process's perf map (module `perf-PID.map`, as perf shows it), else `[unknown]+0xADDR`.
+    pub fn anonymous_frame(&mut self, p: &mut Profile, pid: Option<u32>, addr: u64) -> FrameId {
+        if let Some(pid) = pid {
+            let owner = self.owners.get(&pid).copied();
+            let dir = self
+                .map_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/tmp"));
+            let map = self
+                .perf_maps
+                .entry(pid)
+                .or_insert_with(|| PerfMap::load(&dir, pid, owner));
+            if let Some(m) = map {
+                if let Some(name) = m.lookup(addr) {
+                    let module = m
+                        .path
+                        .file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+                    return p.intern_frame_named(name, &module, None, 0, addr, false);
+                }
+            }
+        }
+        p.intern_frame_named(
+            &address_name(UNKNOWN_MODULE, addr),
+            UNKNOWN_MODULE,
+            None,
+            0,
+            addr,
+            false,
+        )
+    }
+}
+
+/// Fills what every profile's metadata says of where it was made: superprof's version and
+/// the host's name.
+pub fn stamp(meta: &mut Meta) {
+    meta.version = env!("CARGO_PKG_VERSION").to_owned();
+    meta.host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+}
+
+/// An output that cannot be written: one line.
+#[derive(Debug)]
+pub struct OutputError(pub String);
+
+impl std::fmt::Display for OutputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutputError {}
+
+/// Checks output paths before anything runs (none given: [`DEFAULT_OUTPUT`]): each must have
+/// a known extension and be writable.
+pub fn check_outputs(outputs: &[PathBuf]) -> Result<Vec<(PathBuf, OutputFormat)>, OutputError> {
+    let paths = if outputs.is_empty() {
+        vec![PathBuf::from(DEFAULT_OUTPUT)]
+    } else {
+        outputs.to_vec()
+    };
+    paths
+        .into_iter()
+        .map(|path| {
+            let format = OutputFormat::from_path(&path).ok_or_else(|| {
+                OutputError(format!(
+                    "cannot tell the format of output '{}': use one of the extensions {}",
+                    path.display(),
+                    OutputFormat::extensions()
+                ))
+            })?;
+            superprof_profile::output::check_writable(&path).map_err(|e| {
+                OutputError(format!("cannot write output '{}': {e}", path.display()))
+            })?;
+            Ok((path, format))
+        })
+        .collect()
+}
+
+/// Writes `profile` to `path` in `format`, whole (a temporary file renamed over it); the title
+/// (of a flamegraph, a viewer's tab) names the command.
+pub fn write_output(profile: &Profile, path: &Path, format: OutputFormat) -> std::io::Result<()> {
+    let title = if profile.meta.command.is_empty() {
+        "superprof".to_owned()
+    } else {
+        format!("superprof: {}", profile.meta.command.join(" "))
+    };
+    superprof_profile::write_atomic(path, |w| {
+        superprof_profile::output::write(profile, format, &title, w)
+    })
+    .map_err(|e| std::io::Error::new(e.kind(), format!("cannot write '{}': {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_naming_for_unnamed_kernel_and_jit_code() {
+        let mut p = Profile::default();
+        let n = Namer::new();
+        let f = n.elf_frames(&mut p, "/usr/lib/liblzma.so.5", 0x15ae0, Vec::new());
+        assert_eq!(p.str(p.frame(f[0]).function), "liblzma.so.5+0x15ae0");
+        assert_eq!(p.str(p.frame(f[0]).module), "/usr/lib/liblzma.so.5");
+        let k = n.kernel_frame(&mut p, 0xffffffff81000000, None);
+        assert_eq!(
+            p.str(p.frame(k).function),
+            "[kernel.kallsyms]+0xffffffff81000000"
+        );
+        let dir = std::env::temp_dir().join(format!("superprof-resolve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("perf-42.map"), "7f0000001000 100 JS:*hot x.js:1\n").unwrap();
+        let mut n = Namer::with_map_dir(&dir);
+        let j = n.anonymous_frame(&mut p, Some(42), 0x7f0000001010);
+        assert_eq!(p.str(p.frame(j).function), "JS:*hot x.js:1");
+        assert_eq!(p.str(p.frame(j).module), "perf-42.map");
+        let u = n.anonymous_frame(&mut p, Some(42), 0x7f0000002000);
+        assert_eq!(p.str(p.frame(u).function), "[unknown]+0x7f0000002000");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn outputs_are_checked_before_anything_runs() {
+        let e = check_outputs(&[PathBuf::from("/tmp/x.unknown")]).unwrap_err();
+        assert!(e.0.contains("cannot tell the format"), "{e}");
+        let e = check_outputs(&[PathBuf::from("/nonexistent-dir/x.folded")]).unwrap_err();
+        assert!(e.0.contains("cannot write output"), "{e}");
+        let ok = check_outputs(&[]).unwrap();
+        assert_eq!(ok[0].0, PathBuf::from(DEFAULT_OUTPUT));
+    }
+}
