@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use superprof_profile::{FrameId, Meta, OutputFormat, Profile};
-use superprof_symbols::{address_name, PerfMap, SymFrame};
+use superprof_symbols::{address_name, JitDump, PerfMap, SymFrame};
 
 /// The module name of kernel frames (as perf shows it).
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
@@ -31,6 +31,8 @@ pub struct Namer {
     owners: HashMap<u32, u32>,
     /// Where perf maps are (/tmp).
     map_dir: Option<PathBuf>,
+    /// Each process's jitdump (found by its marker mapping), once read.
+    jitdumps: HashMap<u32, (PathBuf, Option<Option<JitDump>>)>,
 }
 
 impl Namer {
@@ -49,6 +51,11 @@ impl Namer {
     /// Process `pid` runs as `uid`: its perf map may be owned by it.
     pub fn set_owner(&mut self, pid: u32, uid: u32) {
         self.owners.insert(pid, uid);
+    }
+
+    /// Process `pid` writes its JIT code's names into the jitdump at `path` (it mapped it).
+    pub fn set_jitdump(&mut self, pid: u32, path: &Path) {
+        self.jitdumps.insert(pid, (path.to_owned(), None));
     }
 
     /// The frames of ELF address `svma` of `module` (its path), outermost first, from what the
@@ -91,6 +98,17 @@ impl Namer {
     pub fn anonymous_frame(&mut self, p: &mut Profile, pid: Option<u32>, addr: u64) -> FrameId {
         if let Some(pid) = pid {
             let owner = self.owners.get(&pid).copied();
+            // The jitdump first (names, and source lines where the runtime gave them).
+            if let Some((path, dump)) = self.jitdumps.get_mut(&pid) {
+                let dump = dump.get_or_insert_with(|| JitDump::load(path, owner));
+                if let Some((name, line)) = dump.as_ref().and_then(|d| d.lookup(addr)) {
+                    let module = path
+                        .file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+                    let (file, line) = line.map_or((None, 0), |(f, l)| (Some(f), l));
+                    return p.intern_frame_named(name, &module, file, line, addr, false);
+                }
+            }
             let dir = self
                 .map_dir
                 .clone()

@@ -16,6 +16,7 @@
 mod cfi;
 mod debugfile;
 mod debuginfod;
+mod jitdump;
 mod kallsyms;
 mod perfmap;
 mod service;
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 use addr2line::Loader;
 
 pub use debuginfod::Debuginfod;
+pub use jitdump::{is_jitdump, JitDump};
 pub use kallsyms::Kallsyms;
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};

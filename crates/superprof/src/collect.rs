@@ -64,6 +64,8 @@ pub struct Collector {
     symbols: SymbolService,
     /// Each process's user (whose perf map may be trusted).
     owners: HashMap<u32, u32>,
+    /// Each process's jitdump file, from its marker mapping.
+    jitdumps: HashMap<u32, PathBuf>,
     /// A launched command whose samples count only from its exec (before it, the child runs
     /// superprof's code).
     awaiting_exec: Option<u32>,
@@ -211,6 +213,10 @@ impl Collector {
     pub fn handle(&mut self, record: &Record) {
         match record {
             Record::Sample(s) => self.sample(s),
+            Record::Mmap { pid, path, .. } if superprof_symbols::is_jitdump(Path::new(path)) => {
+                // A runtime's jitdump marker: its JIT code's names are in that file.
+                self.jitdumps.insert(*pid, PathBuf::from(path));
+            }
             Record::Mmap {
                 pid,
                 start,
@@ -406,6 +412,9 @@ impl Collector {
         let mut namer = superprof_resolve::Namer::new();
         for (&pid, &uid) in &self.owners {
             namer.set_owner(pid, uid);
+        }
+        for (&pid, path) in &self.jitdumps {
+            namer.set_jitdump(pid, path);
         }
         // Each address frame becomes a chain of profile frames, outermost first.
         let mut chains: Vec<Vec<superprof_profile::FrameId>> =

@@ -1,0 +1,274 @@
+//! JIT code's names, and source lines where given, from a jitdump file (`jit-PID.dump`, the
+//! format of the kernel's tools/perf/Documentation/jitdump-specification.txt), written by node
+//! `--perf-prof`, Java's libperf-jvmti, wasmtime `--profile=jitdump`. The runtime maps the
+//! file executable once as a marker, which is how the recording finds it. The file is the
+//! program's: it is read only when it is a regular file (not a link) owned by root, this user
+//! or the program's user, with checked offsets and caps on its size, records and names.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The largest jitdump read.
+pub const MAX_DUMP: u64 = 1 << 30;
+/// The most records taken.
+const MAX_RECORDS: usize = 1 << 23;
+/// The longest name kept.
+const MAX_NAME: usize = 1024;
+
+const MAGIC: u32 = 0x4A69_5444; // "JiTD", in the writer's byte order
+const CODE_LOAD: u32 = 0;
+const CODE_MOVE: u32 = 1;
+const CODE_DEBUG_INFO: u32 = 2;
+
+/// Code ranges with names (by start; a later load at the same start wins), and the source
+/// lines of those that have them.
+#[derive(Debug, Default)]
+pub struct JitDump {
+    entries: Vec<(u64, u64, String)>,
+    /// Code start -> (address, line, file) rows, by address.
+    lines: HashMap<u64, Vec<(u64, u32, String)>>,
+    pub path: PathBuf,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// The NUL-terminated string at `at` (cut at MAX_NAME), and the offset after its NUL.
+fn str_at(b: &[u8], at: usize, end: usize) -> Option<(String, usize)> {
+    let rest = b.get(at..end)?;
+    let len = rest.iter().position(|&c| c == 0)?;
+    let s = String::from_utf8_lossy(&rest[..len.min(MAX_NAME)]).into_owned();
+    Some((s, at + len + 1))
+}
+
+impl JitDump {
+    /// The dump at `path`, if it may be trusted (see the module's notes) and parses.
+    pub fn load(path: &Path, owner: Option<u32>) -> Option<JitDump> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        let me = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+        if !meta.is_file() || !(meta.uid() == 0 || meta.uid() == me || Some(meta.uid()) == owner) {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_DUMP).read_to_end(&mut bytes).ok()?;
+        let mut d = JitDump::parse(&bytes)?;
+        d.path = path.to_owned();
+        Some(d)
+    }
+
+    /// Parses a little-endian jitdump (the byte order of the machines superprof runs on).
+    pub fn parse(b: &[u8]) -> Option<JitDump> {
+        if u32_at(b, 0)? != MAGIC {
+            return None;
+        }
+        let header = u32_at(b, 8)? as usize;
+        let mut at = header.max(40);
+        let mut loads: Vec<(u64, u64, String, usize)> = Vec::new();
+        let mut lines: HashMap<u64, Vec<(u64, u32, String)>> = HashMap::new();
+        let mut n = 0;
+        while n < MAX_RECORDS {
+            let (Some(id), Some(size)) = (u32_at(b, at), u32_at(b, at + 4)) else {
+                break;
+            };
+            let size = size as usize;
+            let Some(end) = at.checked_add(size).filter(|&e| size >= 16 && e <= b.len()) else {
+                break; // cut short (the program still writing) or broken: what came before stays
+            };
+            let body = at + 16;
+            match id {
+                CODE_LOAD => {
+                    // pid, tid, vma, code_addr, code_size, code_index, name, code
+                    if let (Some(addr), Some(len), Some((name, _))) = (
+                        u64_at(b, body + 16),
+                        u64_at(b, body + 24),
+                        str_at(b, body + 40, end),
+                    ) {
+                        if let Some(e) = addr.checked_add(len).filter(|_| len > 0) {
+                            loads.push((addr, e, name, n));
+                        }
+                    }
+                }
+                CODE_MOVE => {
+                    // pid, tid, vma, old_code_addr, new_code_addr, code_size, code_index
+                    if let (Some(old), Some(new), Some(len)) = (
+                        u64_at(b, body + 16),
+                        u64_at(b, body + 24),
+                        u64_at(b, body + 32),
+                    ) {
+                        let name = loads.iter().rev().find(|l| l.0 == old).map(|l| l.2.clone());
+                        if let (Some(name), Some(e)) = (name, new.checked_add(len)) {
+                            loads.push((new, e, name, n));
+                        }
+                    }
+                }
+                CODE_DEBUG_INFO => {
+                    // code_addr, nr_entry, entries of (addr, lineno, discrim, name)
+                    if let (Some(code), Some(count)) = (u64_at(b, body), u64_at(b, body + 8)) {
+                        let mut rows = Vec::new();
+                        let mut p = body + 16;
+                        for _ in 0..count.min(1 << 20) {
+                            let (Some(addr), Some(line)) = (u64_at(b, p), u32_at(b, p + 8)) else {
+                                break;
+                            };
+                            let Some((file, next)) = str_at(b, p + 16, end) else {
+                                break;
+                            };
+                            rows.push((addr, line, file));
+                            p = next;
+                        }
+                        rows.sort_by_key(|r| r.0);
+                        lines.insert(code, rows);
+                    }
+                }
+                _ => {}
+            }
+            at = end;
+            n += 1;
+        }
+        loads.sort_by(|a, b| a.0.cmp(&b.0).then(b.3.cmp(&a.3)));
+        loads.dedup_by_key(|l| l.0);
+        Some(JitDump {
+            entries: loads
+                .into_iter()
+                .map(|(s, e, name, _)| (s, e, name))
+                .collect(),
+            lines,
+            path: PathBuf::new(),
+        })
+    }
+
+    /// The name of the code at `addr`, with its source file and line where the dump has them.
+    pub fn lookup(&self, addr: u64) -> Option<(&str, Option<(&str, u32)>)> {
+        let i = self.entries.partition_point(|e| e.0 <= addr);
+        let (start, _, name) = self.entries[..i]
+            .iter()
+            .rev()
+            .take(16)
+            .find(|e| addr < e.1)?;
+        let line = self.lines.get(start).and_then(|rows| {
+            let j = rows.partition_point(|r| r.0 <= addr);
+            let r = rows.get(j.checked_sub(1)?)?;
+            Some((r.2.as_str(), r.1))
+        });
+        Some((name.as_str(), line))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Whether a mapped file is a jitdump marker (`jit-PID.dump`).
+pub fn is_jitdump(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("jit-")?.strip_suffix(".dump"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|c| c.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u32, body: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&id.to_le_bytes());
+        r.extend_from_slice(&((16 + body.len()) as u32).to_le_bytes());
+        r.extend_from_slice(&0u64.to_le_bytes());
+        r.extend_from_slice(body);
+        r
+    }
+
+    fn load(addr: u64, size: u64, name: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        for v in [1u32, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [addr, addr, size, 0] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(name.as_bytes());
+        b.push(0);
+        b.extend(std::iter::repeat_n(0x90u8, size as usize));
+        record(CODE_LOAD, &b)
+    }
+
+    fn dump(records: &[Vec<u8>]) -> Vec<u8> {
+        let mut d = Vec::new();
+        for v in [MAGIC, 1, 40, 62, 0, 1] {
+            d.extend_from_slice(&v.to_le_bytes());
+        }
+        d.extend_from_slice(&[0u8; 16]);
+        for r in records {
+            d.extend_from_slice(r);
+        }
+        d
+    }
+
+    #[test]
+    fn loads_moves_and_lines() {
+        let mut dbg = Vec::new();
+        for v in [0x1000u64, 2] {
+            dbg.extend_from_slice(&v.to_le_bytes());
+        }
+        for (addr, line, file) in [(0x1000u64, 3u32, "x.js"), (0x1010, 4, "x.js")] {
+            dbg.extend_from_slice(&addr.to_le_bytes());
+            dbg.extend_from_slice(&line.to_le_bytes());
+            dbg.extend_from_slice(&0u32.to_le_bytes());
+            dbg.extend_from_slice(file.as_bytes());
+            dbg.push(0);
+        }
+        let mut mv = Vec::new();
+        for v in [1u32, 1] {
+            mv.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 0x2000, 0x3000, 0x20, 0] {
+            mv.extend_from_slice(&v.to_le_bytes());
+        }
+        let d = dump(&[
+            load(0x1000, 0x40, "JS:*hot"),
+            record(CODE_DEBUG_INFO, &dbg),
+            load(0x2000, 0x20, "LazyCompile:~cold"),
+            record(CODE_MOVE, &mv),
+        ]);
+        let j = JitDump::parse(&d).unwrap();
+        assert_eq!(j.lookup(0x1014), Some(("JS:*hot", Some(("x.js", 4)))));
+        assert_eq!(j.lookup(0x1004), Some(("JS:*hot", Some(("x.js", 3)))));
+        assert_eq!(j.lookup(0x3010), Some(("LazyCompile:~cold", None)));
+        assert_eq!(j.lookup(0x1040), None);
+        // Cut anywhere, or scribbled on: no panic, what came before stays.
+        for cut in 0..d.len() {
+            let _ = JitDump::parse(&d[..cut]);
+        }
+        let mut bad = d.clone();
+        bad[44] = 0xff; // a record size of 4 GiB
+        bad[45] = 0xff;
+        bad[46] = 0xff;
+        bad[47] = 0xff;
+        assert!(JitDump::parse(&bad).unwrap().is_empty());
+        assert!(JitDump::parse(b"nope").is_none());
+        assert!(is_jitdump(Path::new("/tmp/jit-1234.dump")));
+        assert!(!is_jitdump(Path::new("/tmp/jit-.dump")));
+        assert!(!is_jitdump(Path::new("/tmp/perf-1.map")));
+    }
+}
