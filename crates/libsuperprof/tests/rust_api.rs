@@ -2,30 +2,10 @@
 
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::burn;
 use superprof::{Options, Profiler};
-
-/// Burns CPU time of this thread for `d`.
-#[inline(never)]
-fn burn(d: Duration) -> u64 {
-    let end = thread_cpu() + d;
-    let mut x = 1u64;
-    while thread_cpu() < end {
-        for _ in 0..20_000 {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-        }
-    }
-    x
-}
-
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 // (Work after the call keeps them out of tail calls: each has a frame of its own.)
 #[inline(never)]
@@ -113,7 +93,7 @@ fn guard_samples_a_rust_program() {
             profile.stack_frames(s.stack).any(|f| {
                 profile
                     .str(profile.frame(f).function)
-                    .ends_with("rust_api::burn")
+                    .ends_with("rust_api::common::burn")
             })
         })
         .count();

@@ -6,29 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
+use common::burn;
 use superprof::{Options, Profiler};
-
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-#[inline(never)]
-fn burn(d: Duration) -> u64 {
-    let end = thread_cpu() + d;
-    let mut x = 1u64;
-    while thread_cpu() < end {
-        for _ in 0..20_000 {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-        }
-    }
-    x
-}
 
 fn gettid() -> u32 {
     // SAFETY: gettid has no arguments.

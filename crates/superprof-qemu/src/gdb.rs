@@ -564,11 +564,13 @@ mod hostile {
         assert!(t.elapsed() < Duration::from_secs(3));
     }
 
-    /// A stub that answers the handshake, then lists threads forever.
-    fn endless_threads(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+    /// A stub that reads packets and answers each with `reply` (the handshake too).
+    fn stub(
+        c: std::os::unix::net::UnixStream,
+        mut reply: impl FnMut(&[u8]) -> String,
+    ) -> std::io::Result<()> {
         let mut w = c.try_clone()?;
         let mut r = std::io::BufReader::new(c);
-        let mut n = 0u32;
         loop {
             let mut b = [0u8];
             let mut p = Vec::new();
@@ -589,53 +591,37 @@ mod hostile {
             let reply = match p.as_slice() {
                 b"QStartNoAckMode" => "OK".to_owned(),
                 b"?" => "T05".to_owned(),
-                b"qfThreadInfo" | b"qsThreadInfo" => {
-                    n += 1;
-                    format!("mp1.{n:x}")
-                }
-                _ => String::new(),
+                other => reply(other),
             };
             let sum = reply.bytes().fold(0u8, |a, b| a.wrapping_add(b));
             write!(w, "${reply}#{sum:02x}")?;
         }
     }
 
+    /// A stub that lists threads forever.
+    fn endless_threads(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        let mut n = 0u32;
+        stub(c, |p| match p {
+            b"qfThreadInfo" | b"qsThreadInfo" => {
+                n += 1;
+                format!("mp1.{n:x}")
+            }
+            _ => String::new(),
+        })
+    }
+
     /// A stub whose target description never ends (`m` pieces for ever) after an x86_64
     /// first piece.
     fn endless_description(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
-        let mut w = c.try_clone()?;
-        let mut r = std::io::BufReader::new(c);
-        loop {
-            let mut b = [0u8];
-            let mut p = Vec::new();
-            loop {
-                r.read_exact(&mut b)?;
-                if b[0] == b'$' {
-                    break;
-                }
+        stub(c, |p| match p {
+            q if q.starts_with(b"qXfer:features:read:target.xml:0,") => {
+                "m<target><architecture>i386:x86-64</architecture>".to_owned()
             }
-            loop {
-                r.read_exact(&mut b)?;
-                if b[0] == b'#' {
-                    r.read_exact(&mut [0u8; 2])?;
-                    break;
-                }
-                p.push(b[0]);
+            q if q.starts_with(b"qXfer") => {
+                format!("m{}", "<reg name=\"r\" bitsize=\"64\"/>".repeat(100))
             }
-            let reply = match p.as_slice() {
-                b"QStartNoAckMode" => "OK".to_owned(),
-                b"?" => "T05".to_owned(),
-                q if q.starts_with(b"qXfer:features:read:target.xml:0,") => {
-                    "m<target><architecture>i386:x86-64</architecture>".to_owned()
-                }
-                q if q.starts_with(b"qXfer") => {
-                    format!("m{}", "<reg name=\"r\" bitsize=\"64\"/>".repeat(100))
-                }
-                _ => String::new(),
-            };
-            let sum = reply.bytes().fold(0u8, |a, b| a.wrapping_add(b));
-            write!(w, "${reply}#{sum:02x}")?;
-        }
+            _ => String::new(),
+        })
     }
 
     #[test]

@@ -99,26 +99,33 @@ impl PerfSampler {
     /// Opens the events for `pid`. Launched targets are enabled by the kernel at exec; attached
     /// ones by [`PerfSampler::enable`].
     pub fn open(pid: u32, mode: TargetMode, config: &SamplerConfig) -> Result<Self, SampleError> {
-        let config_frequency = config.frequency;
+        let (mut sampler, config) = PerfSampler::empty(config)?;
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(SampleError::NoSuchProcess(pid));
+        }
+        sampler.choose_attr(pid, mode, &config)?;
+        match mode {
+            TargetMode::Launched => sampler.open_thread(pid)?,
+            TargetMode::Attached => sampler.follow_threads(pid)?,
+        }
+        Ok(sampler)
+    }
+
+    /// A sampler with no event open yet, for `config` checked (and its frequency throttled to
+    /// the kernel's maximum); the config to open its events with.
+    fn empty(config: &SamplerConfig) -> Result<(Self, SamplerConfig), SampleError> {
         if config.frequency == 0 {
             return Err(SampleError::ZeroFrequency);
         }
-        let frequency = throttle(config.frequency, max_sample_rate());
-        let config = &SamplerConfig {
-            frequency,
-            ..config.clone()
-        };
         if config.stack_size == 0
             || !config.stack_size.is_multiple_of(8)
             || config.stack_size > 65528
         {
             return Err(SampleError::BadStackSize(config.stack_size));
         }
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(SampleError::NoSuchProcess(pid));
-        }
+        let frequency = throttle(config.frequency, max_sample_rate());
         let cpus = online_cpus().map_err(io_err("reading the list of online CPUs"))?;
-        let mut sampler = PerfSampler {
+        let sampler = PerfSampler {
             attr: PerfEventAttr::default(),
             cpus,
             rings: Vec::new(),
@@ -129,18 +136,16 @@ impl PerfSampler {
             owner: Default::default(),
             event_name: "cycles",
             kernel_stacks: true,
-            asked_frequency: None,
+            asked_frequency: (frequency != config.frequency).then_some(config.frequency),
             frequency,
         };
-        if frequency != config_frequency {
-            sampler.asked_frequency = Some(config_frequency);
-        }
-        sampler.choose_attr(pid, mode, config)?;
-        match mode {
-            TargetMode::Launched => sampler.open_thread(pid)?,
-            TargetMode::Attached => sampler.follow_threads(pid)?,
-        }
-        Ok(sampler)
+        Ok((
+            sampler,
+            SamplerConfig {
+                frequency,
+                ..config.clone()
+            },
+        ))
     }
 
     /// Opens per-CPU events for every task of a cgroup v2 (`cgroup`: its directory), that a
@@ -153,36 +158,8 @@ impl PerfSampler {
         pid: u32,
         config: &SamplerConfig,
     ) -> Result<Self, SampleError> {
-        let config_frequency = config.frequency;
-        if config.frequency == 0 {
-            return Err(SampleError::ZeroFrequency);
-        }
-        let frequency = throttle(config.frequency, max_sample_rate());
-        let config = &SamplerConfig {
-            frequency,
-            ..config.clone()
-        };
-        if config.stack_size == 0
-            || !config.stack_size.is_multiple_of(8)
-            || config.stack_size > 65528
-        {
-            return Err(SampleError::BadStackSize(config.stack_size));
-        }
-        let cpus = online_cpus().map_err(io_err("reading the list of online CPUs"))?;
-        let mut sampler = PerfSampler {
-            attr: PerfEventAttr::default(),
-            cpus,
-            rings: Vec::new(),
-            others: Vec::new(),
-            threads: BTreeSet::new(),
-            data_pages: ring_pages(config.stack_size),
-            hung_up: Vec::new(),
-            owner: Default::default(),
-            event_name: "cycles",
-            kernel_stacks: true,
-            asked_frequency: (frequency != config_frequency).then_some(config_frequency),
-            frequency,
-        };
+        let (mut sampler, config) = PerfSampler::empty(config)?;
+        let config = &config;
         let cpu0 = sampler.cpus[0] as i32;
         sampler.choose_attr_with(
             pid,

@@ -6,7 +6,6 @@
 //! or the program's user, with checked offsets and caps on its size, records and names.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// The largest jitdump read.
@@ -54,19 +53,7 @@ fn str_at(b: &[u8], at: usize, end: usize) -> Option<(String, usize)> {
 impl JitDump {
     /// The dump at `path`, if it may be trusted (see the module's notes) and parses.
     pub fn load(path: &Path, owner: Option<u32>) -> Option<JitDump> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .ok()?;
-        let meta = file.metadata().ok()?;
-        let me = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
-        if !meta.is_file() || !(meta.uid() == 0 || meta.uid() == me || Some(meta.uid()) == owner) {
-            return None;
-        }
-        let mut bytes = Vec::new();
-        file.take(MAX_DUMP).read_to_end(&mut bytes).ok()?;
+        let bytes = crate::perfmap::read_trusted(path, owner, MAX_DUMP)?;
         let mut d = JitDump::parse(&bytes)?;
         d.path = path.to_owned();
         Some(d)

@@ -8,6 +8,26 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+/// At most `max` bytes of a file a program wrote for its profiler, in a shared folder: read
+/// only when it is a regular file (not a link) owned by root, this user, or `owner` (the
+/// program's user).
+pub(crate) fn read_trusted(path: &Path, owner: Option<u32>, max: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    let me = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+    if !meta.is_file() || !(meta.uid() == 0 || meta.uid() == me || Some(meta.uid()) == owner) {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
 /// The largest map read.
 pub const MAX_MAP: u64 = 512 << 20;
 /// The longest name kept.
@@ -25,20 +45,8 @@ impl PerfMap {
     /// The map of process `pid` in `dir` (normally /tmp), if there is one that may be trusted
     /// (owned by root, the current user, or `owner`).
     pub fn load(dir: &Path, pid: u32, owner: Option<u32>) -> Option<PerfMap> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let path = dir.join(format!("perf-{pid}.map"));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .ok()?;
-        let meta = file.metadata().ok()?;
-        let me = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
-        if !meta.is_file() || !(meta.uid() == 0 || meta.uid() == me || Some(meta.uid()) == owner) {
-            return None;
-        }
-        let mut bytes = Vec::new();
-        file.take(MAX_MAP).read_to_end(&mut bytes).ok()?;
+        let bytes = read_trusted(&path, owner, MAX_MAP)?;
         let mut map = PerfMap::parse(&String::from_utf8_lossy(&bytes));
         map.path = path;
         Some(map)

@@ -79,14 +79,7 @@ fn permission_denied_says_why() {
     // An unprivileged user may not sample a root process (pid 1).
     let dir = TempDir::new("perm");
     let o = dir.path("x.folded");
-    let out = std::process::Command::new("setpriv")
-        .current_dir(scratch_dir())
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_superprof"),
-        ])
+    let out = superprof_as_nobody()
         .args(["record", "-p", "1", "--duration", "1", "-o"])
         .arg(&o)
         .output()
@@ -103,14 +96,7 @@ fn unprivileged_user_samples_its_own_program_in_user_space() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("user");
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
-    let out = std::process::Command::new("setpriv")
-        .current_dir(scratch_dir())
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_superprof"),
-        ])
+    let out = superprof_as_nobody()
         .args(["record", "--"])
         .arg(&exe)
         .arg("0.5")

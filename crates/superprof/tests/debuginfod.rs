@@ -43,13 +43,7 @@ fn record_fetches_a_missing_debug_file_from_debuginfod() {
     let served = dir.path("served");
     std::fs::create_dir_all(&served).unwrap();
     let debug = served.join("split.debug");
-    run_ok(
-        Command::new("objcopy")
-            .arg("--only-keep-debug")
-            .arg(&exe)
-            .arg(&debug),
-    );
-    run_ok(Command::new("objcopy").arg("--strip-debug").arg(&exe));
+    split_debug(&exe, &debug);
     let readelf = run_ok(Command::new("readelf").arg("-n").arg(&exe));
     let hex = String::from_utf8_lossy(&readelf.stdout)
         .lines()

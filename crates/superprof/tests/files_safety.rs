@@ -372,13 +372,7 @@ fn debuglinks_are_file_names_with_a_matching_crc() {
     std::fs::create_dir_all(&deep).unwrap();
     let exe = compile(&dir, "a/b/split", &["split.c"], &["-O2", "-g"]);
     let debug = dir.path("split.debug");
-    run_ok(
-        Command::new("objcopy")
-            .arg("--only-keep-debug")
-            .arg(&exe)
-            .arg(&debug),
-    );
-    run_ok(Command::new("objcopy").arg("--strip-debug").arg(&exe));
+    split_debug(&exe, &debug);
     // objcopy computes the CRC of the debug file; the link names it beside the program.
     std::fs::copy(&debug, deep.join("split.debug")).unwrap();
     run_ok(

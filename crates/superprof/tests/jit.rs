@@ -122,6 +122,18 @@ fn check(
     );
 }
 
+/// hotA or hotB, for node's names of its JIT code (`JS:*hotA /path/hot.js:3:14`).
+fn js_name(k: &str) -> Option<&'static str> {
+    let k = k.strip_prefix("JS:")?;
+    if k.contains("hotA") {
+        Some("hotA")
+    } else if k.contains("hotB") {
+        Some("hotB")
+    } else {
+        None
+    }
+}
+
 #[test]
 fn node_perf_basic_prof_names_js_functions() {
     let _cpu = cpu_lock();
@@ -130,16 +142,7 @@ fn node_perf_basic_prof_names_js_functions() {
     check(
         &dir,
         &["node", "--perf-basic-prof", js.to_str().unwrap()],
-        |k| {
-            let k = k.strip_prefix("JS:")?;
-            if k.contains("hotA") {
-                Some("hotA")
-            } else if k.contains("hotB") {
-                Some("hotB")
-            } else {
-                None
-            }
-        },
+        js_name,
         0.85,
         true,
     );
@@ -187,16 +190,7 @@ fn node_jitdump_names_js_functions() {
     check(
         &dir,
         &["node", "--perf-prof", js.to_str().unwrap()],
-        |k| {
-            let k = k.strip_prefix("JS:")?;
-            if k.contains("hotA") {
-                Some("hotA")
-            } else if k.contains("hotB") {
-                Some("hotB")
-            } else {
-                None
-            }
-        },
+        js_name,
         0.85,
         false,
     );

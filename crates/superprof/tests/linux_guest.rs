@@ -17,8 +17,8 @@ fn debs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-deps/linux-guest")
 }
 
-/// The one file in `dir` whose name starts with `prefix` and ends with `.deb`.
-fn deb(dir: &Path, prefix: &str) -> PathBuf {
+/// The package file in `dir` whose name `wanted` accepts.
+fn find_deb(dir: &Path, what: &str, wanted: impl Fn(&str) -> bool) -> PathBuf {
     std::fs::read_dir(dir)
         .unwrap_or_else(|e| {
             panic!(
@@ -29,9 +29,17 @@ fn deb(dir: &Path, prefix: &str) -> PathBuf {
         .filter_map(|e| Some(e.ok()?.path()))
         .find(|p| {
             let n = p.file_name().unwrap().to_string_lossy();
-            n.starts_with(prefix) && n.ends_with(".deb")
+            n.ends_with(".deb") && wanted(&n)
         })
-        .unwrap_or_else(|| panic!("no {prefix}*.deb in {} (run scripts/test)", dir.display()))
+        .unwrap_or_else(|| panic!("no {what} in {} (run scripts/test)", dir.display()))
+}
+
+/// The kernel image package: `linux-image-` and a version (not the meta package).
+fn kernel_deb(dir: &Path) -> PathBuf {
+    find_deb(dir, "linux-image-VERSION*.deb", |n| {
+        n.strip_prefix("linux-image-")
+            .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+    })
 }
 
 fn run_ok(cmd: &mut Command) -> std::process::Output {
@@ -97,7 +105,9 @@ fn debian_kernel_processes_kaslr_and_symbols() {
     run_ok(
         Command::new("dpkg-deb")
             .arg("-x")
-            .arg(deb(&debs, "busybox-static"))
+            .arg(find_deb(&debs, "busybox-static*.deb", |n| {
+                n.starts_with("busybox-static")
+            }))
             .arg(&pkg),
     );
     let vmlinuz = std::fs::read_dir(pkg.join("boot"))
@@ -315,28 +325,4 @@ fn debian_kernel_processes_kaslr_and_symbols() {
             "{backend}: {kernel:?}"
         );
     }
-}
-
-/// The kernel image package: `linux-image-` and a version (not the meta package).
-fn kernel_deb(dir: &Path) -> PathBuf {
-    std::fs::read_dir(dir)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (scripts/test downloads the packages)",
-                dir.display()
-            )
-        })
-        .filter_map(|e| Some(e.ok()?.path()))
-        .find(|p| {
-            let n = p.file_name().unwrap().to_string_lossy();
-            n.strip_prefix("linux-image-")
-                .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
-                && n.ends_with(".deb")
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no linux-image-VERSION*.deb in {} (run scripts/test)",
-                dir.display()
-            )
-        })
 }

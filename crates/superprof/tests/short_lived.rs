@@ -135,14 +135,7 @@ fn per_task_sampling_says_what_it_could_not_see() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("forkstorm-user");
     let exe = compile(&dir, "forkstorm", &["forkstorm.c"], &["-O2", "-g"]);
-    let out = Command::new("setpriv")
-        .current_dir(scratch_dir())
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            env!("CARGO_BIN_EXE_superprof"),
-        ])
+    let out = superprof_as_nobody()
         .args(["record", "-q", "--"])
         .arg(&exe)
         .arg("600")

@@ -36,13 +36,7 @@ fn debug_info_is_found_through_gnu_debuglink() {
     let dir = TempDir::new("debuglink");
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
     let debug = dir.path("split.debug");
-    run_ok(
-        Command::new("objcopy")
-            .arg("--only-keep-debug")
-            .arg(&exe)
-            .arg(&debug),
-    );
-    run_ok(Command::new("objcopy").arg("--strip-debug").arg(&exe));
+    split_debug(&exe, &debug);
     run_ok(
         Command::new("objcopy")
             .arg(format!("--add-gnu-debuglink={}", debug.display()))

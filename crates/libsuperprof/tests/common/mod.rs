@@ -117,3 +117,27 @@ pub fn values(stdout: &str) -> BTreeMap<String, f64> {
         .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
         .collect()
 }
+
+/// CPU time of the calling thread.
+pub fn thread_cpu() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Burns `d` of the calling thread's CPU time.
+#[inline(never)]
+pub fn burn(d: std::time::Duration) -> u64 {
+    let end = thread_cpu() + d;
+    let mut x = 1u64;
+    while thread_cpu() < end {
+        for _ in 0..20_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+    x
+}

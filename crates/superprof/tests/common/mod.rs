@@ -270,3 +270,27 @@ pub fn assert_one_line_notice(out: &Output, mention: &str, status: i32) {
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(lines[0].contains(mention), "{}", lines[0]);
 }
+
+/// Moves `exe`'s DWARF into the separate file `debug` (objcopy --only-keep-debug, then
+/// --strip-debug: the symbol table stays).
+pub fn split_debug(exe: &Path, debug: &Path) {
+    run_ok(
+        Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(exe)
+            .arg(debug),
+    );
+    run_ok(Command::new("objcopy").arg("--strip-debug").arg(exe));
+}
+
+/// superprof run as the unprivileged user 65534 (setpriv), in the scratch folder.
+pub fn superprof_as_nobody() -> Command {
+    let mut c = Command::new("setpriv");
+    c.current_dir(scratch_dir()).args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        env!("CARGO_BIN_EXE_superprof"),
+    ]);
+    c
+}
