@@ -185,6 +185,30 @@ pub fn check_outputs(outputs: &[PathBuf]) -> Result<Vec<(PathBuf, OutputFormat)>
         .collect()
 }
 
+/// Checks a text output (a table, JSON, CSV of `stat`, `blocks`) before anything runs.
+pub fn check_text_output(path: &Path) -> Result<(), OutputError> {
+    superprof_profile::output::check_writable(path)
+        .map_err(|e| OutputError(format!("cannot write output '{}': {e}", path.display())))
+}
+
+/// Writes a text output whole (a temporary file renamed over `output`), or to stdout.
+pub fn write_text(output: Option<&Path>, text: &str) -> std::io::Result<()> {
+    match output {
+        Some(out) => {
+            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("cannot write '{}': {e}", out.display()))
+                })
+        }
+        None => {
+            use std::io::Write;
+            let mut o = std::io::stdout().lock();
+            o.write_all(text.as_bytes())?;
+            o.flush()
+        }
+    }
+}
+
 /// Writes `profile` to `path` in `format`, whole (a temporary file renamed over it); the title
 /// (of a flamegraph, a viewer's tab) names the command.
 pub fn write_output(profile: &Profile, path: &Path, format: OutputFormat) -> std::io::Result<()> {

@@ -150,21 +150,6 @@ pub fn thread_cpu_time() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Writes a command's text result to `-o FILE` (atomically) or to stdout.
-pub fn write_text(output: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
-    use anyhow::Context;
-    match output {
-        Some(out) => {
-            superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
-                .with_context(|| format!("cannot write '{}'", out.display()))
-        }
-        None => {
-            print!("{text}");
-            Ok(())
-        }
-    }
-}
-
 /// A new folder under the temporary folder that only this user can use (0700); its name is
 /// random and creating it must succeed, so nobody else can have prepared it. The caller
 /// removes it.

@@ -90,8 +90,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
         bail!("--mode count needs a region: give one with -r FUNCTION, -r 0xSTART-0xEND or -r FILE:LINE-LINE");
     }
     if let Some(out) = &args.output {
-        superprof_profile::output::check_writable(out)
-            .with_context(|| format!("cannot write output '{}'", out.display()))?;
+        superprof_resolve::check_text_output(out)?;
     }
     let (mut report, exit) = match args.mode {
         BlocksMode::Count | BlocksMode::Coverage => trace::run(args, &specs)?,
@@ -101,7 +100,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
         .blocks
         .sort_by(|a, b| b.count.cmp(&a.count).then(a.start.cmp(&b.start)));
     let text = output::render(&report, args.format, args.annotate)?;
-    crate::sys::write_text(args.output.as_deref(), &text)?;
+    superprof_resolve::write_text(args.output.as_deref(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
         eprintln!("superprof: the command {status}");
     }

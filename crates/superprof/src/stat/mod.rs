@@ -217,8 +217,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
         }
     }
     if let Some(out) = &args.output {
-        superprof_profile::output::check_writable(out)
-            .with_context(|| format!("cannot write output '{}'", out.display()))?;
+        superprof_resolve::check_text_output(out)?;
     }
     let mut session = Session {
         events,
@@ -237,7 +236,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     let (exit, signal_in_region) = session.trace(args)?;
     let results = session.results.take().expect("results");
     let text = output::render(&results, args.format, args.per_call)?;
-    sys::write_text(args.output.as_deref(), &text)?;
+    superprof_resolve::write_text(args.output.as_deref(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
         eprintln!(
             "superprof: the command {status}{}",
