@@ -57,6 +57,24 @@ fn storm(name: &str, column: &str, flags: &[&str]) {
     let mut all = vec!["-O2", "-g"];
     all.extend(flags);
     let exe = compile(&dir, name, &[&format!("{name}.c")], &all);
+    // A cgroup an earlier superprof left behind (killed with SIGKILL): the next run removes it.
+    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stale = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| std::path::PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+        })
+        .map(|root| root.join(format!("superprof-{}-deadbeef", pid_max + 1)));
+    if let Some(s) = &stale {
+        std::fs::create_dir(s).unwrap();
+    }
     let pq = dir.path("storm.parquet");
     let out = run_ok(
         superprof()
@@ -68,6 +86,9 @@ fn storm(name: &str, column: &str, flags: &[&str]) {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("(per CPU)"), "{stderr}");
+    if let Some(s) = &stale {
+        assert!(!s.exists(), "{} left", s.display());
+    }
     let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
     let (parent, children) = split_by(&pq, column, own["parent"] as u32);
     let n = (parent + children) as f64;

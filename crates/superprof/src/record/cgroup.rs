@@ -6,7 +6,8 @@
 //! Made only where allowed (root, with cgroup v2 mounted and perf's cgroup events on it);
 //! otherwise `record` samples per task as before. The cgroup has no controller and no limit:
 //! the command runs as it would. At the end, any process left in it (a daemon the command
-//! started) is moved back to superprof's own cgroup and the folder removed.
+//! started) is moved back to superprof's own cgroup and the folder removed; a folder left by a
+//! superprof killed with SIGKILL is removed by the next one, once it is empty.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -49,6 +50,7 @@ impl Cgroup {
         }
         let root = cgroup2_mount()?;
         let home = root.join(own_cgroup()?.trim_start_matches('/'));
+        sweep(&root);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -74,6 +76,30 @@ impl Cgroup {
 fn write_pid(procs: &Path, pid: u32) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).open(procs)?;
     f.write_all(format!("{pid}\n").as_bytes())
+}
+
+/// Removes the cgroups an earlier superprof left behind (killed with SIGKILL, it could not):
+/// `superprof-PID-…` folders whose superprof is gone and in which no process is left.
+fn sweep(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("superprof-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        let empty = std::fs::read_to_string(e.path().join("cgroup.procs"))
+            .is_ok_and(|p| p.trim().is_empty());
+        if !alive && empty {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
 }
 
 impl Drop for Cgroup {
