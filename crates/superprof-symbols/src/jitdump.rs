@@ -19,6 +19,19 @@ const MAGIC: u32 = 0x4A69_5444; // "JiTD", in the writer's byte order
 const CODE_LOAD: u32 = 0;
 const CODE_MOVE: u32 = 1;
 const CODE_DEBUG_INFO: u32 = 2;
+const CODE_UNWINDING_INFO: u32 = 4;
+
+/// The unwind tables a runtime gave for one piece of JIT code: its `.eh_frame` at runtime
+/// address `eh_frame_at` (right after the code, 8-byte aligned, where the runtime puts it and
+/// perf's `inject --jit` places it), and the `.eh_frame_hdr` after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JitUnwind {
+    pub name: String,
+    pub code: std::ops::Range<u64>,
+    pub eh_frame_at: u64,
+    pub eh_frame: Vec<u8>,
+    pub hdr: Option<(u64, Vec<u8>)>,
+}
 
 /// Code ranges with names (by start; a later load at the same start wins), and the source
 /// lines of those that have them.
@@ -27,6 +40,8 @@ pub struct JitDump {
     entries: Vec<(u64, u64, String)>,
     /// Code start -> (address, line, file) rows, by address.
     lines: HashMap<u64, Vec<(u64, u32, String)>>,
+    /// The unwind tables of the code that has them, in the order loaded.
+    pub unwind: Vec<JitUnwind>,
     pub path: PathBuf,
 }
 
@@ -68,6 +83,9 @@ impl JitDump {
         let mut at = header.max(40);
         let mut loads: Vec<(u64, u64, String, usize)> = Vec::new();
         let mut lines: HashMap<u64, Vec<(u64, u32, String)>> = HashMap::new();
+        let mut unwind = Vec::new();
+        // Unwinding info comes before the load it belongs to: (eh_frame, header).
+        let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
         let mut n = 0;
         while n < MAX_RECORDS {
             let (Some(id), Some(size)) = (u32_at(b, at), u32_at(b, at + 4)) else {
@@ -86,7 +104,19 @@ impl JitDump {
                         u64_at(b, body + 24),
                         str_at(b, body + 40, end),
                     ) {
-                        if let Some(e) = addr.checked_add(len).filter(|_| len > 0) {
+                        let end = addr.checked_add(len).filter(|_| len > 0);
+                        let aligned = len.checked_add(7).and_then(|l| addr.checked_add(l & !7));
+                        if let (Some(e), Some(eh_frame_at)) = (end, aligned) {
+                            if let Some((eh_frame, hdr)) = pending.take() {
+                                let hdr_at = eh_frame_at.saturating_add(eh_frame.len() as u64);
+                                unwind.push(JitUnwind {
+                                    name: name.clone(),
+                                    code: addr..e,
+                                    eh_frame_at,
+                                    eh_frame,
+                                    hdr: (!hdr.is_empty()).then_some((hdr_at, hdr)),
+                                });
+                            }
                             loads.push((addr, e, name, n));
                         }
                     }
@@ -101,6 +131,23 @@ impl JitDump {
                         let name = loads.iter().rev().find(|l| l.0 == old).map(|l| l.2.clone());
                         if let (Some(name), Some(e)) = (name, new.checked_add(len)) {
                             loads.push((new, e, name, n));
+                        }
+                    }
+                }
+                CODE_UNWINDING_INFO => {
+                    // unwinding_size, eh_frame_hdr_size, mapped_size, then the eh_frame and,
+                    // at its end, the eh_frame_hdr (the layout V8 writes and perf reads). A
+                    // table without an FDE (a header and an empty eh_frame) is left out.
+                    pending = None;
+                    if let (Some(size), Some(hdr)) = (u64_at(b, body), u64_at(b, body + 8)) {
+                        let data = usize::try_from(size)
+                            .ok()
+                            .and_then(|s| b.get(body + 24..(body + 24).checked_add(s)?));
+                        if let (Some(data), Ok(hdr)) = (data, usize::try_from(hdr)) {
+                            if hdr < data.len() && data.len() - hdr > 8 {
+                                let (eh, h) = data.split_at(data.len() - hdr);
+                                pending = Some((eh.to_vec(), h.to_vec()));
+                            }
                         }
                     }
                 }
@@ -136,6 +183,7 @@ impl JitDump {
                 .map(|(s, e, name, _)| (s, e, name))
                 .collect(),
             lines,
+            unwind,
             path: PathBuf::new(),
         })
     }
@@ -232,13 +280,32 @@ mod tests {
         for v in [0u64, 0x2000, 0x3000, 0x20, 0] {
             mv.extend_from_slice(&v.to_le_bytes());
         }
+        // Unwinding info for the next load: 12 bytes of eh_frame, 4 of header.
+        let mut unw = Vec::new();
+        for v in [16u64, 4, 16] {
+            unw.extend_from_slice(&v.to_le_bytes());
+        }
+        unw.extend_from_slice(&[1u8; 12]);
+        unw.extend_from_slice(&[2u8; 4]);
         let d = dump(&[
-            load(0x1000, 0x40, "JS:*hot"),
+            record(CODE_UNWINDING_INFO, &unw),
+            load(0x1000, 0x3c, "JS:*hot"),
             record(CODE_DEBUG_INFO, &dbg),
             load(0x2000, 0x20, "LazyCompile:~cold"),
             record(CODE_MOVE, &mv),
         ]);
         let j = JitDump::parse(&d).unwrap();
+        // The tables after the code, 8-byte aligned, the header after them; only that load.
+        assert_eq!(
+            j.unwind,
+            vec![JitUnwind {
+                name: "JS:*hot".into(),
+                code: 0x1000..0x103c,
+                eh_frame_at: 0x1040,
+                eh_frame: vec![1; 12],
+                hdr: Some((0x104c, vec![2; 4])),
+            }]
+        );
         assert_eq!(j.lookup(0x1014), Some(("JS:*hot", Some(("x.js", 4)))));
         assert_eq!(j.lookup(0x1004), Some(("JS:*hot", Some(("x.js", 3)))));
         assert_eq!(j.lookup(0x3010), Some(("LazyCompile:~cold", None)));

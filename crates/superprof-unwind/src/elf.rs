@@ -20,16 +20,151 @@ pub struct ModuleId(pub u32);
 
 /// Bytes of one section of a mapped file, cheap to clone.
 #[derive(Clone)]
-pub struct SectionBytes {
-    map: Arc<Mmap>,
-    range: Range<usize>,
+pub struct SectionBytes(Bytes);
+
+#[derive(Clone)]
+enum Bytes {
+    /// A section of a mapped ELF file.
+    Mapped { map: Arc<Mmap>, range: Range<usize> },
+    /// Bytes of their own (a JIT's unwind tables, from its jitdump).
+    Owned(Arc<[u8]>),
+}
+
+impl Default for SectionBytes {
+    fn default() -> Self {
+        SectionBytes(Bytes::Owned(Arc::from(Vec::new())))
+    }
 }
 
 impl Deref for SectionBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // The range was checked against the file at open; `get` keeps this panic-free anyway.
-        self.map.get(self.range.clone()).unwrap_or_default()
+        match &self.0 {
+            // The range was checked against the file at open; `get` keeps this panic-free.
+            Bytes::Mapped { map, range } => map.get(range.clone()).unwrap_or_default(),
+            Bytes::Owned(b) => b,
+        }
+    }
+}
+
+/// A framehop module for JIT code at `code` whose `.eh_frame` (and its header, when given)
+/// sit at runtime addresses `eh_frame_at` (and `hdr_at`), as a runtime's jitdump describes
+/// them: the code's own unwind tables. Their CIEs are made readable first
+/// ([`drop_omitted_lsda`]).
+pub fn jit_module(
+    name: String,
+    code: Range<u64>,
+    eh_frame_at: u64,
+    mut eh_frame: Vec<u8>,
+    hdr: Option<(u64, Vec<u8>)>,
+) -> framehop::Module<SectionBytes> {
+    drop_omitted_lsda(&mut eh_frame);
+    let range = |at: u64, len: usize| at..at.saturating_add(len as u64);
+    let info = framehop::ExplicitModuleSectionInfo {
+        base_svma: code.start,
+        text_svma: Some(code.clone()),
+        eh_frame_svma: Some(range(eh_frame_at, eh_frame.len())),
+        eh_frame: Some(SectionBytes(Bytes::Owned(eh_frame.into()))),
+        eh_frame_hdr_svma: hdr.as_ref().map(|(at, b)| range(*at, b.len())),
+        eh_frame_hdr: hdr.map(|(_, b)| SectionBytes(Bytes::Owned(b.into()))),
+        ..Default::default()
+    };
+    framehop::Module::new(name, code.clone(), code.start, info)
+}
+
+/// Rewrites, in place and at the same length, each CIE of `eh_frame` whose augmentation names
+/// an LSDA encoding that is "omitted" (0xff, as V8 writes "zLR"): the 'L' and its byte go, and
+/// two DW_CFA_nop take their room at the CIE's end. gimli refuses such CIEs' FDEs
+/// ("CannotParseOmitPointerEncoding"); they mean the same without the 'L'. Anything that does
+/// not parse as expected is left alone.
+pub fn drop_omitted_lsda(eh_frame: &mut [u8]) {
+    let mut at = 0usize;
+    while let Some(len) = eh_frame
+        .get(at..at + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+    {
+        if len == 0 || len == 0xffff_ffff {
+            return; // the terminator, or 64-bit lengths (not written by JITs)
+        }
+        let Some(end) = at.checked_add(4 + len).filter(|&e| e <= eh_frame.len()) else {
+            return;
+        };
+        let is_cie = eh_frame.get(at + 4..at + 8) == Some(&[0, 0, 0, 0][..]);
+        if is_cie {
+            fix_cie(&mut eh_frame[at + 8..end]);
+        }
+        at = end;
+    }
+}
+
+/// One CIE's body after its id: version, augmentation, alignments, return register,
+/// augmentation data, instructions.
+fn fix_cie(body: &mut [u8]) {
+    let Some(aug_end) = body.iter().skip(1).position(|&b| b == 0).map(|p| p + 1) else {
+        return;
+    };
+    let aug = body[1..aug_end].to_vec();
+    let Some(l) = aug.iter().position(|&c| c == b'L') else {
+        return;
+    };
+    if aug.first() != Some(&b'z') || !aug.iter().all(|c| b"zLRPS".contains(c)) {
+        return;
+    }
+    // Past the NUL: code alignment (ULEB), data alignment (SLEB), return register (ULEB for
+    // version 3, a byte for 1), then the augmentation data's length (ULEB, one byte here).
+    let leb_len = |b: &[u8]| b.iter().position(|&x| x & 0x80 == 0).map(|p| p + 1);
+    let mut p = aug_end + 1;
+    for _ in 0..2 {
+        let Some(n) = body.get(p..).and_then(leb_len) else {
+            return;
+        };
+        p += n;
+    }
+    p += if body[0] == 1 {
+        1
+    } else {
+        match body.get(p..).and_then(leb_len) {
+            Some(n) => n,
+            None => return,
+        }
+    };
+    let Some(&data_len) = body.get(p) else { return };
+    if data_len & 0x80 != 0 || data_len == 0 {
+        return;
+    }
+    let data_start = p + 1;
+    // The data holds one field per letter after 'z': P (encoding + pointer) is not handled.
+    if aug.contains(&b'P') {
+        return;
+    }
+    let field = aug[1..]
+        .iter()
+        .filter(|&&c| c != b'S')
+        .position(|&c| c == b'L')
+        .filter(|_| l > 0);
+    let Some(field) = field else { return };
+    if body.get(data_start + field) != Some(&0xff) || data_start + data_len as usize > body.len() {
+        return;
+    }
+    // Rebuild: augmentation without 'L', data without its byte, the rest, two nops.
+    let mut out = Vec::with_capacity(body.len());
+    out.push(body[0]);
+    out.extend(aug.iter().filter(|&&c| c != b'L'));
+    out.push(0);
+    out.extend_from_slice(&body[aug_end + 1..p]);
+    out.push(data_len - 1);
+    for (i, b) in body[data_start..data_start + data_len as usize]
+        .iter()
+        .enumerate()
+    {
+        if i != field {
+            out.push(*b);
+        }
+    }
+    out.extend_from_slice(&body[data_start + data_len as usize..]);
+    out.extend_from_slice(&[0, 0]); // DW_CFA_nop, twice
+    if out.len() == body.len() {
+        body.copy_from_slice(&out);
     }
 }
 
@@ -365,9 +500,11 @@ impl framehop::ModuleSectionInfo<SectionBytes> for SectionSource<'_> {
         self.image.sections.get(name).map(|s| s.svma.clone())
     }
     fn section_data(&mut self, name: &[u8]) -> Option<SectionBytes> {
-        self.image.sections.get(name).map(|s| SectionBytes {
-            map: self.image.map.clone(),
-            range: s.file.clone(),
+        self.image.sections.get(name).map(|s| {
+            SectionBytes(Bytes::Mapped {
+                map: self.image.map.clone(),
+                range: s.file.clone(),
+            })
         })
     }
 }

@@ -27,7 +27,7 @@ mod process;
 mod regs;
 mod sys;
 
-pub use elf::{ElfCache, ElfImage, ModuleId, SectionBytes};
+pub use elf::{drop_omitted_lsda, jit_module, ElfCache, ElfImage, ModuleId, SectionBytes};
 pub use framehop::FrameAddress;
 pub use guest::{frame_parts, GuestArch, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, Truncation, UnwindOutcome};

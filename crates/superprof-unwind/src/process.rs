@@ -229,6 +229,13 @@ impl ProcessModules {
         *self = ProcessModules::default();
     }
 
+    /// Adds JIT code with unwind tables of its own (from a jitdump) to the unwinder; code
+    /// at an address already known is replaced.
+    pub fn add_jit_module(&mut self, module: framehop::Module<SectionBytes>, start: u64) {
+        self.unwinder.remove_module(start);
+        self.unwinder.add_module(module);
+    }
+
     /// The mapping that contains runtime address `avma`.
     pub fn lookup(&self, avma: u64) -> Option<&Mapping> {
         let i = self.mappings.partition_point(|m| m.start <= avma);

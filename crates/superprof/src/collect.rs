@@ -66,6 +66,9 @@ pub struct Collector {
     owners: HashMap<u32, u32>,
     /// Each process's jitdump file, from its marker mapping.
     jitdumps: HashMap<u32, PathBuf>,
+    /// When each process's jitdump was last read for unwind tables, its size then, and the
+    /// code given them.
+    jit_unwind: HashMap<u32, (u64, u64, std::collections::HashSet<u64>)>,
     /// A launched command whose samples count only from its exec (before it, the child runs
     /// superprof's code).
     awaiting_exec: Option<u32>,
@@ -140,6 +143,41 @@ impl Collector {
             }
         }
         self.read_thread_names(pid);
+    }
+
+    /// Reads process `pid`'s jitdump (at most every 50 ms) and adds the unwind tables of code
+    /// not given them yet; whether any was added.
+    fn add_jit_unwind(&mut self, pid: u32, now: u64) -> bool {
+        let (read_at, size, added) = self.jit_unwind.entry(pid).or_default();
+        if *read_at != 0 && now.saturating_sub(*read_at) < 50_000_000 {
+            return false;
+        }
+        *read_at = now.max(1);
+        let Some(path) = self.jitdumps.get(&pid) else {
+            return false;
+        };
+        // Read again only when it grew.
+        let len = std::fs::metadata(path).map_or(0, |m| m.len());
+        if len == *size {
+            return false;
+        }
+        *size = len;
+        let owner = self.owners.get(&pid).copied();
+        let Some(dump) = superprof_symbols::JitDump::load(path, owner) else {
+            return false;
+        };
+        let process = self.processes.entry(pid).or_default();
+        let mut any = false;
+        for u in dump.unwind {
+            if added.insert(u.code.start) {
+                let start = u.code.start;
+                let m =
+                    superprof_unwind::jit_module(u.name, u.code, u.eh_frame_at, u.eh_frame, u.hdr);
+                process.add_jit_module(m, start);
+                any = true;
+            }
+        }
+        any
     }
 
     /// Keeps the user of process `pid`, the first time it is seen.
@@ -338,6 +376,14 @@ impl Collector {
                 && self.may_reread_maps(s.pid, s.time)
             {
                 self.read_proc(s.pid, s.time);
+                self.unwind(s);
+            }
+            // JIT code with unwind tables in the process's jitdump (read again at most every
+            // 50 ms, as it grows): give them to the unwinder, and unwind again.
+            if self.jitdumps.contains_key(&s.pid)
+                && self.scratch.iter().any(|f| !known(self, f.address()))
+                && self.add_jit_unwind(s.pid, s.time)
+            {
                 self.unwind(s);
             }
             if let Some(why) = self.truncated_now {

@@ -187,9 +187,16 @@ fn node_jitdump_names_js_functions() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("jit-node-dump");
     let js = fixtures_dir().join("jit/hot.js");
+    // With the unwinding tables V8 writes for optimized code too (read while recording and
+    // given to the unwinder: tests/jit_cfi.rs of superprof-unwind checks they are used).
     check(
         &dir,
-        &["node", "--perf-prof", js.to_str().unwrap()],
+        &[
+            "node",
+            "--perf-prof",
+            "--perf-prof-unwinding-info",
+            js.to_str().unwrap(),
+        ],
         js_name,
         0.85,
         false,
