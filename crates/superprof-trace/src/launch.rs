@@ -365,12 +365,17 @@ pub fn kill(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// The fields of /proc/PID/stat after the command name (which may hold spaces and
+/// parentheses): the state (field 3) first.
+pub fn proc_stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
 /// Whether a process exists and is not a zombie.
 pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
-        Err(_) => false,
-    }
+    proc_stat_fields(pid)
+        .and_then(|f| f.first().cloned())
+        .is_some_and(|state| state != "Z" && state != "X")
 }

@@ -104,7 +104,8 @@ pub fn raise_fd_limit() {
 /// CPU time of the calling thread.
 /// CPU time (user and system) of this process's children that ended and were waited for, and
 /// of their own waited-for descendants.
-pub fn children_cpu_time() -> std::time::Duration {
+/// (user, system).
+pub fn children_cpu_time() -> (std::time::Duration, std::time::Duration) {
     // SAFETY: getrusage writes into a local rusage.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
@@ -114,24 +115,21 @@ pub fn children_cpu_time() -> std::time::Duration {
             (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
         )
     };
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
 /// CPU time of process `pid` and of its children it waited for (/proc/PID/stat: utime, stime,
 /// cutime, cstime, in clock ticks); None when it cannot be read.
-pub fn process_tree_cpu_time(pid: u32) -> Option<std::time::Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold spaces and parentheses): field 3 on.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = (11..=14)
-        .map(|i| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0))
-        .sum();
+/// (user, system).
+pub fn process_tree_cpu_time(pid: u32) -> Option<(std::time::Duration, std::time::Duration)> {
+    let f = superprof_trace::proc_stat_fields(pid)?;
+    // utime, stime, cutime, cstime: fields 14 to 17, 11 to 14 after the state.
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // SAFETY: sysconf has no side effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some(std::time::Duration::from_nanos(
-        ticks.saturating_mul(1_000_000_000) / hz,
-    ))
+    let time =
+        |ticks: u64| std::time::Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz);
+    Some((time(field(11) + field(13)), time(field(12) + field(14))))
 }
 
 /// The effective user id.

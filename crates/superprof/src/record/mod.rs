@@ -429,8 +429,18 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     let per_cpu = started.cgroup.is_some();
     drop(started.cgroup);
     let mut profile = Profile::default();
+    // The CPU time samples could come from: user time alone where kernel samples are left
+    // out (an ordinary user, the ptrace sampler).
     profile.meta.cpu_time_ns = match (cpu_before, cpu_now()) {
-        (Some(a), Some(b)) => b.saturating_sub(a).as_nanos() as u64,
+        (Some((u0, s0)), Some((u1, s1))) => {
+            let user = u1.saturating_sub(u0);
+            let system = if result.kernel {
+                s1.saturating_sub(s0)
+            } else {
+                Default::default()
+            };
+            (user + system).as_nanos() as u64
+        }
         _ => 0,
     };
     profile.meta.command = started.command;
@@ -450,10 +460,11 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     let seen = profile.samples.len() as f64 / (cpu_s * f64::from(result.frequency.max(1)));
     if launched && !per_cpu && result.event.starts_with("cpu-clock") && cpu_s > 0.05 && seen < 0.8 {
         eprintln!(
-            "superprof: the samples cover {:.0}% of the {cpu_s:.2} s of CPU time the command's \
+            "superprof: the samples cover {:.0}% of the {cpu_s:.2} s of {}CPU time the command's \
              processes used: tasks shorter than a sampling period are not seen when sampling per \
              task (as root, superprof samples the command per CPU, in a cgroup of its own)",
-            100.0 * seen.min(1.0)
+            100.0 * seen.min(1.0),
+            if result.kernel { "" } else { "user " }
         );
     }
     Ok(Recorded {
