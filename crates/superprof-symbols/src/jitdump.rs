@@ -140,9 +140,12 @@ impl JitDump {
                     // table without an FDE (a header and an empty eh_frame) is left out.
                     pending = None;
                     if let (Some(size), Some(hdr)) = (u64_at(b, body), u64_at(b, body + 8)) {
+                        // Inside this record: a size reaching past it is refused.
                         let data = usize::try_from(size)
                             .ok()
-                            .and_then(|s| b.get(body + 24..(body + 24).checked_add(s)?));
+                            .and_then(|s| (body + 24).checked_add(s))
+                            .filter(|&e| e <= end)
+                            .and_then(|e| b.get(body + 24..e));
                         if let (Some(data), Ok(hdr)) = (data, usize::try_from(hdr)) {
                             if hdr < data.len() && data.len() - hdr > 8 {
                                 let (eh, h) = data.split_at(data.len() - hdr);
@@ -321,6 +324,17 @@ mod tests {
         bad[47] = 0xff;
         assert!(JitDump::parse(&bad).unwrap().is_empty());
         assert!(JitDump::parse(b"nope").is_none());
+        // Unwinding info that claims more bytes than its record holds: left out, not copied
+        // from the records after it.
+        let mut big = Vec::new();
+        for v in [1u64 << 20, 4, 0] {
+            big.extend_from_slice(&v.to_le_bytes());
+        }
+        big.extend_from_slice(&[1u8; 16]);
+        let d = dump(&[record(CODE_UNWINDING_INFO, &big), load(0x5000, 0x10, "f")]);
+        let j = JitDump::parse(&d).unwrap();
+        assert!(j.unwind.is_empty());
+        assert_eq!(j.lookup(0x5004), Some(("f", None)));
         assert!(is_jitdump(Path::new("/tmp/jit-1234.dump")));
         assert!(!is_jitdump(Path::new("/tmp/jit-.dump")));
         assert!(!is_jitdump(Path::new("/tmp/perf-1.map")));

@@ -13,9 +13,11 @@ use std::path::{Path, PathBuf};
 /// program's user).
 pub(crate) fn read_trusted(path: &Path, owner: Option<u32>, max: u64) -> Option<Vec<u8>> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    // O_NONBLOCK: a FIFO planted under the name must not hold the open (and the profiled
+    // program, for libsuperprof) for ever; it is refused below as no regular file.
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;
@@ -151,6 +153,14 @@ mod tests {
         );
         std::os::unix::fs::symlink(dir.join("perf-1.map"), dir.join("perf-2.map")).unwrap();
         assert!(PerfMap::load(&dir, 2, None).is_none());
+        // A FIFO with nobody writing: refused at once, not waited on.
+        let fifo = dir.join("perf-4.map");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let t = std::time::Instant::now();
+        assert!(PerfMap::load(&dir, 4, None).is_none());
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
         assert!(PerfMap::load(&dir, 3, None).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }

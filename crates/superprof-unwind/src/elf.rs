@@ -89,9 +89,9 @@ pub fn drop_omitted_lsda(eh_frame: &mut [u8]) {
         let Some(end) = at.checked_add(4 + len).filter(|&e| e <= eh_frame.len()) else {
             return;
         };
-        let is_cie = eh_frame.get(at + 4..at + 8) == Some(&[0, 0, 0, 0][..]);
-        if is_cie {
-            fix_cie(&mut eh_frame[at + 8..end]);
+        let is_cie = len >= 4 && eh_frame.get(at + 4..at + 8) == Some(&[0, 0, 0, 0][..]);
+        if let (true, Some(body)) = (is_cie, eh_frame.get_mut(at + 8..end)) {
+            fix_cie(body);
         }
         at = end;
     }
@@ -104,9 +104,9 @@ fn fix_cie(body: &mut [u8]) {
         return;
     };
     let aug = body[1..aug_end].to_vec();
-    let Some(l) = aug.iter().position(|&c| c == b'L') else {
+    if !aug.contains(&b'L') {
         return;
-    };
+    }
     if aug.first() != Some(&b'z') || !aug.iter().all(|c| b"zLRPS".contains(c)) {
         return;
     }
@@ -137,12 +137,13 @@ fn fix_cie(body: &mut [u8]) {
     if aug.contains(&b'P') {
         return;
     }
-    let field = aug[1..]
+    let Some(field) = aug[1..]
         .iter()
         .filter(|&&c| c != b'S')
         .position(|&c| c == b'L')
-        .filter(|_| l > 0);
-    let Some(field) = field else { return };
+    else {
+        return;
+    };
     if body.get(data_start + field) != Some(&0xff) || data_start + data_len as usize > body.len() {
         return;
     }

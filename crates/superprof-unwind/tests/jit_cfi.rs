@@ -88,4 +88,9 @@ fn the_cie_rewrite_keeps_lengths_and_leaves_others_alone() {
     }
     let mut junk = vec![0xffu8; 64];
     superprof_unwind::drop_omitted_lsda(&mut junk);
+    // Entries too short to hold a CIE id, in every length.
+    for n in 0..16u8 {
+        let mut short = vec![n, 0, 0, 0, 0, 0, 0, 0, b'z', b'L', 0];
+        superprof_unwind::drop_omitted_lsda(&mut short);
+    }
 }
