@@ -63,6 +63,14 @@ fn storm(name: &str, column: &str, flags: &[&str]) {
         .trim()
         .parse()
         .unwrap();
+    // (superprof makes its cgroups inside its own, which is this test's.)
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap()
+        .trim()
+        .to_owned();
     let stale = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
@@ -71,7 +79,10 @@ fn storm(name: &str, column: &str, flags: &[&str]) {
             (right.split_whitespace().next()? == "cgroup2")
                 .then(|| std::path::PathBuf::from(left.split_whitespace().nth(4).unwrap()))
         })
-        .map(|root| root.join(format!("superprof-{}-deadbeef", pid_max + 1)));
+        .map(|root| {
+            root.join(own.trim_start_matches('/'))
+                .join(format!("superprof-{}-deadbeef", pid_max + 1))
+        });
     if let Some(s) = &stale {
         std::fs::create_dir(s).unwrap();
     }

@@ -4,8 +4,9 @@
 //! timer starts again in every new task, so a fork storm or a thread churn goes unseen).
 //!
 //! Made only where allowed (root, with cgroup v2 mounted and perf's cgroup events on it);
-//! otherwise `record` samples per task as before. The cgroup has no controller and no limit:
-//! the command runs as it would. At the end, any process left in it (a daemon the command
+//! otherwise `record` samples per task as before. The cgroup is made inside superprof's own,
+//! with no controller and no limit of its own: the limits and the unit (a systemd scope, a
+//! container) that hold superprof still hold the command. At the end, any process left in it (a daemon the command
 //! started) is moved back to superprof's own cgroup and the folder removed; a folder left by a
 //! superprof killed with SIGKILL is removed by the next one, once it is empty.
 
@@ -42,7 +43,9 @@ fn own_cgroup() -> Option<String> {
 }
 
 impl Cgroup {
-    /// A new, empty cgroup under the v2 root, or None where that is not allowed.
+    /// A new, empty cgroup inside superprof's own (so that the limits and the unit of
+    /// whatever contains superprof still hold for the command), or None where that is not
+    /// allowed.
     pub fn create() -> Option<Cgroup> {
         use std::os::unix::fs::DirBuilderExt;
         if crate::sys::euid() != 0 {
@@ -50,11 +53,11 @@ impl Cgroup {
         }
         let root = cgroup2_mount()?;
         let home = root.join(own_cgroup()?.trim_start_matches('/'));
-        sweep(&root);
+        sweep(&home);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let dir = root.join(format!("superprof-{}-{nanos:08x}", std::process::id()));
+        let dir = home.join(format!("superprof-{}-{nanos:08x}", std::process::id()));
         // create, not create_all: a folder that already exists is not ours.
         std::fs::DirBuilder::new().mode(0o755).create(&dir).ok()?;
         let fd = match std::fs::File::open(&dir) {

@@ -198,7 +198,7 @@ struct Started {
 
 /// Per-CPU sampling of a launched command's cgroup (see `cgroup`), where it may be made and
 /// perf's cgroup events work; None otherwise (the caller samples per task).
-fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(Source, cgroup::Cgroup)> {
+fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(PerfSampler, cgroup::Cgroup)> {
     if cfg.sampler_kind == SamplerKind::Ptrace {
         return None;
     }
@@ -208,7 +208,7 @@ fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(Source, cgroup::C
     if let Some(notice) = sampler.throttle_notice() {
         eprintln!("{notice}");
     }
-    Some((Source::Perf(Box::new(sampler)), cg))
+    Some((sampler, cg))
 }
 
 /// Whether perf_event_open was refused in a way that ptrace can stand in for.
@@ -265,13 +265,16 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
             let mut child = PendingChild::spawn(&path, cmd)
                 .with_context(|| format!("cannot start '{program}'"))?;
-            if let Some((source, cg)) = open_cgroup_source(cfg, child.pid) {
+            if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid) {
                 let clock = Clock::now();
                 // Samples of the child before its exec are superprof's code: not kept.
                 collector.await_exec(child.pid);
-                if let Source::Perf(s) = &source {
-                    s.enable()?;
+                if let Err(e) = sampler.enable() {
+                    // The command never starts (as when the events cannot be opened).
+                    child.abort();
+                    return Err(e.into());
                 }
+                let source = Source::Perf(Box::new(sampler));
                 child
                     .release()
                     .with_context(|| format!("cannot run '{program}'"))?;
