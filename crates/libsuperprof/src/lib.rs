@@ -519,12 +519,7 @@ fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), E
                 ),
             ))
         })?;
-        superprof_resolve::write_output(profile, path, format).map_err(|e| {
-            match e.raw_os_error() {
-                Some(code) => Error::Io(std::io::Error::from_raw_os_error(code)),
-                None => Error::Io(std::io::Error::other(e.to_string())),
-            }
-        })?;
+        superprof_resolve::write_output(profile, path, format).map_err(|e| Error::Io(e.source))?;
     }
     Ok(())
 }

@@ -73,11 +73,26 @@ pub fn restore_handler(ours: Handler, saved: &SavedAction) {
     }
 }
 
-/// Whether a SIGPROF is pending for the process or this thread.
+/// Whether a SIGPROF is pending for the process or any of its threads: each thread's timer
+/// signals that thread, and a thread that blocks SIGPROF keeps it pending (the kernel drops
+/// the signal of a deleted timer only since 6.13). Read from /proc/self/task/*/status
+/// (SigPnd, ShdPnd), not sigpending(), which sees the calling thread's alone.
 pub fn sigprof_pending() -> bool {
-    // SAFETY: sigpending writes the pending set into a local sigset_t.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::sigpending(&mut set) == 0 && libc::sigismember(&set, libc::SIGPROF) == 1 }
+    let bit = 1u64 << (libc::SIGPROF - 1);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("status")).is_ok_and(|s| {
+            s.lines().any(|l| {
+                let mask = l
+                    .strip_prefix("SigPnd:")
+                    .or_else(|| l.strip_prefix("ShdPnd:"));
+                mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                    .is_some_and(|m| m & bit != 0)
+            })
+        })
+    })
 }
 
 /// The sampling clocks: a POSIX timer on each thread's own CPU-time clock, sending SIGPROF to

@@ -125,6 +125,29 @@ fn a_program_with_its_own_sigprof_handler_is_refused() {
     assert!(stderr.contains("own SIGPROF handler"), "{stderr}");
 }
 
+/// The C API gives the reason of a failed write as errno (ENOENT: the folder is gone), not EIO.
+#[test]
+fn a_failed_write_gives_its_errno() {
+    let dir = tempdir("gone");
+    let exe = build(&dir);
+    let folder = dir.join("out");
+    std::fs::create_dir(&folder).unwrap();
+    let _cpu = cpu_lock();
+    let out = Command::new(&exe)
+        .arg("gone")
+        .arg(&folder)
+        .output()
+        .unwrap();
+    let v = values(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(v["start"], 0.0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        v["enoent"],
+        1.0,
+        "{v:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn stop_without_start_and_start_twice_are_harmless() {
     let dir = tempdir("misuse");

@@ -209,9 +209,32 @@ pub fn write_text(output: Option<&Path>, text: &str) -> std::io::Result<()> {
     }
 }
 
+/// A profile that could not be written: where, and the system's reason (its errno kept).
+#[derive(Debug)]
+pub struct WriteError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot write '{}': {}", self.path.display(), self.source)
+    }
+}
+
+impl std::error::Error for WriteError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 /// Writes `profile` to `path` in `format`, whole (a temporary file renamed over it); the title
 /// (of a flamegraph, a viewer's tab) names the command.
-pub fn write_output(profile: &Profile, path: &Path, format: OutputFormat) -> std::io::Result<()> {
+pub fn write_output(
+    profile: &Profile,
+    path: &Path,
+    format: OutputFormat,
+) -> Result<(), WriteError> {
     let title = if profile.meta.command.is_empty() {
         "superprof".to_owned()
     } else {
@@ -220,7 +243,10 @@ pub fn write_output(profile: &Profile, path: &Path, format: OutputFormat) -> std
     superprof_profile::write_atomic(path, |w| {
         superprof_profile::output::write(profile, format, &title, w)
     })
-    .map_err(|e| std::io::Error::new(e.kind(), format!("cannot write '{}': {e}", path.display())))
+    .map_err(|source| WriteError {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]
