@@ -63,12 +63,15 @@ pub struct Collector {
     /// Loads symbols in the background as modules appear.
     symbols: SymbolService,
     /// Each process's user (whose perf map may be trusted).
-    owners: HashMap<u32, u32>,
+    owners: HashMap<u32, Option<u32>>,
     /// Each process's jitdump file, from its marker mapping.
     jitdumps: HashMap<u32, PathBuf>,
-    /// When each process's jitdump was last read for unwind tables, its size then, and the
-    /// code given them.
-    jit_unwind: HashMap<u32, (u64, u64, std::collections::HashSet<u64>)>,
+    /// When each process's jitdump was last read for unwind tables, its size then, and how
+    /// many of its tables (in load order) the unwinder has.
+    jit_unwind: HashMap<u32, (u64, u64, usize)>,
+    /// Each process's executable mappings of no file: JIT code (named at the end, unwound by
+    /// its jitdump's tables or frame pointers; no reason to read /proc/PID/maps again).
+    anon: HashMap<u32, Vec<(u64, u64)>>,
     /// A launched command whose samples count only from its exec (before it, the child runs
     /// superprof's code).
     awaiting_exec: Option<u32>,
@@ -148,7 +151,7 @@ impl Collector {
     /// Reads process `pid`'s jitdump (at most every 50 ms) and adds the unwind tables of code
     /// not given them yet; whether any was added.
     fn add_jit_unwind(&mut self, pid: u32, now: u64) -> bool {
-        let (read_at, size, added) = self.jit_unwind.entry(pid).or_default();
+        let (read_at, size, applied) = self.jit_unwind.entry(pid).or_default();
         if *read_at != 0 && now.saturating_sub(*read_at) < 50_000_000 {
             return false;
         }
@@ -162,32 +165,32 @@ impl Collector {
             return false;
         }
         *size = len;
-        let owner = self.owners.get(&pid).copied();
+        let owner = self.owners.get(&pid).copied().flatten();
         let Some(dump) = superprof_symbols::JitDump::load(path, owner) else {
             return false;
         };
         let process = self.processes.entry(pid).or_default();
-        let mut any = false;
-        for u in dump.unwind {
-            if added.insert(u.code.start) {
-                let start = u.code.start;
-                let m =
-                    superprof_unwind::jit_module(u.name, u.code, u.eh_frame_at, u.eh_frame, u.hdr);
-                process.add_jit_module(m, start);
-                any = true;
-            }
+        // The tables loaded since the last read, in order: code loaded again at an address
+        // replaces what was there.
+        let new = dump.unwind.len().saturating_sub(*applied);
+        for u in dump.unwind.into_iter().skip(*applied) {
+            let start = u.code.start;
+            let m = superprof_unwind::jit_module(u.name, u.code, u.eh_frame_at, u.eh_frame, u.hdr);
+            process.add_jit_module(m, start);
         }
-        any
+        *applied += new;
+        new > 0
     }
 
     /// Keeps the user of process `pid`, the first time it is seen.
     fn note_owner(&mut self, pid: u32) {
         use std::os::unix::fs::MetadataExt;
-        if let std::collections::hash_map::Entry::Vacant(e) = self.owners.entry(pid) {
-            if let Ok(m) = std::fs::metadata(format!("/proc/{pid}")) {
-                e.insert(m.uid());
-            }
-        }
+        // (A process already gone is not looked for again at each of its samples.)
+        self.owners.entry(pid).or_insert_with(|| {
+            std::fs::metadata(format!("/proc/{pid}"))
+                .ok()
+                .map(|m| m.uid())
+        });
     }
 
     /// Where superprof reads a module's file.
@@ -263,8 +266,13 @@ impl Collector {
                 executable: true,
                 path,
                 ..
-            } if !is_anonymous(path) => {
-                self.add_mapping(*pid, *start, *len, *pgoff, Path::new(path));
+            } => {
+                if is_anonymous(path) {
+                    let end = start.saturating_add(*len);
+                    self.anon.entry(*pid).or_default().push((*start, end));
+                } else {
+                    self.add_mapping(*pid, *start, *len, *pgoff, Path::new(path));
+                }
             }
             Record::Mmap { .. } => {}
             Record::Comm {
@@ -276,6 +284,7 @@ impl Collector {
             } => {
                 if *exec && pid == tid {
                     self.processes.entry(*pid).or_default().clear();
+                    self.anon.remove(pid);
                     if self.awaiting_exec == Some(*pid) {
                         self.awaiting_exec = None;
                     }
@@ -296,6 +305,9 @@ impl Collector {
                         .map(|p| p.fork(&self.elves))
                         .unwrap_or_default();
                     self.processes.insert(*pid, child);
+                    if let Some(a) = self.anon.get(ppid).cloned() {
+                        self.anon.insert(*pid, a);
+                    }
                 }
                 let name = self
                     .threads
@@ -351,19 +363,23 @@ impl Collector {
         self.threads
             .entry(s.tid)
             .or_insert_with(|| (s.pid, String::new()));
-        if !self.owners.contains_key(&s.pid) {
-            self.note_owner(s.pid);
-        }
+        self.note_owner(s.pid);
         self.path_frames.clear();
         for &ip in &s.kernel_ips {
             let id = self.intern_frame(AddrFrame::Kernel(ip));
             self.path_frames.push(id);
         }
         if let Some(regs) = &s.regs {
+            let jit = |c: &Collector, addr: u64| {
+                c.anon
+                    .get(&s.pid)
+                    .is_some_and(|a| a.iter().any(|&(lo, hi)| (lo..hi).contains(&addr)))
+            };
             let known = |c: &Collector, addr: u64| {
                 c.processes
                     .get(&s.pid)
                     .is_some_and(|p| p.lookup(addr).is_some())
+                    || jit(c, addr)
             };
             if !known(self, regs.pc) && self.may_reread_maps(s.pid, s.time) {
                 self.read_proc(s.pid, s.time);
@@ -381,7 +397,7 @@ impl Collector {
             // JIT code with unwind tables in the process's jitdump (read again at most every
             // 50 ms, as it grows): give them to the unwinder, and unwind again.
             if self.jitdumps.contains_key(&s.pid)
-                && self.scratch.iter().any(|f| !known(self, f.address()))
+                && self.scratch.iter().any(|f| jit(self, f.address()))
                 && self.add_jit_unwind(s.pid, s.time)
             {
                 self.unwind(s);
@@ -457,7 +473,9 @@ impl Collector {
         // the program runs), once per process.
         let mut namer = superprof_resolve::Namer::new();
         for (&pid, &uid) in &self.owners {
-            namer.set_owner(pid, uid);
+            if let Some(uid) = uid {
+                namer.set_owner(pid, uid);
+            }
         }
         for (&pid, path) in &self.jitdumps {
             namer.set_jitdump(pid, path);
