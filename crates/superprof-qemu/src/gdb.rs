@@ -211,9 +211,16 @@ impl Gdb {
 
     /// One file of the target description (`qXfer:features:read`), in as many pieces as
     /// the stub sends, at most [`MAX_XML`] bytes.
-    fn xfer(&mut self, annex: &str) -> Result<String> {
+    fn xfer(&mut self, annex: &str, deadline: std::time::Instant) -> Result<String> {
         let mut out = Vec::new();
         loop {
+            // Small pieces, or slow ones, cannot stretch it: one deadline for the whole
+            // description (its pieces each get a fresh reply deadline).
+            if std::time::Instant::now() > deadline {
+                return Err(QemuError::Protocol(
+                    "the gdbstub's target description came too slowly".into(),
+                ));
+            }
             let r = self.request(
                 format!("qXfer:features:read:{annex}:{:x},{:x}", out.len(), 0xffb).as_bytes(),
             )?;
@@ -435,7 +442,8 @@ impl Backend for Gdb {
         let arch = self.arch()?;
         if self.space_reg.is_none() {
             let name = crate::space_register(arch);
-            let regs = match crate::tdesc::registers(&mut |annex| self.xfer(annex)) {
+            let deadline = std::time::Instant::now() + crate::REPLY_TIMEOUT;
+            let regs = match crate::tdesc::registers(&mut |annex| self.xfer(annex, deadline)) {
                 Ok(r) => r,
                 Err(QemuError::Protocol(_)) => Vec::new(),
                 Err(e) => return Err(e),
@@ -455,8 +463,11 @@ impl Backend for Gdb {
                 match unhex(&r).and_then(|b| Some(u64::from_le_bytes(b.get(..8)?.try_into().ok()?)))
                 {
                     Some(v) => v,
-                    // E.. or a short value: not readable on this vCPU.
-                    None => return Ok(None),
+                    // E.., empty or short: the stub cannot give it; not asked again.
+                    None => {
+                        self.space_reg = Some(None);
+                        return Ok(None);
+                    }
                 }
             }
         };
@@ -622,6 +633,27 @@ mod hostile {
             }
             _ => String::new(),
         })
+    }
+
+    /// A stub whose description comes one byte a piece, for ever: bounded by one deadline,
+    /// not one per piece (a million pieces would fit in the byte cap).
+    fn crumbs(c: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        stub(c, |p| match p {
+            q if q.starts_with(b"qXfer:features:read:target.xml:0,") => {
+                "m<target><architecture>i386:x86-64</architecture>".to_owned()
+            }
+            q if q.starts_with(b"qXfer") => "m ".to_owned(),
+            _ => String::new(),
+        })
+    }
+
+    #[test]
+    fn a_description_in_crumbs_is_given_up_in_time() {
+        let sock = peer("gdb-crumbs", crumbs);
+        let mut g = Gdb::connect(&sock).unwrap();
+        let t = Instant::now();
+        assert_eq!(g.space().unwrap(), None);
+        assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
     }
 
     #[test]

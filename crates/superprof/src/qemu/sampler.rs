@@ -206,11 +206,6 @@ impl Sampler {
 
     /// Address space `key`'s state, made on first use (with the kernel in its unwinder).
     fn space(&mut self, key: Option<u64>) -> &mut Space {
-        let key = if self.spaces.len() >= MAX_SPACES && !self.spaces.contains_key(&key) {
-            None
-        } else {
-            key
-        };
         let (arch, kernel, ranges) = (self.arch, &self.kernel, &self.kernel_ranges);
         let slide = self.kernel_slide;
         self.spaces.entry(key).or_insert_with(|| {
@@ -471,7 +466,11 @@ impl Sampler {
         let space = if self.in_kernel(regs.pc) {
             None
         } else {
-            backend.space()?
+            // Past MAX_SPACES a new address space shares the unknown one, for every lookup
+            // of this sample alike.
+            backend
+                .space()?
+                .filter(|s| self.spaces.len() < MAX_SPACES || self.spaces.contains_key(&Some(*s)))
         };
         let mut mem = MemCache::new(backend);
         let owner = match self.owner_of(space, regs.pc) {
