@@ -42,16 +42,6 @@ fn kernel_deb(dir: &Path) -> PathBuf {
     })
 }
 
-fn run_ok(cmd: &mut Command) -> std::process::Output {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// The kernel ELF inside a bzImage: the compressed payload (where the boot header says) run
 /// through xz, which Debian compresses its kernels with.
 fn vmlinux_from_bzimage(bz: &Path, out: &Path) {

@@ -161,7 +161,8 @@ fn storm(name: &str, column: &str, flags: &[&str]) {
 }
 
 /// Without the right to sample per CPU (an ordinary user), per-task sampling misses part of a
-/// fork storm: `record` says how much of the command's CPU time its samples cover.
+/// fork storm: `record` says how much of the command's CPU time its samples cover, the CPU
+/// time being the program's own getrusage (user time: an ordinary user samples user space).
 #[test]
 fn per_task_sampling_says_what_it_could_not_see() {
     let _cpu = cpu_lock();
@@ -176,13 +177,27 @@ fn per_task_sampling_says_what_it_could_not_see() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("(per CPU)"), "{stderr}");
+    let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let said: f64 = stderr
+        .split("% of the ")
+        .nth(1)
+        .and_then(|s| s.split(" s of user CPU time").next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no user CPU time in the notice: {stderr}"));
+    // The tree's user time as the program measured it (the fork storm's getrusage; the
+    // children's rusage superprof reads also holds the program's own exit, a few ms).
+    assert!(
+        (said - own["user"]).abs() < 0.03 + 0.05 * own["user"],
+        "notice {said} s, getrusage {} s: {stderr}",
+        own["user"]
+    );
     let cover: f64 = stderr
         .split("the samples cover ")
         .nth(1)
         .and_then(|s| s.split('%').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no cover notice: {stderr}"));
-    // The summary's rate says the same: delivered ÷ asked.
+    // And the summary's rate says the same: delivered ÷ asked.
     let delivered: f64 = stderr
         .split(" Hz delivered")
         .next()
