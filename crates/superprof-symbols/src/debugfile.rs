@@ -27,8 +27,7 @@ pub fn find(path: &Path) -> Option<PathBuf> {
     let (map, ()) = parse(path)?;
     let obj = object::File::parse(&*map).ok()?;
     if let Ok(Some(id)) = obj.build_id() {
-        if id.len() > 1 {
-            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        if let Some(hex) = crate::debuginfod::build_id_hex(id) {
             if let Some(c) = build_id_candidates(path, &hex)
                 .into_iter()
                 .find(|c| c.is_file())

@@ -2,7 +2,8 @@
 //! `DEBUGINFOD_URLS` is set (space-separated server addresses), into the elfutils client cache
 //! (`$DEBUGINFOD_CACHE_PATH`, else `$XDG_CACHE_HOME/debuginfod_client`, else
 //! `~/.cache/debuginfod_client`), laid out as `BUILDID/debuginfo`, which gdb, perf and
-//! debuginfod-find share. A fetch gives up after `$DEBUGINFOD_TIMEOUT` seconds (default 30)
+//! debuginfod-find share. A fetch gives up when connecting or the reply's start takes more
+//! than `$DEBUGINFOD_TIMEOUT` seconds (default 30), or the download ten times that,
 //! and takes at most `$DEBUGINFOD_MAXSIZE` bytes (default 4 GiB); the file is written to a
 //! temporary name and renamed, so a cache entry is whole or absent.
 
@@ -88,7 +89,11 @@ impl Debuginfod {
 
     fn fetch_from(&self, url: &str, hex: &str, dest: &Path) -> Result<(), String> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(self.timeout))
+            // As elfutils means DEBUGINFOD_TIMEOUT: for the connection and the reply to start;
+            // the body of a large debug file gets ten times that.
+            .timeout_connect(Some(self.timeout))
+            .timeout_recv_response(Some(self.timeout))
+            .timeout_recv_body(Some(self.timeout * 10))
             .http_status_as_error(true)
             .build()
             .into();

@@ -101,10 +101,8 @@ pub fn raise_fd_limit() {
     }
 }
 
-/// CPU time of the calling thread.
-/// CPU time (user and system) of this process's children that ended and were waited for, and
-/// of their own waited-for descendants.
-/// (user, system).
+/// CPU time (user, system) of this process's children that ended and were waited for, and of
+/// their own waited-for descendants.
 pub fn children_cpu_time() -> (std::time::Duration, std::time::Duration) {
     // SAFETY: getrusage writes into a local rusage.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -120,7 +118,7 @@ pub fn children_cpu_time() -> (std::time::Duration, std::time::Duration) {
 
 /// CPU time of process `pid` and of its children it waited for (/proc/PID/stat: utime, stime,
 /// cutime, cstime, in clock ticks); None when it cannot be read.
-/// (user, system).
+/// CPU time (user, system) of process `pid` and of the children it waited for.
 pub fn process_tree_cpu_time(pid: u32) -> Option<(std::time::Duration, std::time::Duration)> {
     let f = superprof_trace::proc_stat_fields(pid)?;
     // utime, stime, cutime, cstime: fields 14 to 17, 11 to 14 after the state.
@@ -138,6 +136,7 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// CPU time of the calling thread.
 pub fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,

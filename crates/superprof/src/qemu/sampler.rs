@@ -334,14 +334,15 @@ impl Sampler {
             .address_of("_stext")
             .or_else(|| syms.address_of("_text"));
         let offset = at.map_or(0, |a| a.wrapping_sub(self.kernel.text.0));
-        if offset != 0 && self.kernel.text.0 != 0 {
+        let slid = offset != 0 && self.kernel.text.0 != 0;
+        if slid {
             self.set_slide(offset);
             self.kernel_symbols = Some(syms.shifted(offset.wrapping_neg()));
         } else {
             self.kernel_symbols = Some(syms.shifted(0));
         }
         self.runtime_symbols = Some(syms);
-        (offset != 0).then_some(offset)
+        slid.then_some(offset)
     }
 
     fn owner_of(&self, space: Option<u64>, pc: u64) -> Option<(Owner, u64)> {
