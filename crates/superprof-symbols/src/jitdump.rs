@@ -76,108 +76,9 @@ impl JitDump {
 
     /// Parses a little-endian jitdump (the byte order of the machines superprof runs on).
     pub fn parse(b: &[u8]) -> Option<JitDump> {
-        if u32_at(b, 0)? != MAGIC {
-            return None;
-        }
-        let header = u32_at(b, 8)? as usize;
-        let mut at = header.max(40);
-        let mut loads: Vec<(u64, u64, String, usize)> = Vec::new();
-        let mut lines: HashMap<u64, Vec<(u64, u32, String)>> = HashMap::new();
-        let mut unwind = Vec::new();
-        // Unwinding info comes before the load it belongs to: (eh_frame, header).
-        let mut pending: Option<(Vec<u8>, Vec<u8>)> = None;
-        let mut n = 0;
-        while n < MAX_RECORDS {
-            let (Some(id), Some(size)) = (u32_at(b, at), u32_at(b, at + 4)) else {
-                break;
-            };
-            let size = size as usize;
-            let Some(end) = at.checked_add(size).filter(|&e| size >= 16 && e <= b.len()) else {
-                break; // cut short (the program still writing) or broken: what came before stays
-            };
-            let body = at + 16;
-            match id {
-                CODE_LOAD => {
-                    // pid, tid, vma, code_addr, code_size, code_index, name, code
-                    if let (Some(addr), Some(len), Some((name, _))) = (
-                        u64_at(b, body + 16),
-                        u64_at(b, body + 24),
-                        str_at(b, body + 40, end),
-                    ) {
-                        let end = addr.checked_add(len).filter(|_| len > 0);
-                        let aligned = len.checked_add(7).and_then(|l| addr.checked_add(l & !7));
-                        if let (Some(e), Some(eh_frame_at)) = (end, aligned) {
-                            if let Some((eh_frame, hdr)) = pending.take() {
-                                let hdr_at = eh_frame_at.saturating_add(eh_frame.len() as u64);
-                                unwind.push(JitUnwind {
-                                    name: name.clone(),
-                                    code: addr..e,
-                                    eh_frame_at,
-                                    eh_frame,
-                                    hdr: (!hdr.is_empty()).then_some((hdr_at, hdr)),
-                                });
-                            }
-                            loads.push((addr, e, name, n));
-                        }
-                    }
-                }
-                CODE_MOVE => {
-                    // pid, tid, vma, old_code_addr, new_code_addr, code_size, code_index
-                    if let (Some(old), Some(new), Some(len)) = (
-                        u64_at(b, body + 16),
-                        u64_at(b, body + 24),
-                        u64_at(b, body + 32),
-                    ) {
-                        let name = loads.iter().rev().find(|l| l.0 == old).map(|l| l.2.clone());
-                        if let (Some(name), Some(e)) = (name, new.checked_add(len)) {
-                            loads.push((new, e, name, n));
-                        }
-                    }
-                }
-                CODE_UNWINDING_INFO => {
-                    // unwinding_size, eh_frame_hdr_size, mapped_size, then the eh_frame and,
-                    // at its end, the eh_frame_hdr (the layout V8 writes and perf reads). A
-                    // table without an FDE (a header and an empty eh_frame) is left out.
-                    pending = None;
-                    if let (Some(size), Some(hdr)) = (u64_at(b, body), u64_at(b, body + 8)) {
-                        // Inside this record: a size reaching past it is refused.
-                        let data = usize::try_from(size)
-                            .ok()
-                            .and_then(|s| (body + 24).checked_add(s))
-                            .filter(|&e| e <= end)
-                            .and_then(|e| b.get(body + 24..e));
-                        if let (Some(data), Ok(hdr)) = (data, usize::try_from(hdr)) {
-                            if hdr < data.len() && data.len() - hdr > 8 {
-                                let (eh, h) = data.split_at(data.len() - hdr);
-                                pending = Some((eh.to_vec(), h.to_vec()));
-                            }
-                        }
-                    }
-                }
-                CODE_DEBUG_INFO => {
-                    // code_addr, nr_entry, entries of (addr, lineno, discrim, name)
-                    if let (Some(code), Some(count)) = (u64_at(b, body), u64_at(b, body + 8)) {
-                        let mut rows = Vec::new();
-                        let mut p = body + 16;
-                        for _ in 0..count.min(1 << 20) {
-                            let (Some(addr), Some(line)) = (u64_at(b, p), u32_at(b, p + 8)) else {
-                                break;
-                            };
-                            let Some((file, next)) = str_at(b, p + 16, end) else {
-                                break;
-                            };
-                            rows.push((addr, line, file));
-                            p = next;
-                        }
-                        rows.sort_by_key(|r| r.0);
-                        lines.insert(code, rows);
-                    }
-                }
-                _ => {}
-            }
-            at = end;
-            n += 1;
-        }
+        let mut r = Records::default();
+        read_records(b, header_end(b)?, &mut r);
+        let mut loads = r.loads;
         loads.sort_by(|a, b| a.0.cmp(&b.0).then(b.3.cmp(&a.3)));
         loads.dedup_by_key(|l| l.0);
         Some(JitDump {
@@ -185,8 +86,8 @@ impl JitDump {
                 .into_iter()
                 .map(|(s, e, name, _)| (s, e, name))
                 .collect(),
-            lines,
-            unwind,
+            lines: r.lines,
+            unwind: r.unwind,
             path: PathBuf::new(),
         })
     }
@@ -213,6 +114,187 @@ impl JitDump {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// Where a dump's records start, if it is a jitdump.
+fn header_end(b: &[u8]) -> Option<usize> {
+    if u32_at(b, 0)? != MAGIC {
+        return None;
+    }
+    Some((u32_at(b, 8)? as usize).max(40))
+}
+
+/// What the records of a dump say.
+#[derive(Default)]
+struct Records {
+    /// (start, end, name, record number), in the order loaded.
+    loads: Vec<(u64, u64, String, usize)>,
+    lines: HashMap<u64, Vec<(u64, u32, String)>>,
+    unwind: Vec<JitUnwind>,
+    /// Records read so far.
+    n: usize,
+}
+
+/// Reads the records of `b` from offset `at` into `r`; the offset where a later read may go
+/// on (after the last whole record, or at an unwinding record whose code load is not there
+/// yet).
+fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
+    // Unwinding info comes before the load it belongs to: (eh_frame, header), and where its
+    // record starts.
+    let mut pending: Option<(Vec<u8>, Vec<u8>, usize)> = None;
+    let mut resume = at;
+    while r.n < MAX_RECORDS {
+        let (Some(id), Some(size)) = (u32_at(b, at), u32_at(b, at + 4)) else {
+            break;
+        };
+        let size = size as usize;
+        let Some(end) = at.checked_add(size).filter(|&e| size >= 16 && e <= b.len()) else {
+            break; // cut short (the program still writing) or broken: what came before stays
+        };
+        let body = at + 16;
+        match id {
+            CODE_LOAD => {
+                // pid, tid, vma, code_addr, code_size, code_index, name, code
+                if let (Some(addr), Some(len), Some((name, _))) = (
+                    u64_at(b, body + 16),
+                    u64_at(b, body + 24),
+                    str_at(b, body + 40, end),
+                ) {
+                    let end = addr.checked_add(len).filter(|_| len > 0);
+                    let aligned = len.checked_add(7).and_then(|l| addr.checked_add(l & !7));
+                    if let (Some(e), Some(eh_frame_at)) = (end, aligned) {
+                        if let Some((eh_frame, hdr, _)) = pending.take() {
+                            let hdr_at = eh_frame_at.saturating_add(eh_frame.len() as u64);
+                            r.unwind.push(JitUnwind {
+                                name: name.clone(),
+                                code: addr..e,
+                                eh_frame_at,
+                                eh_frame,
+                                hdr: (!hdr.is_empty()).then_some((hdr_at, hdr)),
+                            });
+                        }
+                        r.loads.push((addr, e, name, r.n));
+                    }
+                }
+                pending = None;
+            }
+            CODE_MOVE => {
+                // pid, tid, vma, old_code_addr, new_code_addr, code_size, code_index
+                if let (Some(old), Some(new), Some(len)) = (
+                    u64_at(b, body + 16),
+                    u64_at(b, body + 24),
+                    u64_at(b, body + 32),
+                ) {
+                    let name = r.loads.iter().rev().find(|l| l.0 == old).map(|l| l.2.clone());
+                    if let (Some(name), Some(e)) = (name, new.checked_add(len)) {
+                        r.loads.push((new, e, name, r.n));
+                    }
+                }
+            }
+            CODE_UNWINDING_INFO => {
+                // unwinding_size, eh_frame_hdr_size, mapped_size, then the eh_frame and, at
+                // its end, the eh_frame_hdr (the layout V8 writes and perf reads). A table
+                // without an FDE (a header and an empty eh_frame) is left out.
+                pending = None;
+                if let (Some(size), Some(hdr)) = (u64_at(b, body), u64_at(b, body + 8)) {
+                    // Inside this record: a size reaching past it is refused.
+                    let data = usize::try_from(size)
+                        .ok()
+                        .and_then(|s| (body + 24).checked_add(s))
+                        .filter(|&e| e <= end)
+                        .and_then(|e| b.get(body + 24..e));
+                    if let (Some(data), Ok(hdr)) = (data, usize::try_from(hdr)) {
+                        if hdr < data.len() && data.len() - hdr > 8 {
+                            let (eh, h) = data.split_at(data.len() - hdr);
+                            pending = Some((eh.to_vec(), h.to_vec(), at));
+                        }
+                    }
+                }
+            }
+            CODE_DEBUG_INFO => {
+                // code_addr, nr_entry, entries of (addr, lineno, discrim, name)
+                if let (Some(code), Some(count)) = (u64_at(b, body), u64_at(b, body + 8)) {
+                    let mut rows = Vec::new();
+                    let mut p = body + 16;
+                    for _ in 0..count.min(1 << 20) {
+                        let (Some(addr), Some(line)) = (u64_at(b, p), u32_at(b, p + 8)) else {
+                            break;
+                        };
+                        let Some((file, next)) = str_at(b, p + 16, end) else {
+                            break;
+                        };
+                        rows.push((addr, line, file));
+                        p = next;
+                    }
+                    rows.sort_by_key(|r| r.0);
+                    r.lines.insert(code, rows);
+                }
+            }
+            _ => {}
+        }
+        at = end;
+        r.n += 1;
+        if pending.is_none() {
+            resume = at;
+        }
+    }
+    pending.map_or(resume, |p| p.2)
+}
+
+/// Reads the unwind tables of a jitdump as it grows: each read takes only the records written
+/// since the last one (a long-running JVM's dump reaches hundreds of MB).
+#[derive(Debug)]
+pub struct JitUnwindReader {
+    path: PathBuf,
+    owner: Option<u32>,
+    /// Where the next read starts (0: at the header).
+    at: u64,
+    /// The file's size at the last read.
+    size: u64,
+}
+
+impl JitUnwindReader {
+    pub fn new(path: &Path, owner: Option<u32>) -> JitUnwindReader {
+        JitUnwindReader {
+            path: path.to_owned(),
+            owner,
+            at: 0,
+            size: 0,
+        }
+    }
+
+    /// The unwind tables written since the last call, in the order loaded (code loaded again
+    /// at an address replaces what was there); nothing when the file has not grown.
+    pub fn read_new(&mut self) -> Vec<JitUnwind> {
+        let len = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        if len <= self.size || self.at >= MAX_DUMP {
+            return Vec::new();
+        }
+        self.size = len;
+        let Some(b) =
+            crate::perfmap::read_trusted_from(&self.path, self.owner, self.at, MAX_DUMP - self.at)
+        else {
+            return Vec::new();
+        };
+        let start = if self.at == 0 {
+            match header_end(&b) {
+                // The header written whole.
+                Some(h) if h <= b.len() => h,
+                // Not yet: read it again when the file grows.
+                _ if b.len() < 12 || u32_at(&b, 0) == Some(MAGIC) => return Vec::new(),
+                _ => {
+                    self.at = MAX_DUMP; // not a jitdump: never read again
+                    return Vec::new();
+                }
+            }
+        } else {
+            0
+        };
+        let mut r = Records::default();
+        let resume = read_records(&b, start, &mut r);
+        self.at = self.at.saturating_add(resume as u64);
+        r.unwind
     }
 }
 
@@ -338,5 +420,44 @@ mod tests {
         assert!(is_jitdump(Path::new("/tmp/jit-1234.dump")));
         assert!(!is_jitdump(Path::new("/tmp/jit-.dump")));
         assert!(!is_jitdump(Path::new("/tmp/perf-1.map")));
+    }
+
+    /// The reader takes each table once, as the file grows, even when the growth cuts a
+    /// record or falls between an unwinding record and its code load.
+    #[test]
+    fn reader_goes_on_where_it_stopped() {
+        let mut unw = Vec::new();
+        for v in [16u64, 4, 16] {
+            unw.extend_from_slice(&v.to_le_bytes());
+        }
+        unw.extend_from_slice(&[1u8; 12]);
+        unw.extend_from_slice(&[2u8; 4]);
+        let d = dump(&[
+            record(CODE_UNWINDING_INFO, &unw),
+            load(0x1000, 0x10, "a"),
+            load(0x2000, 0x10, "b"),
+            record(CODE_UNWINDING_INFO, &unw),
+            load(0x3000, 0x10, "c"),
+        ]);
+        let dir = std::env::temp_dir().join(format!("jitreader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("jit-1.dump");
+        // Every cut point: the tables read in two pieces are those read whole.
+        for cut in 0..=d.len() {
+            std::fs::write(&path, &d[..cut]).unwrap();
+            let mut r = JitUnwindReader::new(&path, None);
+            let mut names: Vec<String> = r.read_new().into_iter().map(|u| u.name).collect();
+            assert!(r.read_new().is_empty(), "nothing new at {cut}");
+            std::fs::write(&path, &d).unwrap();
+            names.extend(r.read_new().into_iter().map(|u| u.name));
+            assert_eq!(names, ["a", "c"], "cut at {cut}");
+        }
+        // A file that is no jitdump is not read again.
+        std::fs::write(&path, b"not a dump at all, not at all").unwrap();
+        let mut r = JitUnwindReader::new(&path, None);
+        assert!(r.read_new().is_empty());
+        std::fs::write(&path, &d).unwrap();
+        assert!(r.read_new().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

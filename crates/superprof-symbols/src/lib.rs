@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use addr2line::Loader;
 
 pub use debuginfod::Debuginfod;
-pub use jitdump::{is_jitdump, JitDump, JitUnwind};
+pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};
 pub use kallsyms::Kallsyms;
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};

@@ -12,6 +12,17 @@ use std::path::{Path, PathBuf};
 /// only when it is a regular file (not a link) owned by root, this user, or `owner` (the
 /// program's user).
 pub(crate) fn read_trusted(path: &Path, owner: Option<u32>, max: u64) -> Option<Vec<u8>> {
+    read_trusted_from(path, owner, 0, max)
+}
+
+/// As [`read_trusted`], from offset `from` of the file.
+pub(crate) fn read_trusted_from(
+    path: &Path,
+    owner: Option<u32>,
+    from: u64,
+    max: u64,
+) -> Option<Vec<u8>> {
+    use std::io::Seek;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     // O_NONBLOCK: a FIFO planted under the name must not hold the open (and the profiled
     // program, for libsuperprof) for ever; it is refused below as no regular file.
@@ -25,6 +36,8 @@ pub(crate) fn read_trusted(path: &Path, owner: Option<u32>, max: u64) -> Option<
     if !meta.is_file() || !(meta.uid() == 0 || meta.uid() == me || Some(meta.uid()) == owner) {
         return None;
     }
+    let mut file = file;
+    file.seek(std::io::SeekFrom::Start(from)).ok()?;
     let mut bytes = Vec::new();
     file.take(max).read_to_end(&mut bytes).ok()?;
     Some(bytes)

@@ -66,9 +66,9 @@ pub struct Collector {
     owners: HashMap<u32, Option<u32>>,
     /// Each process's jitdump file, from its marker mapping.
     jitdumps: HashMap<u32, PathBuf>,
-    /// When each process's jitdump was last read for unwind tables, its size then, and how
-    /// many of its tables (in load order) the unwinder has.
-    jit_unwind: HashMap<u32, (u64, u64, usize)>,
+    /// When each process's jitdump was last read for unwind tables, and its reader (which
+    /// goes on where it stopped).
+    jit_unwind: HashMap<u32, (u64, Option<superprof_symbols::JitUnwindReader>)>,
     /// Each process's executable mappings of no file: JIT code (named at the end, unwound by
     /// its jitdump's tables or frame pointers; no reason to read /proc/PID/maps again).
     anon: HashMap<u32, Vec<(u64, u64)>>,
@@ -151,35 +151,28 @@ impl Collector {
     /// Reads process `pid`'s jitdump (at most every 50 ms) and adds the unwind tables of code
     /// not given them yet; whether any was added.
     fn add_jit_unwind(&mut self, pid: u32, now: u64) -> bool {
-        let (read_at, size, applied) = self.jit_unwind.entry(pid).or_default();
+        let Some(path) = self.jitdumps.get(&pid) else {
+            return false;
+        };
+        let owner = self.owners.get(&pid).copied().flatten();
+        let (read_at, reader) = self.jit_unwind.entry(pid).or_default();
         if *read_at != 0 && now.saturating_sub(*read_at) < 50_000_000 {
             return false;
         }
         *read_at = now.max(1);
-        let Some(path) = self.jitdumps.get(&pid) else {
-            return false;
-        };
-        // Read again only when it grew.
-        let len = std::fs::metadata(path).map_or(0, |m| m.len());
-        if len == *size {
-            return false;
-        }
-        *size = len;
-        let owner = self.owners.get(&pid).copied().flatten();
-        let Some(dump) = superprof_symbols::JitDump::load(path, owner) else {
-            return false;
-        };
-        let process = self.processes.entry(pid).or_default();
         // The tables loaded since the last read, in order: code loaded again at an address
         // replaces what was there.
-        let new = dump.unwind.len().saturating_sub(*applied);
-        for u in dump.unwind.into_iter().skip(*applied) {
+        let new = reader
+            .get_or_insert_with(|| superprof_symbols::JitUnwindReader::new(path, owner))
+            .read_new();
+        let added = !new.is_empty();
+        let process = self.processes.entry(pid).or_default();
+        for u in new {
             let start = u.code.start;
             let m = superprof_unwind::jit_module(u.name, u.code, u.eh_frame_at, u.eh_frame, u.hdr);
             process.add_jit_module(m, start);
         }
-        *applied += new;
-        new > 0
+        added
     }
 
     /// Keeps the user of process `pid`, the first time it is seen.

@@ -1,7 +1,8 @@
-//! JIT code named from the runtime's perf map (issue 14): node `--perf-basic-prof` and Java
-//! `-XX:+DumpPerfMapAtExit` (written at exit) write /tmp/perf-PID.map; `record` names their
-//! compiled functions with it, as perf does on the same program, with each program's own split
-//! of its time between two hot functions within 4σ.
+//! JIT code named from the runtime's perf map or jitdump (issue 14): node `--perf-basic-prof`
+//! and Java `-XX:+DumpPerfMapAtExit` (written at exit) write /tmp/perf-PID.map, node
+//! `--perf-prof` and a JVMTI agent write jit-PID.dump; `record` names their compiled functions
+//! with it, as perf does on the same program, with each program's own split of its time between
+//! two hot functions within 4σ.
 
 mod common;
 
@@ -19,9 +20,21 @@ fn leaves(f: &Folded) -> BTreeMap<String, u64> {
     m
 }
 
-/// Leaf shares (percent) of a perf.data, by symbol, from `perf report`.
-fn perf_leaves(data: &std::path::Path) -> BTreeMap<String, f64> {
+/// How perf is run beside superprof on the same program.
+#[derive(PartialEq)]
+enum Perf {
+    No,
+    /// perf record: it names JIT code from the perf map.
+    Record,
+    /// perf record -k mono, then perf inject --jit: it names JIT code from the jitdump.
+    InjectJit,
+}
+
+/// Leaf shares (percent) of a perf.data, by symbol, from `perf report` (perf's files kept
+/// under `home`).
+fn perf_leaves(data: &std::path::Path, home: &std::path::Path) -> BTreeMap<String, f64> {
     let out = Command::new("perf")
+        .env("HOME", home)
         .args([
             "report",
             "--stdio",
@@ -46,19 +59,22 @@ fn perf_leaves(data: &std::path::Path) -> BTreeMap<String, f64> {
 }
 
 /// Records `cmd` (in `dir`), and checks the JIT'd hotA and hotB: named like `jit_name` says,
-/// the program's own split within 4σ, and at least `named` of all samples theirs.
+/// the program's own split within 4σ, and at least `named` of all samples theirs. The
+/// recording is also kept as jit.parquet in `dir`.
 fn check(
     dir: &TempDir,
     cmd: &[&str],
     jit_name: fn(&str) -> Option<&'static str>,
     named: f64,
-    with_perf: bool,
+    perf: Perf,
 ) {
     let folded = dir.path("jit.folded");
     let out = run_ok(
         superprof()
             .args(["record", "-q", "-o"])
             .arg(&folded)
+            .arg("-o")
+            .arg(dir.path("jit.parquet"))
             .arg("--")
             .args(cmd)
             .current_dir(&dir.0),
@@ -85,13 +101,19 @@ fn check(
         (share - want).abs() < 4.0 * sigma,
         "{cmd:?}: hotA {share:.3} of the two, the program says {want:.3}: {l:?}"
     );
-    if !with_perf {
+    if perf == Perf::No {
         return;
     }
     // perf on the same program names the same code the same way.
-    let data = dir.path("perf.data");
-    let st = Command::new("perf")
-        .args(["record", "-q", "-F", "999", "-g", "-o"])
+    let mut data = dir.path("perf.data");
+    let mut rec = Command::new("perf");
+    rec.args(["record", "-q", "-F", "999", "-g"]);
+    if perf == Perf::InjectJit {
+        // The jitdump's timestamps are CLOCK_MONOTONIC's.
+        rec.args(["-k", "1"]);
+    }
+    let st = rec
+        .arg("-o")
         .arg(&data)
         .arg("--")
         .args(cmd)
@@ -101,7 +123,20 @@ fn check(
         .status()
         .unwrap();
     assert!(st.success());
-    let p = perf_leaves(&data);
+    if perf == Perf::InjectJit {
+        let injected = dir.path("perf.jit.data");
+        run_ok(
+            Command::new("perf")
+                .env("HOME", &dir.0)
+                .args(["inject", "--jit", "-i"])
+                .arg(&data)
+                .arg("-o")
+                .arg(&injected)
+                .current_dir(&dir.0),
+        );
+        data = injected;
+    }
+    let p = perf_leaves(&data, &dir.0);
     let ours: std::collections::BTreeSet<&str> = l
         .keys()
         .filter(|k| jit_name(k).is_some())
@@ -144,7 +179,7 @@ fn node_perf_basic_prof_names_js_functions() {
         &["node", "--perf-basic-prof", js.to_str().unwrap()],
         js_name,
         0.85,
-        true,
+        Perf::Record,
     );
 }
 
@@ -166,18 +201,76 @@ fn java_perf_map_at_exit_names_methods() {
             dir.0.to_str().unwrap(),
             "Hot",
         ],
-        |k| {
-            if k.contains("Hot.hotA") {
-                Some("hotA")
-            } else if k.contains("Hot.hotB") {
-                Some("hotB")
-            } else {
-                None
-            }
-        },
+        java_name,
         0.85,
-        true,
+        Perf::Record,
     );
+}
+
+/// hotA or hotB, for Java's names of its compiled methods (`Hot.hotA`, `LHot;::hotA`).
+fn java_name(k: &str) -> Option<&'static str> {
+    if k.contains("Hot.hotA") {
+        Some("hotA")
+    } else if k.contains("Hot.hotB") {
+        Some("hotB")
+    } else {
+        None
+    }
+}
+
+/// Java with a JVMTI agent writing a jitdump (tests/fixtures/jit/jitdump_agent.c, written here
+/// because Debian ships no libperf-jvmti): `record` names the compiled methods from the dump,
+/// with their source lines, as `perf inject --jit` does from the same kind of file.
+#[test]
+fn java_jitdump_names_methods_with_lines() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-java-dump");
+    let src = dir.path("Hot.java");
+    std::fs::copy(fixtures_dir().join("jit/Hot.java"), &src).unwrap();
+    run_ok(Command::new("javac").arg(&src).current_dir(&dir.0));
+    // The JDK's headers, beside its javac.
+    let javac = std::fs::canonicalize(
+        String::from_utf8(run_ok(Command::new("sh").args(["-c", "command -v javac"])).stdout)
+            .unwrap()
+            .trim(),
+    )
+    .unwrap();
+    let jdk = javac.parent().unwrap().parent().unwrap();
+    let agent = dir.path("libjitdump.so");
+    run_ok(
+        Command::new("gcc")
+            .args(["-O2", "-shared", "-fPIC"])
+            .arg(format!("-I{}", jdk.join("include").display()))
+            .arg(format!("-I{}", jdk.join("include/linux").display()))
+            .arg("-o")
+            .arg(&agent)
+            .arg(fixtures_dir().join("jit/jitdump_agent.c")),
+    );
+    check(
+        &dir,
+        &[
+            "java",
+            &format!("-agentpath:{}", agent.display()),
+            "-XX:+PreserveFramePointer",
+            "-cp",
+            dir.0.to_str().unwrap(),
+            "Hot",
+        ],
+        java_name,
+        0.85,
+        Perf::InjectJit,
+    );
+    // The source lines the agent wrote: hotA and hotB are lines 4 and 5 of Hot.java.
+    let top =
+        String::from_utf8(run_ok(superprof().arg("report").arg(dir.path("jit.parquet"))).stdout)
+            .unwrap();
+    for (f, line) in [("Hot.hotA", "Hot.java:4"), ("Hot.hotB", "Hot.java:5")] {
+        assert!(
+            top.lines()
+                .any(|l| l.contains(f) && l.contains("jit-") && l.trim_end().ends_with(line)),
+            "{f} at {line}:\n{top}"
+        );
+    }
 }
 
 /// node --perf-prof writes a jitdump (jit-PID.dump, in its working folder) and maps it as a
@@ -199,7 +292,7 @@ fn node_jitdump_names_js_functions() {
         ],
         js_name,
         0.85,
-        false,
+        Perf::No,
     );
     // The dump is there, and no perf map of that process: the names came from the dump.
     let pid = std::fs::read_dir(&dir.0)
