@@ -58,6 +58,11 @@ impl Namer {
         self.jitdumps.insert(pid, (path.to_owned(), None));
     }
 
+    /// Whether process `pid` writes a jitdump (its JIT code's names depend on the time).
+    pub fn has_jitdump(&self, pid: u32) -> bool {
+        self.jitdumps.contains_key(&pid)
+    }
+
     /// The frames of ELF address `svma` of `module` (its path), outermost first, from what the
     /// symbolizer found there (`found`, outermost first; empty when nothing is known).
     pub fn elf_frames(
@@ -94,14 +99,28 @@ impl Namer {
     }
 
     /// A frame of code in no file at `addr` of process `pid`: JIT code named from the
-    /// process's perf map (module `perf-PID.map`, as perf shows it), else `[unknown]+0xADDR`.
+    /// process's jitdump or perf map (module `jit-PID.dump` or `perf-PID.map`, as perf shows
+    /// it), else `[unknown]+0xADDR`.
     pub fn anonymous_frame(&mut self, p: &mut Profile, pid: Option<u32>, addr: u64) -> FrameId {
+        self.anonymous_frame_at(p, pid, addr, None)
+    }
+
+    /// [`Namer::anonymous_frame`] for a sample taken at `time` (CLOCK_MONOTONIC): JIT code from
+    /// a jitdump is named after the code loaded at `addr` at that time (a runtime reuses the
+    /// memory of code it freed).
+    pub fn anonymous_frame_at(
+        &mut self,
+        p: &mut Profile,
+        pid: Option<u32>,
+        addr: u64,
+        time: Option<u64>,
+    ) -> FrameId {
         if let Some(pid) = pid {
             let owner = self.owners.get(&pid).copied();
             // The jitdump first (names, and source lines where the runtime gave them).
             if let Some((path, dump)) = self.jitdumps.get_mut(&pid) {
                 let dump = dump.get_or_insert_with(|| JitDump::load(path, owner));
-                if let Some((name, line)) = dump.as_ref().and_then(|d| d.lookup(addr)) {
+                if let Some((name, line)) = dump.as_ref().and_then(|d| d.lookup_at(addr, time)) {
                     let module = path
                         .file_name()
                         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());

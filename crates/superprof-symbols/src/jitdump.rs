@@ -20,6 +20,8 @@ const CODE_LOAD: u32 = 0;
 const CODE_MOVE: u32 = 1;
 const CODE_DEBUG_INFO: u32 = 2;
 const CODE_UNWINDING_INFO: u32 = 4;
+/// The header's flag for times from the CPU's counter (TSC) instead of CLOCK_MONOTONIC.
+const FLAG_ARCH_TIMESTAMP: u64 = 1;
 
 /// The unwind tables a runtime gave for one piece of JIT code: its `.eh_frame` at runtime
 /// address `eh_frame_at` (right after the code, 8-byte aligned, where the runtime puts it and
@@ -33,13 +35,30 @@ pub struct JitUnwind {
     pub hdr: Option<(u64, Vec<u8>)>,
 }
 
-/// Code ranges with names (by start; a later load at the same start wins), and the source
-/// lines of those that have them.
+/// One piece of code the runtime loaded (or moved): where, what, when (the record's
+/// timestamp, CLOCK_MONOTONIC for the writers superprof reads), and its source lines.
+#[derive(Debug)]
+struct Load {
+    start: u64,
+    end: u64,
+    name: String,
+    time: u64,
+    /// (address, line, file) rows, by address.
+    lines: Vec<(u64, u32, String)>,
+}
+
+/// The code a dump describes, by start. A runtime frees code and loads other code at the same
+/// address (a JVM's code cache does it all the time): an address's name at a given time is
+/// that of the last load there before that time.
 #[derive(Debug, Default)]
 pub struct JitDump {
-    entries: Vec<(u64, u64, String)>,
-    /// Code start -> (address, line, file) rows, by address.
-    lines: HashMap<u64, Vec<(u64, u32, String)>>,
+    /// By start, then in the order loaded.
+    loads: Vec<Load>,
+    /// The widest load (how far back from an address a covering load may start).
+    widest: u64,
+    /// Whether the records' times are CLOCK_MONOTONIC's (not the CPU's own counter, which
+    /// JITDUMP_FLAGS_ARCH_TIMESTAMP announces): only then are they compared with samples'.
+    monotonic: bool,
     /// The unwind tables of the code that has them, in the order loaded.
     pub unwind: Vec<JitUnwind>,
     pub path: PathBuf,
@@ -78,42 +97,74 @@ impl JitDump {
     pub fn parse(b: &[u8]) -> Option<JitDump> {
         let mut r = Records::default();
         read_records(b, header_end(b)?, &mut r);
+        // Lines given after their load (against the specification, which puts them before):
+        // the last load at that address takes them.
+        for (code, rows) in r.pending_lines.drain() {
+            if let Some(l) = r.loads.iter_mut().rev().find(|l| l.start == code) {
+                if l.lines.is_empty() {
+                    l.lines = rows;
+                }
+            }
+        }
         let mut loads = r.loads;
-        loads.sort_by(|a, b| a.0.cmp(&b.0).then(b.3.cmp(&a.3)));
-        loads.dedup_by_key(|l| l.0);
+        // Stable: loads at one start stay in the order loaded.
+        loads.sort_by_key(|l| l.start);
+        let widest = loads.iter().map(|l| l.end - l.start).max().unwrap_or(0);
         Some(JitDump {
-            entries: loads
-                .into_iter()
-                .map(|(s, e, name, _)| (s, e, name))
-                .collect(),
-            lines: r.lines,
+            loads,
+            widest,
+            monotonic: u64_at(b, 32).is_some_and(|flags| flags & FLAG_ARCH_TIMESTAMP == 0),
             unwind: r.unwind,
             path: PathBuf::new(),
         })
     }
 
-    /// The name of the code at `addr`, with its source file and line where the dump has them.
+    /// The name of the code at `addr`, with its source file and line where the dump has them:
+    /// of the last load there at or before `time` (the sample's, CLOCK_MONOTONIC), else of the
+    /// first load after it (code may run before its record is written); with no time, of the
+    /// last load.
+    pub fn lookup_at(&self, addr: u64, time: Option<u64>) -> Option<(&str, Option<(&str, u32)>)> {
+        let time = time.filter(|_| self.monotonic);
+        let i = self.loads.partition_point(|l| l.start <= addr);
+        let from = self
+            .loads
+            .partition_point(|l| l.start < addr.saturating_sub(self.widest));
+        let mut best: Option<&Load> = None;
+        let mut first_after: Option<&Load> = None;
+        for l in self.loads[from..i].iter().filter(|l| addr < l.end) {
+            match time {
+                Some(t) if l.time > t => {
+                    if first_after.is_none_or(|f| l.time < f.time) {
+                        first_after = Some(l);
+                    }
+                }
+                _ => {
+                    if best.is_none_or(|b| l.time >= b.time) {
+                        best = Some(l);
+                    }
+                }
+            }
+        }
+        let l = best.or(first_after)?;
+        let j = l.lines.partition_point(|r| r.0 <= addr);
+        let line = j
+            .checked_sub(1)
+            .and_then(|j| l.lines.get(j))
+            .map(|r| (r.2.as_str(), r.1));
+        Some((l.name.as_str(), line))
+    }
+
+    /// [`JitDump::lookup_at`] with no time: the last load at `addr`.
     pub fn lookup(&self, addr: u64) -> Option<(&str, Option<(&str, u32)>)> {
-        let i = self.entries.partition_point(|e| e.0 <= addr);
-        let (start, _, name) = self.entries[..i]
-            .iter()
-            .rev()
-            .take(16)
-            .find(|e| addr < e.1)?;
-        let line = self.lines.get(start).and_then(|rows| {
-            let j = rows.partition_point(|r| r.0 <= addr);
-            let r = rows.get(j.checked_sub(1)?)?;
-            Some((r.2.as_str(), r.1))
-        });
-        Some((name.as_str(), line))
+        self.lookup_at(addr, None)
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.loads.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.loads.is_empty()
     }
 }
 
@@ -128,9 +179,10 @@ fn header_end(b: &[u8]) -> Option<usize> {
 /// What the records of a dump say.
 #[derive(Default)]
 struct Records {
-    /// (start, end, name, record number), in the order loaded.
-    loads: Vec<(u64, u64, String, usize)>,
-    lines: HashMap<u64, Vec<(u64, u32, String)>>,
+    /// In the order loaded.
+    loads: Vec<Load>,
+    /// Source lines for the next load at a code address (they come before it).
+    pending_lines: HashMap<u64, Vec<(u64, u32, String)>>,
     unwind: Vec<JitUnwind>,
     /// Records read so far.
     n: usize,
@@ -153,6 +205,7 @@ fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
             break; // cut short (the program still writing) or broken: what came before stays
         };
         let body = at + 16;
+        let time = u64_at(b, at + 8).unwrap_or(0);
         match id {
             CODE_LOAD => {
                 // pid, tid, vma, code_addr, code_size, code_index, name, code
@@ -174,7 +227,14 @@ fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
                                 hdr: (!hdr.is_empty()).then_some((hdr_at, hdr)),
                             });
                         }
-                        r.loads.push((addr, e, name, r.n));
+                        let lines = r.pending_lines.remove(&addr).unwrap_or_default();
+                        r.loads.push(Load {
+                            start: addr,
+                            end: e,
+                            name,
+                            time,
+                            lines,
+                        });
                     }
                 }
                 pending = None;
@@ -186,9 +246,25 @@ fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
                     u64_at(b, body + 24),
                     u64_at(b, body + 32),
                 ) {
-                    let name = r.loads.iter().rev().find(|l| l.0 == old).map(|l| l.2.clone());
-                    if let (Some(name), Some(e)) = (name, new.checked_add(len)) {
-                        r.loads.push((new, e, name, r.n));
+                    let found = r.loads.iter().rev().find(|l| l.start == old);
+                    let moved = found.map(|l| {
+                        let lines = l
+                            .lines
+                            .iter()
+                            .map(|(a, n, f)| (a.wrapping_sub(old).wrapping_add(new), *n, f.clone()))
+                            .collect();
+                        (l.name.clone(), lines)
+                    });
+                    if let (Some((name, lines)), Some(e)) =
+                        (moved, new.checked_add(len).filter(|_| len > 0))
+                    {
+                        r.loads.push(Load {
+                            start: new,
+                            end: e,
+                            name,
+                            time,
+                            lines,
+                        });
                     }
                 }
             }
@@ -228,7 +304,7 @@ fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
                         p = next;
                     }
                     rows.sort_by_key(|r| r.0);
-                    r.lines.insert(code, rows);
+                    r.pending_lines.insert(code, rows);
                 }
             }
             _ => {}
@@ -311,10 +387,14 @@ mod tests {
     use super::*;
 
     fn record(id: u32, body: &[u8]) -> Vec<u8> {
+        record_at(id, 0, body)
+    }
+
+    fn record_at(id: u32, time: u64, body: &[u8]) -> Vec<u8> {
         let mut r = Vec::new();
         r.extend_from_slice(&id.to_le_bytes());
         r.extend_from_slice(&((16 + body.len()) as u32).to_le_bytes());
-        r.extend_from_slice(&0u64.to_le_bytes());
+        r.extend_from_slice(&time.to_le_bytes());
         r.extend_from_slice(body);
         r
     }
@@ -420,6 +500,41 @@ mod tests {
         assert!(is_jitdump(Path::new("/tmp/jit-1234.dump")));
         assert!(!is_jitdump(Path::new("/tmp/jit-.dump")));
         assert!(!is_jitdump(Path::new("/tmp/perf-1.map")));
+    }
+
+    /// Code freed and other code loaded at the same address: each sample gets the name of the
+    /// code there at its time.
+    #[test]
+    fn reused_addresses_by_time() {
+        let at = |t: u64, addr: u64, size: u64, name: &str| {
+            let mut r = load(addr, size, name);
+            r[8..16].copy_from_slice(&t.to_le_bytes());
+            r
+        };
+        let mut dbg = Vec::new();
+        for v in [0x1000u64, 1, 0x1000, 7] {
+            dbg.extend_from_slice(&v.to_le_bytes());
+        }
+        dbg.extend_from_slice(b"B.java\0");
+        let d = dump(&[
+            at(10, 0x1000, 0x40, "A"),
+            record_at(CODE_DEBUG_INFO, 19, &dbg),
+            at(20, 0x1000, 0x20, "B"),
+            at(30, 0x1010, 0x100, "C"),
+        ]);
+        let j = JitDump::parse(&d).unwrap();
+        assert_eq!(j.lookup_at(0x1004, Some(15)), Some(("A", None)));
+        assert_eq!(
+            j.lookup_at(0x1004, Some(25)),
+            Some(("B", Some(("B.java", 7))))
+        );
+        // Before any load: the first one after.
+        assert_eq!(j.lookup_at(0x1004, Some(5)), Some(("A", None)));
+        assert_eq!(j.lookup_at(0x1030, Some(25)), Some(("A", None)));
+        assert_eq!(j.lookup_at(0x1030, Some(35)), Some(("C", None)));
+        assert_eq!(j.lookup_at(0x1100, Some(35)), Some(("C", None)));
+        assert_eq!(j.lookup_at(0x1110, Some(35)), None);
+        assert_eq!(j.lookup(0x1004), Some(("B", Some(("B.java", 7)))));
     }
 
     /// The reader takes each table once, as the file grows, even when the growth cuts a

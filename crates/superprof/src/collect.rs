@@ -503,6 +503,17 @@ impl Collector {
             }
             stack_of.push(s);
         }
+        // Nodes whose path holds JIT code of a process with a jitdump: their samples are named
+        // one by one, after the code there at each sample's time.
+        let timed =
+            |f: &AddrFrame| matches!(*f, AddrFrame::Unknown { pid, .. } if namer.has_jitdump(pid));
+        let mut node_timed: Vec<bool> = Vec::with_capacity(self.nodes.len());
+        for &(parent, frame) in &self.nodes {
+            let t = parent.is_some_and(|p| node_timed[p as usize])
+                || timed(&self.frames[frame as usize]);
+            node_timed.push(t);
+        }
+        let mut path = Vec::new();
         let mut thread_index: HashMap<u32, u32> = HashMap::new();
         for s in &self.samples {
             let t = *thread_index.entry(s.tid).or_insert_with(|| {
@@ -514,7 +525,35 @@ impl Collector {
                 };
                 profile.add_thread(pid, s.tid, &name)
             });
-            let stack = s.stack.and_then(|n| stack_of[n as usize]);
+            let mut stack = s.stack.and_then(|n| stack_of[n as usize]);
+            if let Some(leaf) = s.stack.filter(|&n| node_timed[n as usize]) {
+                path.clear();
+                let mut n = Some(leaf);
+                while let Some(i) = n {
+                    let (parent, frame) = self.nodes[i as usize];
+                    path.push(frame);
+                    n = parent;
+                }
+                stack = None;
+                for &frame in path.iter().rev() {
+                    match self.frames[frame as usize] {
+                        AddrFrame::Unknown { pid, addr } if namer.has_jitdump(pid) => {
+                            let fid = namer.anonymous_frame_at(
+                                &mut profile,
+                                Some(pid),
+                                addr,
+                                Some(s.time),
+                            );
+                            stack = Some(profile.intern_stack(stack, fid));
+                        }
+                        _ => {
+                            for &fid in &chains[frame as usize] {
+                                stack = Some(profile.intern_stack(stack, fid));
+                            }
+                        }
+                    }
+                }
+            }
             profile.add_sample(s.time.saturating_sub(start_ns), t, s.cpu, 1, stack);
         }
         profile.meta.lost_samples = self.lost;
