@@ -274,7 +274,8 @@ fn java_jitdump_names_methods_with_lines() {
 }
 
 /// node --perf-prof writes a jitdump (jit-PID.dump, in its working folder) and maps it as a
-/// marker: `record` finds it through that mapping and names the JIT code from it.
+/// marker: `record` finds it through that mapping and names the JIT code from it, as
+/// `perf inject --jit` does from the same kind of run.
 #[test]
 fn node_jitdump_names_js_functions() {
     let _cpu = cpu_lock();
@@ -292,7 +293,7 @@ fn node_jitdump_names_js_functions() {
         ],
         js_name,
         0.85,
-        Perf::No,
+        Perf::InjectJit,
     );
     // The dump is there, and no perf map of that process: the names came from the dump.
     let pid = std::fs::read_dir(&dir.0)
