@@ -23,6 +23,7 @@ mod counter;
 mod record;
 mod sampler;
 mod sys;
+mod uprobe;
 
 pub use counter::{probe, Counter, EventKind, EventSpec, Reading};
 pub use record::{parse_record, split_records, Layout, Record, SampleRecord};
@@ -30,3 +31,4 @@ pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
 };
 pub use sys::monotonic_ns;
+pub use uprobe::{uprobe_pmu, ProbeError, ProbeGroup, ProbeHit, ProbeSpec, UprobePmu};

@@ -40,6 +40,8 @@ pub const FLAG_USE_CLOCKID: u64 = 1 << 25;
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+/// _IOR('$', 7, u64)
+const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// `struct perf_event_attr` up to `sig_data` (PERF_ATTR_SIZE_VER7, 128 bytes).
@@ -151,6 +153,19 @@ pub fn set_output(fd: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
         PERF_EVENT_IOC_SET_OUTPUT,
         target.as_raw_fd() as libc::c_ulong,
     )
+}
+
+/// The id the kernel gave event `fd` (what PERF_SAMPLE_IDENTIFIER says in its samples, and
+/// in those of the copies inherited by new threads).
+pub fn event_id(fd: &OwnedFd) -> io::Result<u64> {
+    let mut id = 0u64;
+    // SAFETY: PERF_EVENT_IOC_ID writes one u64 through the pointer, which points at `id`.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_ID as _, &mut id as *mut u64) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(id)
+    }
 }
 
 /// A mapped perf ring buffer: one metadata page followed by `2^n` data pages.

@@ -17,6 +17,9 @@ pub struct TraceOptions {
     pub follow_forks: bool,
     /// Stop at every syscall entry and exit ([`TraceEvent::Syscall`]).
     pub syscalls: bool,
+    /// Keep each new thread stopped at its first stop, before it runs any instruction, and
+    /// report it ([`TraceEvent::ThreadReady`]); resume it with [`Tracer::resume`].
+    pub hold_new_threads: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -107,6 +110,12 @@ pub enum TraceEvent {
         pid: u32,
     },
     NewThread {
+        tid: u32,
+        pid: u32,
+    },
+    /// A new thread at its first stop, held there (with [`TraceOptions::hold_new_threads`]):
+    /// it has run nothing yet. Resume it with [`Tracer::resume`].
+    ThreadReady {
         tid: u32,
         pid: u32,
     },
@@ -1035,7 +1044,8 @@ impl Tracer {
             TraceEvent::Stopped { tid, .. }
             | TraceEvent::Syscall { tid, .. }
             | TraceEvent::Breakpoint { tid, .. }
-            | TraceEvent::Stepped { tid, .. } => self.resume(tid),
+            | TraceEvent::Stepped { tid, .. }
+            | TraceEvent::ThreadReady { tid, .. } => self.resume(tid),
             TraceEvent::Exec { pid } => self.resume(pid),
             _ => {}
         }
@@ -1124,7 +1134,12 @@ impl Tracer {
             }
             t.space = if space == pid { 0 } else { space };
             self.events.push_back(TraceEvent::NewThread { tid, pid });
-            self.resume_with(tid, 0);
+            if self.opts.hold_new_threads {
+                t.state = State::Stopped;
+                self.events.push_back(TraceEvent::ThreadReady { tid, pid });
+            } else {
+                self.resume_with(tid, 0);
+            }
             return;
         }
         let pid = self.threads[&tid].pid;
@@ -1181,6 +1196,10 @@ impl Tracer {
                     t.fresh = false;
                     if t.release_at_first_stop {
                         self.release_child(tid);
+                    } else if self.opts.hold_new_threads && t.pid != tid {
+                        t.state = State::Stopped;
+                        let pid = t.pid;
+                        self.events.push_back(TraceEvent::ThreadReady { tid, pid });
                     } else {
                         self.resume_with(tid, 0);
                     }

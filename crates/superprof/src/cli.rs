@@ -51,6 +51,9 @@ pub enum Command {
     Preload(PreloadArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
+    /// Calls the empty region `stat` measures its probe engine's cost on (run by `stat`)
+    #[command(hide = true, name = "__stat-calibration")]
+    StatCalibration { calls: usize },
     /// The demo's workload (run by `superprof demo`)
     #[command(hide = true, name = "__demo-workload")]
     DemoWorkload {
@@ -203,9 +206,22 @@ pub struct StatArgs {
         conflicts_with = "command"
     )]
     pub pid: Option<u32>,
+    /// How regions are probed (default: uprobe where allowed, else ptrace)
+    #[arg(long, value_enum, value_name = "ENGINE")]
+    pub engine: Option<EngineArg>,
     /// The command to launch (after `--`)
     #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "list"])]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// Counting code mapped into the program (not built yet)
+    InProcess,
+    /// Kernel uprobes reading the counters at each hit, without stopping the program (root)
+    Uprobe,
+    /// Breakpoints through ptrace: the program stops at each (works without privileges)
+    Ptrace,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

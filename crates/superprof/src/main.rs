@@ -5,6 +5,7 @@ mod blocks;
 mod cli;
 mod collect;
 mod demo;
+mod engine;
 mod preload;
 mod qemu;
 mod record;
@@ -100,6 +101,7 @@ fn run(command: cli::Command) -> anyhow::Result<i32> {
         cli::Command::Preload(args) => preload::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
+        cli::Command::StatCalibration { calls } => Ok(engine::calibration_workload(calls)),
         cli::Command::DemoWorkload { seconds } => {
             demo::workload(seconds);
             Ok(0)

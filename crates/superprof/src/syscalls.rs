@@ -34,6 +34,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     let opts = TraceOptions {
         follow_forks: args.follow_forks,
         syscalls: true,
+        ..TraceOptions::default()
     };
     let (mut tracer, launched) = match args.target.pid {
         Some(pid) => (Tracer::attach(pid, opts)?, false),

@@ -1,5 +1,5 @@
 //! `superprof stat`: counts inside functions and ranges, with software events (this machine
-//! has no hardware PMU).
+//! has no hardware PMU), on each probe engine (uprobe, ptrace): the same exact counts.
 
 mod common;
 
@@ -10,8 +10,18 @@ use std::process::Command;
 /// Region -> (calls, event -> total).
 type Counts = BTreeMap<String, (u64, BTreeMap<String, f64>)>;
 
+/// The probe engines every test of exact counts runs on.
+const ENGINES: [&str; 2] = ["uprobe", "ptrace"];
+
+/// `args` with `--engine ENGINE` first.
+fn on<'a>(engine: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["--engine", engine];
+    v.extend_from_slice(args);
+    v
+}
+
 /// Runs `superprof stat --format json` and returns (region -> (calls, event -> total)), stderr
-/// and the exit code.
+/// and the exit code. With `--engine E` in `args`, checks that the output names E.
 fn stat_json(
     dir: &TempDir,
     args: &[&str],
@@ -32,6 +42,7 @@ fn stat_json(
         .arg(
             "import json, sys\n\
              d = json.load(open(sys.argv[1]))\n\
+             print('engine', d['engine'])\n\
              for r in d['regions']:\n\
              \x20   for e, v in r['events'].items(): print(r['region'], r['calls'], e, v['total'], v['mean'], v['min'], v['max'])",
         )
@@ -40,7 +51,16 @@ fn stat_json(
         .unwrap();
     assert!(parsed.status.success(), "no JSON: {stderr}");
     let mut m = std::collections::BTreeMap::new();
-    for l in String::from_utf8_lossy(&parsed.stdout).lines() {
+    let text = String::from_utf8_lossy(&parsed.stdout);
+    let mut lines = text.lines();
+    let engine = lines
+        .next()
+        .and_then(|l| l.strip_prefix("engine "))
+        .unwrap();
+    if let Some(i) = args.iter().position(|a| *a == "--engine") {
+        assert_eq!(engine, args[i + 1], "{stderr}");
+    }
+    for l in lines {
         let w: Vec<&str> = l.split_whitespace().collect();
         let e = m
             .entry(w[0].to_owned())
@@ -86,29 +106,33 @@ fn page_faults_of_fill_and_sum_as_in_perforators_readme() {
 fn exact_calls_from_four_threads() {
     let dir = TempDir::new("stat-threads");
     let exe = perforator(&dir, &[]);
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "tenfold"],
-        &[exe.as_os_str(), "threads".as_ref()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(m["tenfold"].0, 40);
-    // Without a PMU the default is the software set, and superprof says so.
-    assert!(stderr.contains("counting software events"), "{stderr}");
-    assert!(m["tenfold"].1.contains_key("task-clock"));
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "tenfold"]),
+            &[exe.as_os_str(), "threads".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(m["tenfold"].0, 40);
+        // Without a PMU the default is the software set, and superprof says so.
+        assert!(stderr.contains("counting software events"), "{stderr}");
+        assert!(m["tenfold"].1.contains_key("task-clock"));
+    }
 }
 
 #[test]
 fn recursion_counts_each_outermost_call_once() {
     let dir = TempDir::new("stat-rec");
     let exe = perforator(&dir, &[]);
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "rec", "-e", "page-faults"],
-        &[exe.as_os_str(), "recurse".as_ref()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(m["rec"].0, 5);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "rec", "-e", "page-faults"]),
+            &[exe.as_os_str(), "recurse".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(m["rec"].0, 5);
+    }
 }
 
 #[test]
@@ -116,18 +140,20 @@ fn a_function_in_a_shared_library() {
     let dir = TempDir::new("stat-lib");
     let exe = perforator(&dir, &[]);
     // pthread_create lives in libc, mapped by ld.so after exec.
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "pthread_create", "-e", "page-faults"],
-        &[exe.as_os_str(), "threads".as_ref()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    let (calls, _) = m
-        .iter()
-        .find(|(k, _)| k.contains("pthread_create"))
-        .map(|(_, v)| v.clone())
-        .unwrap();
-    assert_eq!(calls, 4);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "pthread_create", "-e", "page-faults"]),
+            &[exe.as_os_str(), "threads".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        let (calls, _) = m
+            .iter()
+            .find(|(k, _)| k.contains("pthread_create"))
+            .map(|(_, v)| v.clone())
+            .unwrap();
+        assert_eq!(calls, 4);
+    }
 }
 
 #[test]
@@ -149,77 +175,130 @@ fn an_address_range_counts_the_code_between() {
         .unwrap();
     let addr = |l: &str| u64::from_str_radix(l.trim().split(':').next().unwrap(), 16).unwrap();
     let range = format!("{:#x}-{:#x}", addr(lines[i]), addr(lines[i + 1]));
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", &range, "-e", "page-faults"],
-        &[exe.as_os_str()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    let (calls, ev) = &m[&range];
-    assert_eq!(*calls, 1);
-    assert!((9000.0..=10600.0).contains(&ev["page-faults"]), "{ev:?}");
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", &range, "-e", "page-faults"]),
+            &[exe.as_os_str()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        let (calls, ev) = &m[&range];
+        assert_eq!(*calls, 1);
+        assert!((9000.0..=10600.0).contains(&ev["page-faults"]), "{ev:?}");
+    }
 }
 
 #[test]
 fn attach_then_the_process_runs_on_without_breakpoints() {
     let dir = TempDir::new("stat-attach");
     let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
-    let (mut child, _stdout) = spawn_ready(&exe, &["0", "2"]);
-    let pid = child.id();
-    let before = code_bytes(pid, &exe);
-    let out_file = dir.path("a.json");
+    // With uprobes (the kernel removes them when superprof closes them) and breakpoints.
+    for engine in ENGINES {
+        // (`counted` starts with a lock-prefixed instruction, which uprobes refuse.)
+        let region = if engine == "uprobe" {
+            "plain"
+        } else {
+            "counted"
+        };
+        let (mut child, _stdout) = spawn_ready(&exe, &["0", "2"]);
+        let pid = child.id();
+        let before = code_bytes(pid, &exe);
+        let out_file = dir.path("a.json");
+        let out = superprof()
+            .args([
+                "stat",
+                "--format",
+                "json",
+                "-r",
+                region,
+                "-e",
+                "page-faults",
+                "--engine",
+                engine,
+            ])
+            .args(["--duration", "1", "-p", &pid.to_string(), "-o"])
+            .arg(&out_file)
+            .output()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!(
+                "the process ended: {st:?}; superprof said: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert_running_untraced(pid);
+        let after = code_bytes(pid, &exe);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            before == after,
+            "the code differs after detach (a breakpoint left?)"
+        );
+        let text = std::fs::read_to_string(&out_file).unwrap();
+        assert!(text.contains(&format!("\"region\":\"{region}\"")), "{text}");
+        assert!(!text.contains("\"calls\":0"), "{text}");
+    }
+}
+
+/// A region whose first instruction uprobes cannot probe (lock-prefixed, on x86): superprof
+/// goes on with ptrace, and says so; asked for uprobes, it refuses in one line.
+#[test]
+fn a_region_uprobes_refuse_falls_back_to_ptrace() {
+    let dir = TempDir::new("stat-fallback");
+    let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", "counted", "-r", "plain", "-e", "page-faults"],
+        &[exe.as_os_str(), "200".as_ref(), "2".as_ref()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("probing with ptrace"), "{stderr}");
+    assert_eq!((m["counted"].0, m["plain"].0), (600, 600));
     let out = superprof()
         .args([
             "stat",
-            "--format",
-            "json",
+            "--engine",
+            "uprobe",
             "-r",
             "counted",
             "-e",
             "page-faults",
+            "--",
         ])
-        .args(["--duration", "1", "-p", &pid.to_string(), "-o"])
-        .arg(&out_file)
+        .arg(&exe)
+        .args(["200", "2"])
         .output()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    if let Some(st) = child.try_wait().unwrap() {
-        panic!(
-            "the process ended: {st:?}; superprof said: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    assert_running_untraced(pid);
-    let after = code_bytes(pid, &exe);
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_one_line_error(
+        &out,
+        "cannot put a uprobe on the first instruction of region 'counted'",
     );
-    assert!(
-        before == after,
-        "the code differs after detach (a breakpoint left?)"
-    );
-    let text = std::fs::read_to_string(&out_file).unwrap();
-    assert!(text.contains("\"region\":\"counted\""), "{text}");
-    assert!(!text.contains("\"calls\":0"), "{text}");
 }
 
 #[test]
 fn a_crash_inside_a_region_keeps_the_results_and_the_status() {
     let dir = TempDir::new("stat-crash");
     let exe = perforator(&dir, &[]);
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "crashing", "-r", "tenfold", "-e", "page-faults"],
-        &[exe.as_os_str(), "crash".as_ref()],
-    );
-    assert_eq!(code, Some(128 + 11), "{stderr}");
-    assert!(stderr.contains("SIGSEGV"), "{stderr}");
-    assert_eq!(m["tenfold"].0, 1);
-    assert_eq!(m["crashing"].0, 0);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(
+                engine,
+                &["-r", "crashing", "-r", "tenfold", "-e", "page-faults"],
+            ),
+            &[exe.as_os_str(), "crash".as_ref()],
+        );
+        assert_eq!(code, Some(128 + 11), "{stderr}");
+        assert!(stderr.contains("SIGSEGV"), "{stderr}");
+        assert_eq!(m["tenfold"].0, 1);
+        assert_eq!(m["crashing"].0, 0);
+    }
 }
 
 #[test]
@@ -298,21 +377,23 @@ fn a_function_in_a_library_loaded_later_with_dlopen() {
         &["dlopen_main.c"],
         &["-O2", "-g", "-ldl"],
     );
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "lib_hot", "-g", "task-clock,page-faults"],
-        &[exe.as_os_str(), lib.as_os_str(), "0.3".as_ref()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    let (calls, ev) = &m["lib_hot"];
-    assert_eq!(*calls, 1);
-    // The group's events are both there; lib_hot burns 0.3 s of CPU.
-    let task_clock_s = ev["task-clock"] / 1e9;
-    assert!(
-        (0.25..0.6).contains(&task_clock_s),
-        "task-clock {task_clock_s} s"
-    );
-    assert!(ev.contains_key("page-faults"));
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "lib_hot", "-g", "task-clock,page-faults"]),
+            &[exe.as_os_str(), lib.as_os_str(), "0.3".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        let (calls, ev) = &m["lib_hot"];
+        assert_eq!(*calls, 1);
+        // The group's events are both there; lib_hot burns 0.3 s of CPU.
+        let task_clock_s = ev["task-clock"] / 1e9;
+        assert!(
+            (0.25..0.6).contains(&task_clock_s),
+            "task-clock {task_clock_s} s"
+        );
+        assert!(ev.contains_key("page-faults"));
+    }
 }
 
 #[test]
@@ -373,13 +454,15 @@ fn inlined_copies_are_sites_of_the_same_region() {
     let dir = TempDir::new("stat-inline");
     let exe = compile(&dir, "inlined_calls", &["inlined_calls.c"], &["-O2", "-g"]);
     // `mix` has no symbol at all (always inlined); two inlined copies run 300 times each.
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "mix", "-e", "page-faults"],
-        &[exe.as_os_str(), "300".as_ref()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(m["mix"].0, 600);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "mix", "-e", "page-faults"]),
+            &[exe.as_os_str(), "300".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(m["mix"].0, 600);
+    }
 }
 
 #[test]

@@ -225,7 +225,7 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
     let trace = || {
         let opts = TraceOptions {
             follow_forks: true,
-            syscalls: false,
+            ..TraceOptions::default()
         };
         match mode {
             TargetMode::Launched => Tracer::launch(pid, opts),

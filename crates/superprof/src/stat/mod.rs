@@ -1,7 +1,13 @@
 //! `superprof stat`: event counts inside individual functions and address ranges, after
-//! Perforator, on the coordinator's breakpoints.
+//! Perforator, on a probe engine (`crate::engine`): kernel uprobes, or the coordinator's
+//! breakpoints.
 //!
-//! A breakpoint at a region's entry; when a thread hits it (and is not already inside the
+//! With uprobes, a probe at each region's entry (and at a range's end, and a return probe on a
+//! function), all with the counters in one perf group: each hit writes the thread, time, stack
+//! pointer and every counter's value into a ring buffer, which superprof reads while the
+//! program runs on. The calls are the same frames as below, opened and closed from the hits.
+//!
+//! With ptrace, a breakpoint at a region's entry; when a thread hits it (and is not already inside the
 //! region: recursion counts once per outermost call), its counters are read, its return address
 //! is read from the stack (x86_64) or the link register (AArch64), and a breakpoint is put
 //! there. When that thread comes back to the return address with its stack popped, the counters
@@ -19,6 +25,7 @@ use superprof_sample::{Counter, EventKind, EventSpec, Reading};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use crate::cli::StatArgs;
+use crate::engine::Engine;
 use crate::region::{exe_bias, line_range, not_found, unique_function, RegionSpec};
 use crate::sys;
 use crate::NothingToShow;
@@ -33,16 +40,26 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Adds the `n`th call's value `v`, which may be below zero once the engine's mean cost
+    /// is taken off: the total takes it as it is (so totals and means are the measured ones
+    /// less the mean cost, unbiased), the call's own figures (min, max) no less than zero.
     fn add(&mut self, v: f64, n: u64, scaled: bool) {
+        let shown = v.max(0.0);
         if n == 0 {
-            self.min = v;
-            self.max = v;
+            self.min = shown;
+            self.max = shown;
         } else {
-            self.min = self.min.min(v);
-            self.max = self.max.max(v);
+            self.min = self.min.min(shown);
+            self.max = self.max.max(shown);
         }
         self.total += v;
         self.scaled |= scaled;
+    }
+
+    /// The total, never below zero (a few-nanosecond function can come out just below it
+    /// once the engine's cost is taken off).
+    pub fn total(&self) -> f64 {
+        self.total.max(0.0)
     }
 }
 
@@ -51,11 +68,21 @@ impl Stats {
 pub struct Call {
     pub region: usize,
     pub tid: u32,
+    /// The engine that measured it (its cost is taken off when the run ends).
+    pub engine: &'static str,
+    /// Which events were scaled for multiplexing (bit per event).
+    pub scaled: u64,
     pub values: Vec<f64>,
 }
 
 /// The results of a run.
 pub struct Results {
+    /// The probe engine that measured (uprobe, ptrace): the last one, where a run had to
+    /// change (see [`Results::engines`]).
+    pub engine: &'static str,
+    /// Each engine that measured calls, in order: its name, and what it adds to a call, per
+    /// event and last elapsed ns, measured on an empty region and taken off every call.
+    pub engines: Vec<(&'static str, Vec<f64>)>,
     pub regions: Vec<String>,
     /// Event names, `time-elapsed-ns` last.
     pub events: Vec<String>,
@@ -94,6 +121,32 @@ struct Frame {
     sp: u64,
     start: Vec<Reading>,
     started: Instant,
+    /// The entry hit's time (uprobe engine; CLOCK_MONOTONIC ns).
+    start_ns: u64,
+}
+
+/// What a hit of one uprobe means.
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    /// A region starts there.
+    Entry(usize, Site),
+    /// A range (or an inlined copy) ends there.
+    End(u64),
+    /// A function region's call returned.
+    Return(usize),
+}
+
+/// The probes of the sites placed at one time, and what each means (uprobe engine).
+struct Batch {
+    specs: Vec<superprof_sample::ProbeSpec>,
+    roles: Vec<Role>,
+}
+
+/// One batch's uprobe group on one thread.
+struct Armed {
+    batch: usize,
+    tid: u32,
+    group: superprof_sample::ProbeGroup,
 }
 
 struct ThreadCounters {
@@ -219,22 +272,39 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     if let Some(out) = &args.output {
         superprof_resolve::check_text_output(out)?;
     }
-    let mut session = Session {
-        events,
-        groups,
-        user_only,
-        counters: HashMap::new(),
-        regions: Vec::new(),
-        entries: HashMap::new(),
-        returns: HashMap::new(),
-        frames: HashMap::new(),
-        results: None,
-        specs,
-        missing: HashMap::new(),
-        symbols: superprof_symbols::Symbolizer::default(),
-    };
-    let (exit, signal_in_region) = session.trace(args)?;
-    let results = session.results.take().expect("results");
+    let (engine, notice) = Engine::choose(args.engine)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
+    }
+    let mut session = Session::new(engine, events, groups, user_only, specs);
+    session.auto_engine = args.engine.is_none();
+    let (exit, signal_in_region) = session.trace(args.pid, &args.command, args.duration)?;
+    // Each engine's own cost per call (measured now that the program's tracer is gone), taken
+    // off each call it measured. Where it cannot be measured, the figures stay as measured.
+    let mut costs = Vec::new();
+    let results = session.results.as_ref().expect("results");
+    for &e in &session.engines_used {
+        if !results.per_call.iter().any(|c| c.engine == e.name()) {
+            continue;
+        }
+        match engine_cost(e, &session.events, &session.groups, session.user_only) {
+            Ok(cost) => costs.push((e.name(), cost)),
+            Err(why) => eprintln!(
+                "superprof: {why:#}; the figures include what the {} engine itself costs",
+                e.name()
+            ),
+        }
+    }
+    if session.lost_hits > 0 {
+        eprintln!(
+            "superprof: {} probe hits were lost (the ring buffer was full): the counts are of \
+             the calls whose entry and exit were both seen",
+            session.lost_hits
+        );
+    }
+    let mut results = session.results.take().expect("results");
+    results.engine = session.engine.name();
+    tally(&mut results, &costs);
     let text = output::render(&results, args.format, args.per_call)?;
     superprof_resolve::write_text(args.output.as_deref(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
@@ -250,7 +320,93 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     Ok(exit.map_or(0, |e| e.shell_code()))
 }
 
+/// Takes each engine's cost (`costs`, by engine name) off every call it measured, and sums the
+/// calls into the regions' figures.
+fn tally(res: &mut Results, costs: &[(&'static str, Vec<f64>)]) {
+    let events = res.events.len();
+    res.stats = vec![vec![Stats::default(); events]; res.regions.len().max(res.calls.len())];
+    let mut seen = vec![0u64; res.stats.len()];
+    for c in &mut res.per_call {
+        let cost = costs.iter().find(|(n, _)| *n == c.engine).map(|(_, v)| v);
+        let n = seen[c.region];
+        for (i, v) in c.values.iter_mut().enumerate() {
+            *v -= cost.and_then(|k| k.get(i)).copied().unwrap_or(0.0);
+            let scaled = i < 64 && c.scaled & (1 << i) != 0;
+            res.stats[c.region][i].add(*v, n, scaled);
+            // A call's own figures are never below zero.
+            *v = v.max(0.0);
+        }
+        seen[c.region] += 1;
+    }
+    res.engines = costs.to_vec();
+}
+
+/// The calls of the empty region the engine's cost is measured on (its cost per call is the
+/// mean of these, less their highest 0.1%).
+fn calibration_calls(engine: Engine) -> usize {
+    match engine {
+        Engine::Uprobe(_) => 5000,
+        Engine::Ptrace => 500,
+    }
+}
+
+/// What `engine` itself adds to each call of a region, per event and last in elapsed
+/// nanoseconds: measured by this very code on an empty function (superprof's own
+/// `superprof_calibration_region`, called by `superprof __stat-calibration N`), probed as a
+/// function region is, with the same counters.
+fn engine_cost(
+    engine: Engine,
+    events: &[EventSpec],
+    groups: &[(usize, usize)],
+    user_only: bool,
+) -> Result<Vec<f64>> {
+    let exe = std::fs::read_link("/proc/self/exe").context("cannot find superprof's own file")?;
+    let calls = calibration_calls(engine);
+    let spec = RegionSpec::Function(crate::engine::CALIBRATION_REGION.to_owned());
+    let mut s = Session::new(
+        engine,
+        events.to_vec(),
+        groups.to_vec(),
+        user_only,
+        vec![spec],
+    );
+    let command = [
+        exe.to_string_lossy().into_owned(),
+        "__stat-calibration".to_owned(),
+        calls.to_string(),
+    ];
+    s.calibrating = true;
+    let (exit, _) = s
+        .trace(None, &command, Some(Duration::from_secs(10)))
+        .context("cannot measure the probe engine's own cost")?;
+    let res = s.results.take().expect("results");
+    if exit != Some(ExitStatus::Code(0)) || (res.calls[0] as usize) < calls / 2 {
+        bail!(
+            "cannot measure the probe engine's own cost: {} of {calls} calls seen",
+            res.calls[0]
+        );
+    }
+    Ok((0..res.events.len())
+        .map(|e| crate::engine::trimmed_mean(res.per_call.iter().map(|c| c.values[e]).collect()))
+        .collect())
+}
+
 struct Session {
+    engine: Engine,
+    /// The engine was chosen by superprof, which may change it (to ptrace, where uprobes
+    /// cannot probe a region's instruction).
+    auto_engine: bool,
+    /// The engines that measured, in order.
+    engines_used: Vec<Engine>,
+    /// This is the run that measures the engine's own cost.
+    calibrating: bool,
+    /// The probes placed (uprobe engine), and their groups on each thread.
+    batches: Vec<Batch>,
+    armed: Vec<Armed>,
+    /// Sites placed and not armed yet (uprobe engine): (region, address, site).
+    new_sites: Vec<(usize, u64, Site)>,
+    hits: Vec<superprof_sample::ProbeHit>,
+    lost_hits: u64,
     events: Vec<EventSpec>,
     groups: Vec<(usize, usize)>,
     user_only: bool,
@@ -271,6 +427,38 @@ struct Session {
 }
 
 impl Session {
+    fn new(
+        engine: Engine,
+        events: Vec<EventSpec>,
+        groups: Vec<(usize, usize)>,
+        user_only: bool,
+        specs: Vec<RegionSpec>,
+    ) -> Session {
+        Session {
+            engine,
+            calibrating: false,
+            auto_engine: false,
+            engines_used: vec![engine],
+            batches: Vec::new(),
+            armed: Vec::new(),
+            new_sites: Vec::new(),
+            hits: Vec::new(),
+            lost_hits: 0,
+            events,
+            groups,
+            user_only,
+            counters: HashMap::new(),
+            regions: Vec::new(),
+            entries: HashMap::new(),
+            returns: HashMap::new(),
+            frames: HashMap::new(),
+            results: None,
+            specs,
+            missing: HashMap::new(),
+            symbols: superprof_symbols::Symbolizer::default(),
+        }
+    }
+
     fn first_missing(&self) -> String {
         let mut keys: Vec<&usize> = self.missing.keys().collect();
         keys.sort();
@@ -338,14 +526,20 @@ impl Session {
                             vec![(f.addr, site)]
                         })
                         .unwrap_or_default();
-                    // Its inlined copies are sites of the same region.
+                    // Its inlined copies are sites of the same region (the calibration
+                    // region has none: superprof's own DWARF is not searched for them).
                     let target = found.as_ref().map_or(name.as_str(), |f| f.name.as_str());
-                    for (start, end) in inlined_sites(
-                        &mut self.symbols,
-                        pid,
-                        target,
-                        found.as_ref().map(|f| &f.module),
-                    ) {
+                    let inlined = if target == crate::engine::CALIBRATION_REGION {
+                        Vec::new()
+                    } else {
+                        inlined_sites(
+                            &mut self.symbols,
+                            pid,
+                            target,
+                            found.as_ref().map(|f| &f.module),
+                        )
+                    };
+                    for (start, end) in inlined {
                         let site = Site {
                             end: Some(end),
                             ends_at_return: false,
@@ -413,9 +607,14 @@ impl Session {
             if region.entry != 0 {
                 self.missing.remove(&i);
                 for &(at, site) in &region.sites {
-                    tracer.set_breakpoint(pid, at).with_context(|| {
-                        format!("cannot place a breakpoint for region '{}'", region.name)
-                    })?;
+                    match self.engine {
+                        Engine::Ptrace => {
+                            tracer.set_breakpoint(pid, at).with_context(|| {
+                                format!("cannot place a breakpoint for region '{}'", region.name)
+                            })?;
+                        }
+                        Engine::Uprobe(_) => self.new_sites.push((i, at, site)),
+                    }
                     self.entries.entry(at).or_default().push((i, site));
                 }
             }
@@ -425,7 +624,204 @@ impl Session {
                 self.regions.push(region);
             }
         }
+        self.arm(tracer, pid)?;
         Ok(all)
+    }
+
+    /// Opens the uprobes of the sites placed since the last call, in one group per thread of
+    /// process `pid` (threads made later get theirs at their first stop).
+    fn arm(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
+        if !matches!(self.engine, Engine::Uprobe(_)) {
+            return Ok(());
+        }
+        if self.new_sites.is_empty() {
+            return Ok(());
+        }
+        let mut specs = Vec::new();
+        let mut roles = Vec::new();
+        let mut ends: HashMap<u64, ()> = HashMap::new();
+        for &(region, at, site) in &self.new_sites {
+            let name = &self.regions.get(region).map_or("", |r| r.name.as_str());
+            let spec = crate::engine::probe_at(pid, at)
+                .ok_or_else(|| anyhow!("region '{name}' is in no file: it cannot be probed"))?;
+            specs.push(spec.clone());
+            roles.push(Role::Entry(region, site));
+            if site.ends_at_return {
+                specs.push(superprof_sample::ProbeSpec { ret: true, ..spec });
+                roles.push(Role::Return(region));
+            }
+            if let Some(end) = site.end.filter(|e| ends.insert(*e, ()).is_none()) {
+                let spec = crate::engine::probe_at(pid, end).ok_or_else(|| {
+                    anyhow!("the end of region '{name}' is in no file: it cannot be probed")
+                })?;
+                specs.push(spec);
+                roles.push(Role::End(end));
+            }
+        }
+        self.new_sites.clear();
+        self.batches.push(Batch { specs, roles });
+        let batch = self.batches.len() - 1;
+        for tid in superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]) {
+            if let Err(e) = self.arm_thread(batch, tid) {
+                let refused = e.probe.filter(|_| e.unsupported_instruction());
+                let Some(probe) = refused else {
+                    bail!("cannot open the uprobes of the regions on thread {tid}: {e}");
+                };
+                let what = self.probe_label(batch, probe);
+                if !self.auto_engine {
+                    bail!(
+                        "the kernel cannot put a uprobe on {what} (on x86, an instruction with a \
+                         lock prefix, say): use --engine ptrace"
+                    );
+                }
+                eprintln!(
+                    "superprof: probing with ptrace (the program stops at every probe): the \
+                     kernel cannot put a uprobe on {what}"
+                );
+                return self.fall_back_to_ptrace(tracer, pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// What probe `probe` of batch `batch` is on, for a message.
+    fn probe_label(&self, batch: usize, probe: usize) -> String {
+        let region = |r: usize| self.regions.get(r).map_or("?", |r| r.name.as_str());
+        match self.batches[batch].roles.get(probe) {
+            Some(Role::Entry(r, _)) => format!("the first instruction of region '{}'", region(*r)),
+            Some(Role::Return(r)) => format!("the return of region '{}'", region(*r)),
+            Some(Role::End(addr)) => format!("the end of a region, at {addr:#x}"),
+            None => "a region".to_owned(),
+        }
+    }
+
+    /// Goes on with ptrace's breakpoints instead of uprobes: the calls counted so far stay,
+    /// calls in progress are dropped.
+    fn fall_back_to_ptrace(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
+        self.drain_hits(pid);
+        self.armed.clear();
+        self.batches.clear();
+        self.frames.clear();
+        self.engine = Engine::Ptrace;
+        self.engines_used.push(Engine::Ptrace);
+        for tid in superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]) {
+            self.open_counters(tid);
+        }
+        let entries: Vec<u64> = self.entries.keys().copied().collect();
+        for at in entries {
+            tracer
+                .set_breakpoint(pid, at)
+                .context("cannot place a breakpoint for a region")?;
+        }
+        Ok(())
+    }
+
+    /// Opens batch `batch`'s group on thread `tid` (a thread already gone is passed over).
+    fn arm_thread(&mut self, batch: usize, tid: u32) -> Result<(), superprof_sample::ProbeError> {
+        let Engine::Uprobe(pmu) = self.engine else {
+            return Ok(());
+        };
+        // 4 MiB of ring for each of the first 16 threads (about 40,000 hits, read every
+        // 10 ms), less past them.
+        let pages = match self.armed.len() {
+            0..16 => 1024,
+            16..256 => 128,
+            _ => 16,
+        };
+        let events = self.all_events();
+        match superprof_sample::ProbeGroup::open(
+            pmu,
+            tid,
+            &self.batches[batch].specs,
+            &events,
+            self.user_only,
+            pages,
+        ) {
+            Ok(group) => self.armed.push(Armed { batch, tid, group }),
+            Err(e) if e.no_thread() => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// A new thread: every batch's probes on it too, before it runs.
+    fn arm_new_thread(&mut self, tid: u32) -> Result<()> {
+        for batch in 0..self.batches.len() {
+            self.arm_thread(batch, tid).with_context(|| {
+                format!("cannot open the uprobes of the regions on thread {tid}")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A thread ended: its last hits read, its groups closed.
+    fn disarm_thread(&mut self, root: u32, tid: u32) {
+        self.drain_hits(root);
+        self.armed.retain(|a| a.tid != tid);
+    }
+
+    /// Every event, in order (the uprobe engine counts them all in one group).
+    fn all_events(&self) -> Vec<EventSpec> {
+        self.events.clone()
+    }
+
+    /// Reads the uprobe rings and turns their hits into calls (uprobe engine).
+    fn drain_hits(&mut self, root: u32) {
+        for a in 0..self.armed.len() {
+            let mut hits = std::mem::take(&mut self.hits);
+            hits.clear();
+            self.lost_hits += self.armed[a].group.drain(&mut hits);
+            let batch = self.armed[a].batch;
+            for h in &hits {
+                if h.pid != root {
+                    continue;
+                }
+                if let Some(&role) = self.batches[batch].roles.get(h.probe) {
+                    self.on_hit(role, h);
+                }
+            }
+            self.hits = hits;
+        }
+    }
+
+    fn on_hit(&mut self, role: Role, h: &superprof_sample::ProbeHit) {
+        let frames = self.frames.entry(h.tid).or_default();
+        let closed = match role {
+            Role::Entry(region, site) => {
+                if frames.iter().any(|f| f.region == region) {
+                    return; // recursion: the outermost call counts
+                }
+                let mut exits = Vec::new();
+                if let Some(end) = site.end {
+                    exits.push((end, false));
+                }
+                if site.ends_at_return {
+                    exits.push((0, true));
+                }
+                if !exits.is_empty() {
+                    frames.push(Frame {
+                        region,
+                        exits,
+                        sp: h.sp,
+                        start: h.values.clone(),
+                        started: Instant::now(),
+                        start_ns: h.time,
+                    });
+                }
+                None
+            }
+            Role::End(addr) => frames
+                .iter()
+                .rposition(|f| f.exits.iter().any(|&(a, r)| !r && a == addr)),
+            Role::Return(region) => frames.iter().rposition(|f| {
+                f.region == region && f.exits.iter().any(|&(_, r)| r) && popped(h.sp, f.sp)
+            }),
+        };
+        if let Some(pos) = closed {
+            let frame = frames.remove(pos);
+            let elapsed = h.time.saturating_sub(frame.start_ns) as f64;
+            self.record(h.tid, &frame, &h.values, elapsed);
+        }
     }
 
     fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
@@ -436,7 +832,7 @@ impl Session {
             if let Some(pos) = frames.iter().rposition(|f| {
                 f.exits
                     .iter()
-                    .any(|&(a, is_return)| a == addr && (!is_return || sp > f.sp))
+                    .any(|&(a, is_return)| a == addr && (!is_return || popped(sp, f.sp)))
             }) {
                 let frame = frames.remove(pos);
                 let end = self.read(tid);
@@ -486,6 +882,7 @@ impl Session {
                     sp: regs.sp,
                     start,
                     started: Instant::now(),
+                    start_ns: 0,
                 });
             }
         }
@@ -506,11 +903,12 @@ impl Session {
         }
     }
 
+    /// Keeps one call's counts as measured (the engine's cost comes off in [`tally`]).
     fn record(&mut self, tid: u32, frame: &Frame, end: &[Reading], elapsed: f64) {
         let res = self.results.as_mut().expect("results");
         let r = frame.region;
-        let n = res.calls[r];
         let mut values = Vec::with_capacity(end.len() + 1);
+        let mut scaled_mask = 0u64;
         for (i, (a, b)) in frame.start.iter().zip(end).enumerate() {
             let dv = b.value.saturating_sub(a.value) as f64;
             let de = b.enabled.saturating_sub(a.enabled);
@@ -520,32 +918,44 @@ impl Session {
             } else {
                 (dv, false)
             };
-            res.stats[r][i].add(v, n, scaled);
+            if scaled && i < 64 {
+                scaled_mask |= 1 << i;
+            }
             values.push(v);
         }
-        let last = res.stats[r].len() - 1;
-        res.stats[r][last].add(elapsed, n, false);
         values.push(elapsed);
         res.calls[r] += 1;
         res.per_call.push(Call {
             region: r,
             tid,
+            engine: self.engine.name(),
+            scaled: scaled_mask,
             values,
         });
     }
 
     /// Runs the target to its end (or --duration / Ctrl-C). Returns its exit status and
     /// whether it died inside a region.
-    fn trace(&mut self, args: &StatArgs) -> Result<(Option<ExitStatus>, bool)> {
-        let opts = TraceOptions::default();
-        let (mut tracer, launched) = match args.pid {
+    fn trace(
+        &mut self,
+        pid: Option<u32>,
+        command: &[String],
+        duration: Option<Duration>,
+    ) -> Result<(Option<ExitStatus>, bool)> {
+        let opts = TraceOptions {
+            hold_new_threads: matches!(self.engine, Engine::Uprobe(_)),
+            ..TraceOptions::default()
+        };
+        let (mut tracer, launched) = match pid {
             Some(pid) => (Tracer::attach(pid, opts)?, false),
-            None => (Tracer::spawn(&args.command, opts)?, true),
+            None => (Tracer::spawn(command, opts)?, true),
         };
         let root = tracer.root();
         let mut names: Vec<String> = self.events.iter().map(|e| e.name.clone()).collect();
         names.push("time-elapsed-ns".into());
         self.results = Some(Results {
+            engine: self.engine.name(),
+            engines: Vec::new(),
             regions: Vec::new(),
             events: names.clone(),
             calls: vec![0; self.specs.len()],
@@ -565,14 +975,23 @@ impl Session {
             }
         }
         let start = Instant::now();
-        let duration = args.duration;
         let mut exit = None;
         let mut died_inside = false;
+        // The uprobe rings are read every 10 ms (16 MiB hold about 100 ms of hits at the
+        // fastest rate a uprobe allows).
+        let wait = match self.engine {
+            Engine::Uprobe(_) => Duration::from_millis(10),
+            Engine::Ptrace => Duration::from_millis(50),
+        };
         loop {
-            if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
+            self.drain_hits(root);
+            // (The calibration run ends by itself, even after a stop signal: within its
+            // deadline.)
+            let stop = sys::stop_requested() && !self.calibrating;
+            if stop || duration.is_some_and(|d| start.elapsed() >= d) {
                 break;
             }
-            let Some(ev) = tracer.next_event(Duration::from_millis(50))? else {
+            let Some(ev) = tracer.next_event(wait)? else {
                 continue;
             };
             match ev {
@@ -621,8 +1040,21 @@ impl Session {
                     }
                     tracer.resume(tid);
                 }
-                TraceEvent::NewThread { tid, .. } => self.open_counters(tid),
+                TraceEvent::NewThread { tid, .. } => {
+                    if let Engine::Ptrace = self.engine {
+                        self.open_counters(tid);
+                    }
+                }
+                // (uprobe engine) A new thread, held before its first instruction: its
+                // probes first.
+                TraceEvent::ThreadReady { tid, .. } => {
+                    if let Engine::Uprobe(_) = self.engine {
+                        self.arm_new_thread(tid)?;
+                    }
+                    tracer.resume(tid);
+                }
                 TraceEvent::ThreadExited { tid, .. } => {
+                    self.disarm_thread(root, tid);
                     self.counters.remove(&tid);
                     if let Some(frames) = self.frames.remove(&tid) {
                         for f in frames {
@@ -643,6 +1075,9 @@ impl Session {
                 other => tracer.resume_after(&other),
             }
         }
+        // The last hits, then the probes closed (the kernel removes them).
+        self.drain_hits(root);
+        self.armed.clear();
         if launched && exit.is_none() {
             exit = tracer.terminate(Duration::from_secs(5), |_| {})?;
         }
@@ -674,6 +1109,17 @@ impl Session {
             })
             .collect();
         Ok((exit.or(killed), died_inside))
+    }
+}
+
+/// Whether a thread whose stack pointer is `sp` has returned from the call entered with `entry`
+/// (the callee's stack popped: above it on x86_64, where the call pushed the return address;
+/// at or above it on AArch64, where the return address is in a register).
+fn popped(sp: u64, entry: u64) -> bool {
+    if cfg!(target_arch = "aarch64") {
+        sp >= entry
+    } else {
+        sp > entry
     }
 }
 

@@ -25,10 +25,10 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                         .enumerate()
                         .map(|(e, ev)| {
                             let s = &r.stats[i][e];
-                            let mean = if n > 0 { s.total / n as f64 } else { 0.0 };
+                            let mean = if n > 0 { s.total() / n as f64 } else { 0.0 };
                             (
                                 ev.clone(),
-                                json!({"total": s.total, "mean": mean, "min": s.min, "max": s.max, "scaled": s.scaled}),
+                                json!({"total": s.total(), "mean": mean, "min": s.min, "max": s.max, "scaled": s.scaled}),
                             )
                         })
                         .collect();
@@ -44,7 +44,24 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                     v
                 })
                 .collect();
-            writeln!(out, "{}", json!({ "regions": regions }))?;
+            let engines: Vec<serde_json::Value> = r
+                .engines
+                .iter()
+                .map(|(name, cost)| {
+                    let cost: serde_json::Map<String, serde_json::Value> = r
+                        .events
+                        .iter()
+                        .zip(cost)
+                        .map(|(e, c)| (e.clone(), json!(c)))
+                        .collect();
+                    json!({"engine": name, "cost_per_call": cost})
+                })
+                .collect();
+            writeln!(
+                out,
+                "{}",
+                json!({ "engine": r.engine, "engines": engines, "regions": regions })
+            )?;
         }
         (StatFormat::Csv, false) => {
             writeln!(out, "region,calls,event,total,mean,min,max,scaled")?;
@@ -52,12 +69,12 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 let n = r.calls[i];
                 for (e, ev) in r.events.iter().enumerate() {
                     let s = &r.stats[i][e];
-                    let mean = if n > 0 { s.total / n as f64 } else { 0.0 };
+                    let mean = if n > 0 { s.total() / n as f64 } else { 0.0 };
                     writeln!(
                         out,
                         "{},{n},{ev},{:.0},{mean:.1},{:.0},{:.0},{}",
                         csv(name),
-                        s.total,
+                        s.total(),
                         s.min,
                         s.max,
                         s.scaled
@@ -100,6 +117,29 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             }
         }
         (StatFormat::Table, false) => {
+            // The engines, and their own cost per call (taken off every call).
+            let used: Vec<String> = r
+                .engines
+                .iter()
+                .map(|(name, cost)| {
+                    let cost: Vec<String> = r
+                        .events
+                        .iter()
+                        .zip(cost)
+                        .filter(|(_, c)| **c >= 0.5)
+                        .map(|(e, c)| format!("{} {c:.0}", escape(e)))
+                        .collect();
+                    format!(
+                        "{name} (its own cost per call, taken off: {})",
+                        cost.join(", ")
+                    )
+                })
+                .collect();
+            if used.is_empty() {
+                writeln!(out, "Engine: {}\n", r.engine)?;
+            } else {
+                writeln!(out, "Engine: {}\n", used.join(", then "))?;
+            }
             for (i, name) in r.regions.iter().enumerate() {
                 let n = r.calls[i];
                 writeln!(out, "Region {}: {n} calls", escape(name))?;
@@ -110,13 +150,13 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 )?;
                 for (e, ev) in r.events.iter().enumerate() {
                     let s = &r.stats[i][e];
-                    let mean = if n > 0 { s.total / n as f64 } else { 0.0 };
+                    let mean = if n > 0 { s.total() / n as f64 } else { 0.0 };
                     let mark = if s.scaled { " (scaled)" } else { "" };
                     writeln!(
                         out,
                         "  {:<24} {:>16.0} {:>16.1} {:>16.0} {:>16.0}{mark}",
                         escape(ev),
-                        s.total,
+                        s.total(),
                         mean,
                         s.min,
                         s.max
