@@ -53,7 +53,11 @@ pub enum Command {
     Demo(DemoArgs),
     /// Calls the empty region `stat` measures its probe engine's cost on (run by `stat`)
     #[command(hide = true, name = "__stat-calibration")]
-    StatCalibration { calls: usize },
+    StatCalibration {
+        calls: usize,
+        kind: String,
+        gap_us: u64,
+    },
     /// The demo's workload (run by `superprof demo`)
     #[command(hide = true, name = "__demo-workload")]
     DemoWorkload {

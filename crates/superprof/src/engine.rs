@@ -79,25 +79,114 @@ fn uprobe_usable() -> Result<UprobePmu, String> {
     Ok(pmu)
 }
 
-/// The name of the empty function the engines' own cost is measured on.
-pub const CALIBRATION_REGION: &str = "superprof_calibration_region";
-
-/// The empty region whose calls measure a probe engine's own cost (see `stat`).
-#[inline(never)]
-#[no_mangle]
-pub extern "C" fn superprof_calibration_region(x: u64) -> u64 {
-    std::hint::black_box(x).wrapping_add(1)
+/// How the kernel runs the instruction a uprobe replaced: emulated (x86_64: push of a
+/// register, nop, jmp, call, jcc), or stepped out of line, which costs one more trap. The
+/// uprobe engine's cost per call depends on it, so it is measured on a region of each kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    Emulated,
+    Stepped,
 }
 
-/// `superprof __stat-calibration N`: calls the calibration region N times.
-pub fn calibration_workload(calls: usize) -> i32 {
-    let f: extern "C" fn(u64) -> u64 = std::hint::black_box(superprof_calibration_region);
+impl EntryKind {
+    /// The kind of the instruction whose first bytes are `code` (x86_64 as the kernel's
+    /// arch/x86/kernel/uprobes.c sorts them; on other machines, stepped).
+    pub fn of(code: &[u8]) -> EntryKind {
+        if !cfg!(target_arch = "x86_64") {
+            return EntryKind::Stepped;
+        }
+        // An operand-size prefix before nop, and REX.B before push (r8-r15).
+        let op = match code {
+            [0x66, rest @ ..] | [0x41, rest @ ..] => rest,
+            rest => rest,
+        };
+        match op {
+            [0x50..=0x57, ..] // push reg
+            | [0x90, ..] // nop
+            | [0xeb, ..] | [0xe9, ..] | [0xe8, ..] // jmp, call
+            | [0x70..=0x7f, ..] // jcc rel8
+            | [0x0f, 0x80..=0x8f, ..] => EntryKind::Emulated, // jcc rel32
+            _ => EntryKind::Stepped,
+        }
+    }
+
+    /// The empty function of superprof's own whose first instruction is of this kind.
+    pub fn calibration_region(self) -> &'static str {
+        match self {
+            EntryKind::Emulated => "superprof_calibration_emulated",
+            EntryKind::Stepped => "superprof_calibration_stepped",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryKind::Emulated => "emulated",
+            EntryKind::Stepped => "stepped",
+        }
+    }
+}
+
+/// Whether `name` is one of the calibration regions.
+pub fn is_calibration_region(name: &str) -> bool {
+    [EntryKind::Emulated, EntryKind::Stepped]
+        .iter()
+        .any(|k| k.calibration_region() == name)
+}
+
+/// `superprof __stat-calibration N KIND GAP_US`: calls the calibration region of that kind N
+/// times, spinning GAP_US microseconds before each call (so that a tracer waiting for the call
+/// has gone idle, as it has before most calls of a real region).
+pub fn calibration_workload(calls: usize, kind: &str, gap_us: u64) -> i32 {
+    let f: extern "C" fn(u64) -> u64 = std::hint::black_box(match kind {
+        "emulated" => calibration::superprof_calibration_emulated,
+        _ => calibration::superprof_calibration_stepped,
+    });
+    let gap = std::time::Duration::from_micros(gap_us);
     let mut x = 0;
     for _ in 0..calls {
+        let t = std::time::Instant::now();
+        while t.elapsed() < gap {
+            std::hint::spin_loop();
+        }
         x = f(x);
     }
     std::hint::black_box(x);
     0
+}
+
+/// The calibration regions, in machine code: what their first instruction is matters.
+mod calibration {
+    /// Starts with `push`, which the kernel emulates.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a complete function in the C ABI: saves and restores rbp, returns its argument.
+    #[unsafe(naked)]
+    #[no_mangle]
+    pub extern "C" fn superprof_calibration_emulated(x: u64) -> u64 {
+        core::arch::naked_asm!("push rbp", "mov rax, rdi", "pop rbp", "ret")
+    }
+
+    /// Starts with a `mov`, which the kernel steps out of line.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a complete function in the C ABI: returns its argument, touches nothing else.
+    #[unsafe(naked)]
+    #[no_mangle]
+    pub extern "C" fn superprof_calibration_stepped(x: u64) -> u64 {
+        core::arch::naked_asm!("mov rax, rdi", "nop", "ret")
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(never)]
+    #[no_mangle]
+    pub extern "C" fn superprof_calibration_emulated(x: u64) -> u64 {
+        std::hint::black_box(x)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(never)]
+    #[no_mangle]
+    pub extern "C" fn superprof_calibration_stepped(x: u64) -> u64 {
+        std::hint::black_box(x)
+    }
 }
 
 /// The mean of `v` without its highest 0.1% (a call the scheduler preempted measures that, not
@@ -131,7 +220,27 @@ pub fn probe_at(pid: u32, addr: u64) -> Option<ProbeSpec> {
 
 #[cfg(test)]
 mod tests {
-    use super::trimmed_mean;
+    use super::{trimmed_mean, EntryKind};
+
+    #[test]
+    fn entry_kinds() {
+        if !cfg!(target_arch = "x86_64") {
+            return;
+        }
+        for (code, kind) in [
+            (&[0x55u8][..], EntryKind::Emulated),             // push rbp
+            (&[0x41, 0x57], EntryKind::Emulated),             // push r15
+            (&[0x90], EntryKind::Emulated),                   // nop
+            (&[0xe9, 0, 0, 0, 0], EntryKind::Emulated),       // jmp
+            (&[0x0f, 0x84, 0, 0, 0, 0], EntryKind::Emulated), // je
+            (&[0x48, 0x8d, 0x44, 0x7f, 0x01], EntryKind::Stepped), // lea
+            (&[0xf0, 0x48, 0x83, 0x05], EntryKind::Stepped),  // lock add
+            (&[0xf3, 0x0f, 0x1e, 0xfa], EntryKind::Stepped),  // endbr64
+            (&[], EntryKind::Stepped),
+        ] {
+            assert_eq!(EntryKind::of(code), kind, "{code:x?}");
+        }
+    }
 
     #[test]
     fn trimmed_means() {

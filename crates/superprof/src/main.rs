@@ -101,7 +101,11 @@ fn run(command: cli::Command) -> anyhow::Result<i32> {
         cli::Command::Preload(args) => preload::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
-        cli::Command::StatCalibration { calls } => Ok(engine::calibration_workload(calls)),
+        cli::Command::StatCalibration {
+            calls,
+            kind,
+            gap_us,
+        } => Ok(engine::calibration_workload(calls, &kind, gap_us)),
         cli::Command::DemoWorkload { seconds } => {
             demo::workload(seconds);
             Ok(0)

@@ -525,3 +525,75 @@ fn signals_the_target_sends_itself_all_arrive_while_a_region_is_counted() {
     let csv = std::fs::read_to_string(dir.path("s.csv")).unwrap();
     assert!(csv.lines().any(|l| l.starts_with("burn,100,")), "{csv}");
 }
+
+/// Per-call figures are the function's, not the probes': each engine's own cost per call is
+/// measured on an empty region and taken off. `work` (stat_cost.c) spins about 200 µs and
+/// measures itself from inside: stat's mean is within 5% of that (issue 15) through uprobes;
+/// through ptrace, whose own cost (about 150 µs a call here) varies by ±20 µs from run to
+/// run, `work` spins 1 ms.
+/// `tiny` takes a few ns: through uprobes (about 11 µs a call here before the correction) it
+/// shows under 3 µs — the engine's cost measured in one process and taken off in another
+/// varies by about ±2 µs from run to run on this VM (10.2–14.6 µs in six runs of the same
+/// empty region), which bounds how close to zero it can come.
+#[test]
+fn per_call_figures_are_the_functions_own() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("stat-cost");
+    let exe = compile(&dir, "stat_cost", &["stat_cost.c"], &["-O2", "-g"]);
+    for engine in ENGINES {
+        let (calls, spin_us) = if engine == "uprobe" {
+            ("200", "200")
+        } else {
+            ("100", "1000")
+        };
+        let out_file = dir.path("cost.json");
+        let out = run_ok(
+            superprof()
+                .args(["stat", "--engine", engine, "--format", "json", "-o"])
+                .arg(&out_file)
+                .args(["-r", "tiny", "-r", "work", "-e", "task-clock", "--"])
+                .arg(&exe)
+                .args(["20000", calls, spin_us]),
+        );
+        let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        assert_eq!(doc["engine"], engine);
+        let mean = |region: &str, event: &str| -> f64 {
+            let r = doc["regions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["region"] == region)
+                .unwrap();
+            assert_eq!(
+                r["calls"].as_u64().unwrap(),
+                if region == "tiny" {
+                    20000
+                } else {
+                    calls.parse().unwrap()
+                }
+            );
+            r["events"][event]["mean"].as_f64().unwrap()
+        };
+        for (event, theirs) in [
+            ("time-elapsed-ns", own["work_elapsed_ns"]),
+            ("task-clock", own["work_cpu_ns"]),
+        ] {
+            let ours = mean("work", event);
+            assert!(
+                (ours - theirs).abs() < 0.05 * theirs,
+                "{engine}: work's {event} {ours:.0} ns a call, it measured {theirs:.0}: {doc}"
+            );
+        }
+        if engine == "uprobe" {
+            for event in ["time-elapsed-ns", "task-clock"] {
+                let ours = mean("tiny", event);
+                assert!(
+                    ours < 3000.0,
+                    "{engine}: tiny's {event} {ours:.0} ns: {doc}"
+                );
+            }
+        }
+    }
+}

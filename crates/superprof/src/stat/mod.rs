@@ -25,7 +25,7 @@ use superprof_sample::{Counter, EventKind, EventSpec, Reading};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use crate::cli::StatArgs;
-use crate::engine::Engine;
+use crate::engine::{Engine, EntryKind};
 use crate::region::{exe_bias, line_range, not_found, unique_function, RegionSpec};
 use crate::sys;
 use crate::NothingToShow;
@@ -68,8 +68,10 @@ impl Stats {
 pub struct Call {
     pub region: usize,
     pub tid: u32,
-    /// The engine that measured it (its cost is taken off when the run ends).
+    /// The engine that measured it, and how the kernel ran its first instruction (the
+    /// engine's cost for such calls is taken off when the run ends).
     pub engine: &'static str,
+    pub kind: EntryKind,
     /// Which events were scaled for multiplexing (bit per event).
     pub scaled: u64,
     pub values: Vec<f64>,
@@ -80,9 +82,10 @@ pub struct Results {
     /// The probe engine that measured (uprobe, ptrace): the last one, where a run had to
     /// change (see [`Results::engines`]).
     pub engine: &'static str,
-    /// Each engine that measured calls, in order: its name, and what it adds to a call, per
-    /// event and last elapsed ns, measured on an empty region and taken off every call.
-    pub engines: Vec<(&'static str, Vec<f64>)>,
+    /// Each engine that measured calls (and the kind of first instruction its cost was
+    /// measured for: see [`EntryKind`]): what it adds to a call, per event and last elapsed
+    /// ns, measured on an empty region and taken off every call.
+    pub engines: Vec<EngineCost>,
     pub regions: Vec<String>,
     /// Event names, `time-elapsed-ns` last.
     pub events: Vec<String>,
@@ -90,6 +93,14 @@ pub struct Results {
     /// [region][event]
     pub stats: Vec<Vec<Stats>>,
     pub per_call: Vec<Call>,
+}
+
+/// An engine's own cost per call, per event and last elapsed ns.
+#[derive(Debug, Clone)]
+pub struct EngineCost {
+    pub engine: &'static str,
+    pub kind: EntryKind,
+    pub cost: Vec<f64>,
 }
 
 /// A region placed in the process (`entry` 0: not found yet).
@@ -283,12 +294,25 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     // off each call it measured. Where it cannot be measured, the figures stay as measured.
     let mut costs = Vec::new();
     let results = session.results.as_ref().expect("results");
-    for &e in &session.engines_used {
-        if !results.per_call.iter().any(|c| c.engine == e.name()) {
+    let kinds = [EntryKind::Stepped, EntryKind::Emulated];
+    for (&e, kind) in session
+        .engines_used
+        .iter()
+        .flat_map(|e| kinds.map(|k| (e, k)))
+    {
+        if !results
+            .per_call
+            .iter()
+            .any(|c| c.engine == e.name() && c.kind == kind)
+        {
             continue;
         }
-        match engine_cost(e, &session.events, &session.groups, session.user_only) {
-            Ok(cost) => costs.push((e.name(), cost)),
+        match engine_cost(e, kind, &session.events, &session.groups, session.user_only) {
+            Ok(cost) => costs.push(EngineCost {
+                engine: e.name(),
+                kind,
+                cost,
+            }),
             Err(why) => eprintln!(
                 "superprof: {why:#}; the figures include what the {} engine itself costs",
                 e.name()
@@ -322,12 +346,15 @@ pub fn run(args: &StatArgs) -> Result<i32> {
 
 /// Takes each engine's cost (`costs`, by engine name) off every call it measured, and sums the
 /// calls into the regions' figures.
-fn tally(res: &mut Results, costs: &[(&'static str, Vec<f64>)]) {
+fn tally(res: &mut Results, costs: &[EngineCost]) {
     let events = res.events.len();
     res.stats = vec![vec![Stats::default(); events]; res.regions.len().max(res.calls.len())];
     let mut seen = vec![0u64; res.stats.len()];
     for c in &mut res.per_call {
-        let cost = costs.iter().find(|(n, _)| *n == c.engine).map(|(_, v)| v);
+        let cost = costs
+            .iter()
+            .find(|k| k.engine == c.engine && k.kind == c.kind)
+            .map(|k| &k.cost);
         let n = seen[c.region];
         for (i, v) in c.values.iter_mut().enumerate() {
             *v -= cost.and_then(|k| k.get(i)).copied().unwrap_or(0.0);
@@ -342,27 +369,31 @@ fn tally(res: &mut Results, costs: &[(&'static str, Vec<f64>)]) {
 }
 
 /// The calls of the empty region the engine's cost is measured on (its cost per call is the
-/// mean of these, less their highest 0.1%).
-fn calibration_calls(engine: Engine) -> usize {
+/// mean of these, less their highest 0.1%), and the microseconds spun before each: ptrace's
+/// cost includes superprof waking up to each stop, which takes longer from idle (about 60 µs
+/// more on this VM) than in a run of back-to-back calls.
+fn calibration_calls(engine: Engine) -> (usize, u64) {
     match engine {
-        Engine::Uprobe(_) => 5000,
-        Engine::Ptrace => 500,
+        Engine::Uprobe(_) => (5000, 0),
+        Engine::Ptrace => (300, 500),
     }
 }
 
 /// What `engine` itself adds to each call of a region, per event and last in elapsed
 /// nanoseconds: measured by this very code on an empty function (superprof's own
-/// `superprof_calibration_region`, called by `superprof __stat-calibration N`), probed as a
+/// `superprof_calibration_emulated` or `_stepped`, whose first instruction is of kind `kind`,
+/// called by `superprof __stat-calibration N KIND`), probed as a
 /// function region is, with the same counters.
 fn engine_cost(
     engine: Engine,
+    kind: EntryKind,
     events: &[EventSpec],
     groups: &[(usize, usize)],
     user_only: bool,
 ) -> Result<Vec<f64>> {
     let exe = std::fs::read_link("/proc/self/exe").context("cannot find superprof's own file")?;
-    let calls = calibration_calls(engine);
-    let spec = RegionSpec::Function(crate::engine::CALIBRATION_REGION.to_owned());
+    let (calls, gap_us) = calibration_calls(engine);
+    let spec = RegionSpec::Function(kind.calibration_region().to_owned());
     let mut s = Session::new(
         engine,
         events.to_vec(),
@@ -374,6 +405,8 @@ fn engine_cost(
         exe.to_string_lossy().into_owned(),
         "__stat-calibration".to_owned(),
         calls.to_string(),
+        kind.name().to_owned(),
+        gap_us.to_string(),
     ];
     s.calibrating = true;
     let (exit, _) = s
@@ -400,6 +433,8 @@ struct Session {
     engines_used: Vec<Engine>,
     /// This is the run that measures the engine's own cost.
     calibrating: bool,
+    /// How the kernel runs each region's first instruction (uprobe engine).
+    kinds: HashMap<usize, EntryKind>,
     /// The probes placed (uprobe engine), and their groups on each thread.
     batches: Vec<Batch>,
     armed: Vec<Armed>,
@@ -437,6 +472,7 @@ impl Session {
         Session {
             engine,
             calibrating: false,
+            kinds: HashMap::new(),
             auto_engine: false,
             engines_used: vec![engine],
             batches: Vec::new(),
@@ -529,7 +565,7 @@ impl Session {
                     // Its inlined copies are sites of the same region (the calibration
                     // region has none: superprof's own DWARF is not searched for them).
                     let target = found.as_ref().map_or(name.as_str(), |f| f.name.as_str());
-                    let inlined = if target == crate::engine::CALIBRATION_REGION {
+                    let inlined = if crate::engine::is_calibration_region(target) {
                         Vec::new()
                     } else {
                         inlined_sites(
@@ -606,6 +642,9 @@ impl Session {
             };
             if region.entry != 0 {
                 self.missing.remove(&i);
+                let mut code = [0u8; 16];
+                let n = tracer.read_code(pid, region.entry, &mut code);
+                self.kinds.insert(i, EntryKind::of(&code[..n]));
                 for &(at, site) in &region.sites {
                     match self.engine {
                         Engine::Ptrace => {
@@ -925,10 +964,16 @@ impl Session {
         }
         values.push(elapsed);
         res.calls[r] += 1;
+        let kind = match self.engine {
+            Engine::Uprobe(_) => self.kinds.get(&r).copied().unwrap_or(EntryKind::Stepped),
+            // ptrace steps every breakpoint's instruction
+            Engine::Ptrace => EntryKind::Stepped,
+        };
         res.per_call.push(Call {
             region: r,
             tid,
             engine: self.engine.name(),
+            kind,
             scaled: scaled_mask,
             values,
         });

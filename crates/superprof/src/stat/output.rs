@@ -47,14 +47,14 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             let engines: Vec<serde_json::Value> = r
                 .engines
                 .iter()
-                .map(|(name, cost)| {
+                .map(|k| {
                     let cost: serde_json::Map<String, serde_json::Value> = r
                         .events
                         .iter()
-                        .zip(cost)
+                        .zip(&k.cost)
                         .map(|(e, c)| (e.clone(), json!(c)))
                         .collect();
-                    json!({"engine": name, "cost_per_call": cost})
+                    json!({"engine": k.engine, "first_instruction": k.kind.name(), "cost_per_call": cost})
                 })
                 .collect();
             writeln!(
@@ -121,16 +121,22 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             let used: Vec<String> = r
                 .engines
                 .iter()
-                .map(|(name, cost)| {
+                .map(|k| {
                     let cost: Vec<String> = r
                         .events
                         .iter()
-                        .zip(cost)
+                        .zip(&k.cost)
                         .filter(|(_, c)| **c >= 0.5)
                         .map(|(e, c)| format!("{} {c:.0}", escape(e)))
                         .collect();
+                    let kind = if k.engine == "uprobe" {
+                        format!(", first instruction {}", k.kind.name())
+                    } else {
+                        String::new()
+                    };
                     format!(
-                        "{name} (its own cost per call, taken off: {})",
+                        "{} (its own cost per call{kind}, taken off: {})",
+                        k.engine,
                         cost.join(", ")
                     )
                 })
@@ -138,7 +144,7 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             if used.is_empty() {
                 writeln!(out, "Engine: {}\n", r.engine)?;
             } else {
-                writeln!(out, "Engine: {}\n", used.join(", then "))?;
+                writeln!(out, "Engine: {}\n", used.join("; "))?;
             }
             for (i, name) in r.regions.iter().enumerate() {
                 let n = r.calls[i];
