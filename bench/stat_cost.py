@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Cost per call of `superprof stat` on a tiny function called 100,000 times: (wall time under
-stat - bare wall time) / calls, medians of ROUNDS alternating runs. Two ptrace stops per call
-(entry and return breakpoints, each with a step over the lifted breakpoint) is the floor of
-this design.
+"""Cost per call of `superprof stat` on a tiny function called 100,000 times, per probe engine,
+beside `perf stat` counting the same function's entry and return uprobes (perf probe): (wall time
+- bare wall time) / calls, medians of ROUNDS alternating runs. Also what stat reports for the
+function (its per-call time-elapsed and task-clock, after taking off the engine's own cost).
 
-Usage: bench/stat_cost.py [ROUNDS]
+The fixed cost of a run (launch, measuring the engine's own cost on an empty region: about
+0.3 s) is in the wall time too; it is measured apart with CALLS=0 and taken off.
+
+Usage: bench/stat_cost.py [ROUNDS]   (root: uprobes and perf probe need it)
 """
+import json
 import os
 import statistics
 import subprocess
@@ -14,8 +18,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "out")
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 CALLS = 100_000
+
+
+def timed(cmd):
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
 
 
 def main():
@@ -25,19 +35,51 @@ def main():
     src = os.path.join(OUT, "tiny.c")
     exe = os.path.join(OUT, "tiny")
     with open(src, "w") as f:
-        f.write("volatile long s;\n__attribute__((noinline)) long tiny(long x) { s += x; return x + 1; }\n"
-                f"int main(void) {{ for (long i = 0; i < {CALLS}; i++) tiny(i); return 0; }}\n")
-    subprocess.run(["gcc", "-O2", "-o", exe, src], check=True)
-    cmds = {"bare": [exe], "stat": [sp, "stat", "-r", "tiny", "-e", "task-clock", "-o", os.path.join(OUT, "tiny.txt"), "--", exe]}
-    times = {k: [] for k in cmds}
+        f.write("#include <stdlib.h>\nvolatile long s;\n"
+                "__attribute__((noinline)) long tiny(long x) { s += x; return x + 1; }\n"
+                "int main(int c, char **v) { long n = atol(v[1]); for (long i = 0; i < n; i++) tiny(i); return 0; }\n")
+    subprocess.run(["gcc", "-O2", "-g", "-o", exe, src], check=True)
+    # perf's uprobes on the same function: entry and return.
+    subprocess.run(["perf", "probe", "-q", "-d", "probe_tiny:*"], stderr=subprocess.DEVNULL)
+    subprocess.run(["perf", "probe", "-q", "-x", exe, "tiny"], check=True)
+    subprocess.run(["perf", "probe", "-q", "-x", exe, "tiny%return"], check=True)
+    report = os.path.join(OUT, "tiny.json")
+
+    def stat(engine, n):
+        return [sp, "stat", "--engine", engine, "-r", "tiny", "-e", "task-clock", "--format", "json",
+                "-o", report, "--", exe, str(n)]
+
+    cmds = {
+        "bare": lambda n: [exe, str(n)],
+        "uprobe": lambda n: stat("uprobe", n),
+        "ptrace": lambda n: stat("ptrace", n),
+        "perf stat (uprobes)": lambda n: ["perf", "stat", "-e", "probe_tiny:tiny,probe_tiny:tiny__return",
+                                          "--", exe, str(n)],
+    }
+    per_call = {k: [] for k in cmds}
+    fixed = {k: [] for k in cmds}
+    figures = {}
     for _ in range(ROUNDS):
         for k, c in cmds.items():
-            t = time.perf_counter()
-            subprocess.run(c, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            times[k].append(time.perf_counter() - t)
-    bare = statistics.median(times["bare"])
-    stat = statistics.median(times["stat"])
-    print(f"bare {bare:.3f} s, stat {stat:.3f} s, {CALLS} calls: {(stat - bare) / CALLS * 1e6:.1f} us per call")
+            n = CALLS if k != "ptrace" else CALLS // 10
+            fixed[k].append(timed(c(0)))
+            per_call[k].append((timed(c(n)), n))
+            if k in ("uprobe", "ptrace"):
+                d = json.load(open(report))
+                ev = d["regions"][0]["events"]
+                figures.setdefault(k, []).append((ev["time-elapsed-ns"]["mean"], ev["task-clock"]["mean"]))
+    subprocess.run(["perf", "probe", "-q", "-d", "probe_tiny:*"], stderr=subprocess.DEVNULL)
+    bare = statistics.median(t / n for t, n in per_call["bare"])
+    print(f"{CALLS} calls of tiny (ptrace: {CALLS // 10}), {ROUNDS} rounds, medians")
+    for k in cmds:
+        f = statistics.median(fixed[k])
+        us = statistics.median((t - f) / n - bare for t, n in per_call[k]) * 1e6
+        line = f"  {k:<22} {us:8.2f} us per call (fixed cost of a run {f:.2f} s)"
+        if k in figures:
+            el = statistics.median(x[0] for x in figures[k])
+            tc = statistics.median(x[1] for x in figures[k])
+            line += f"; reports tiny at {el:.0f} ns elapsed, {tc:.0f} ns task-clock a call"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -143,8 +143,9 @@ enum Role {
     Entry(usize, Site),
     /// A range (or an inlined copy) ends there.
     End(u64),
-    /// A function region's call returned.
-    Return(usize),
+    /// A function region leaves there (a `ret`, or a jump out of it: a tail call), when its
+    /// stack pointer is back where it was at the entry.
+    Exit(usize),
 }
 
 /// The probes of the sites placed at one time, and what each means (uprobe engine).
@@ -683,11 +684,35 @@ impl Session {
             let name = &self.regions.get(region).map_or("", |r| r.name.as_str());
             let spec = crate::engine::probe_at(pid, at)
                 .ok_or_else(|| anyhow!("region '{name}' is in no file: it cannot be probed"))?;
-            specs.push(spec.clone());
+            specs.push(spec);
             roles.push(Role::Entry(region, site));
             if site.ends_at_return {
-                specs.push(superprof_sample::ProbeSpec { ret: true, ..spec });
-                roles.push(Role::Return(region));
+                // Its returns and tail calls, not a return probe: a uretprobe replaces the
+                // return address on the stack, and a C++ exception unwinding through that frame
+                // then finds no caller and terminates the program.
+                let Some(exits) = function_exits(tracer, pid, at) else {
+                    let why = format!(
+                        "cannot find where region '{name}' returns (no size in its symbol, or \
+                         code that does not decode)"
+                    );
+                    if !self.auto_engine {
+                        bail!("{why}: use --engine ptrace");
+                    }
+                    eprintln!(
+                        "superprof: probing with ptrace (the program stops at every probe): {why}"
+                    );
+                    self.new_sites.clear();
+                    return self.fall_back_to_ptrace(tracer, pid);
+                };
+                for x in exits {
+                    let spec = crate::engine::probe_at(pid, x).ok_or_else(|| {
+                        anyhow!(
+                            "the returns of region '{name}' are in no file: they cannot be probed"
+                        )
+                    })?;
+                    specs.push(spec);
+                    roles.push(Role::Exit(region));
+                }
             }
             if let Some(end) = site.end.filter(|e| ends.insert(*e, ()).is_none()) {
                 let spec = crate::engine::probe_at(pid, end).ok_or_else(|| {
@@ -728,7 +753,7 @@ impl Session {
         let region = |r: usize| self.regions.get(r).map_or("?", |r| r.name.as_str());
         match self.batches[batch].roles.get(probe) {
             Some(Role::Entry(r, _)) => format!("the first instruction of region '{}'", region(*r)),
-            Some(Role::Return(r)) => format!("the return of region '{}'", region(*r)),
+            Some(Role::Exit(r)) => format!("a return of region '{}'", region(*r)),
             Some(Role::End(addr)) => format!("the end of a region, at {addr:#x}"),
             None => "a region".to_owned(),
         }
@@ -827,8 +852,13 @@ impl Session {
         let frames = self.frames.entry(h.tid).or_default();
         let closed = match role {
             Role::Entry(region, site) => {
-                if frames.iter().any(|f| f.region == region) {
-                    return; // recursion: the outermost call counts
+                if let Some(p) = frames.iter().position(|f| f.region == region) {
+                    if !site.ends_at_return || h.sp < frames[p].sp {
+                        return; // recursion: the outermost call counts
+                    }
+                    // Entered again at the same depth or above: the open call was left without
+                    // a return (an exception, a longjmp). It is not counted.
+                    frames.remove(p);
                 }
                 let mut exits = Vec::new();
                 if let Some(end) = site.end {
@@ -852,9 +882,21 @@ impl Session {
             Role::End(addr) => frames
                 .iter()
                 .rposition(|f| f.exits.iter().any(|&(a, r)| !r && a == addr)),
-            Role::Return(region) => frames.iter().rposition(|f| {
-                f.region == region && f.exits.iter().any(|&(_, r)| r) && popped(h.sp, f.sp)
-            }),
+            Role::Exit(region) => {
+                let open = frames
+                    .iter()
+                    .rposition(|f| f.region == region && f.exits.iter().any(|&(_, r)| r));
+                match open {
+                    // The outermost call leaving (a recursive one leaves with its stack lower).
+                    Some(p) if h.sp == frames[p].sp => Some(p),
+                    // Leaving a call above it: it was left without a return.
+                    Some(p) if h.sp > frames[p].sp => {
+                        frames.remove(p);
+                        None
+                    }
+                    _ => None,
+                }
+            }
         };
         if let Some(pos) = closed {
             let frame = frames.remove(pos);
@@ -1155,6 +1197,31 @@ impl Session {
             .collect();
         Ok((exit.or(killed), died_inside))
     }
+}
+
+/// Where the function that starts at `at` in process `pid` leaves: its returns, and its jumps
+/// out of itself (tail calls), from its code (its size from the symbol table). None when that
+/// cannot be told.
+fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<u64>> {
+    let f = superprof_trace::function_at(pid, at).ok()??;
+    let size = usize::try_from(f.size)
+        .ok()
+        .filter(|&s| s > 0 && s <= 1 << 20)?;
+    let mut code = vec![0u8; size];
+    if tracer.read_code(pid, at, &mut code) != size {
+        return None;
+    }
+    let end = at.checked_add(f.size)?;
+    let exits: Vec<u64> = superprof_analyze::decode_all(&code, at)
+        .into_iter()
+        .filter(|i| match i.flow {
+            superprof_analyze::Flow::Return => true,
+            superprof_analyze::Flow::Jump { target } => !(at..end).contains(&target),
+            _ => false,
+        })
+        .map(|i| i.addr)
+        .collect();
+    (!exits.is_empty()).then_some(exits)
 }
 
 /// Whether a thread whose stack pointer is `sp` has returned from the call entered with `entry`
