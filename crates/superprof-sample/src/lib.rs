@@ -31,4 +31,6 @@ pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
 };
 pub use sys::monotonic_ns;
-pub use uprobe::{uprobe_pmu, ProbeError, ProbeGroup, ProbeHit, ProbeSpec, UprobePmu};
+pub use uprobe::{
+    uprobe_pmu, ProbeError, ProbeGroup, ProbeHit, ProbeSpec, UprobeCounter, UprobePmu,
+};

@@ -248,6 +248,41 @@ impl ProbeGroup {
     }
 }
 
+/// A uprobe that only counts its hits, on thread `tid`. No ring: nothing is written per hit,
+/// the cheapest way the kernel can count an instruction. Not inherited: a uprobe event's path
+/// is a pointer into the opener's memory, which the kernel reads again, in the new thread's
+/// memory, when a new thread inherits it (the copy fails and the thread goes uncounted); the
+/// caller opens one on each thread.
+pub struct UprobeCounter {
+    fd: OwnedFd,
+}
+
+impl UprobeCounter {
+    pub fn open(pmu: UprobePmu, tid: u32, probe: &ProbeSpec) -> Result<UprobeCounter, ProbeError> {
+        let path = CString::new(probe.path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+        let attr = PerfEventAttr {
+            type_: pmu.type_,
+            config: if probe.ret { 1 << pmu.retprobe_bit } else { 0 },
+            config1: path.as_ptr() as u64,
+            config2: probe.offset,
+            ..Default::default()
+        };
+        let fd = sys::perf_event_open(&attr, tid as i32, -1).map_err(|error| ProbeError {
+            probe: Some(0),
+            error,
+        })?;
+        Ok(UprobeCounter { fd })
+    }
+
+    /// The hits so far.
+    pub fn count(&self) -> io::Result<u64> {
+        let mut v = [0u64; 1];
+        sys::read_u64s(&self.fd, &mut v)?;
+        Ok(v[0])
+    }
+}
+
 /// Parses the records of a probe group's ring (see [`ProbeGroup::open`] for the layout);
 /// returns the count of lost hits. Malformed records are skipped.
 fn parse_hits(

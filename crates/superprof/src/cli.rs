@@ -277,6 +277,9 @@ pub struct BlocksArgs {
     /// goes from the registers (for comparison)
     #[arg(long = "step-branches", hide = true)]
     pub step_branches: bool,
+    /// How count and coverage probe the blocks (default: uprobe where allowed, else ptrace)
+    #[arg(long, value_enum, value_name = "ENGINE")]
+    pub engine: Option<EngineArg>,
     /// Sampling frequency for --mode sample
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
     pub frequency: u32,

@@ -71,6 +71,8 @@ pub struct Report {
     pub regions: Vec<Placed>,
     /// Hottest first.
     pub blocks: Vec<BlockRow>,
+    /// The probe engine of count and coverage (uprobe, ptrace).
+    pub engine: Option<&'static str>,
     /// Breakpoint stops and single steps taken (count and coverage).
     pub stops: u64,
     /// Count: block ends whose branch was worked out from the registers instead of stepped.

@@ -82,6 +82,9 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 "total": total,
                 "blocks": blocks,
             });
+            if let Some(engine) = r.engine {
+                doc["engine"] = json!(engine);
+            }
             if let Some((name, s)) = &r.analyzer {
                 doc["analyzer"] = json!({
                     "name": name,
@@ -170,16 +173,28 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             match r.mode {
                 BlocksMode::Coverage => {
                     let hit = r.blocks.iter().filter(|b| b.hit == Some(true)).count();
+                    let how = if r.engine == Some("uprobe") {
+                        "counted by uprobes".to_owned()
+                    } else {
+                        format!("{} breakpoint stops", r.stops)
+                    };
                     let _ = writeln!(
                         out,
-                        "{hit} of {} blocks ran ({:.1}%); {} breakpoint stops",
+                        "{hit} of {} blocks ran ({:.1}%); {how}",
                         r.blocks.len(),
                         if r.blocks.is_empty() {
                             0.0
                         } else {
                             100.0 * hit as f64 / r.blocks.len() as f64
                         },
-                        r.stops
+                    );
+                }
+                BlocksMode::Count if r.engine == Some("uprobe") => {
+                    let _ = writeln!(
+                        out,
+                        "{} blocks, {total} block executions; counted by uprobes (the program \
+                         never stopped)",
+                        r.blocks.len(),
                     );
                 }
                 BlocksMode::Count => {

@@ -214,6 +214,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             analyzer: None,
             regions,
             blocks,
+            engine: None,
             stops: 0,
             emulated: 0,
             samples_elsewhere: total.saturating_sub(inside),

@@ -4,6 +4,12 @@
 //!
 //! coverage: a one-shot breakpoint at every statically decoded block of the regions, removed
 //! at its first hit.
+//!
+//! With the uprobe engine, count and coverage both put a counting uprobe
+//! (`superprof_sample::UprobeCounter`: no ring, nothing written per hit) on every statically
+//! decoded block: a block runs straight through, so any of its instructions runs as often as
+//! the block, and the first one the kernel accepts is probed (it refuses some, such as x86's
+//! lock-prefixed ones). The program never stops for a block; the counts are read at the end.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -15,6 +21,7 @@ use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 use super::count::Counts;
 use super::{place, rows, whole_executable, ElfCode, Placed, Report};
 use crate::cli::{AnalyzerArg, BlocksArgs, BlocksMode};
+use crate::engine::Engine;
 use crate::region::RegionSpec;
 use crate::sys;
 
@@ -35,6 +42,17 @@ struct Session<'a> {
     entry_bp: Option<u64>,
     dl_bp: Option<u64>,
     execs: u32,
+    engine: Engine,
+    /// The engine was chosen by superprof (it may go back to ptrace).
+    auto_engine: bool,
+    /// Uprobe engine: the counting probes of each (region, block of `cover_blocks`): where, and
+    /// one per thread (new threads get theirs before their first instruction).
+    block_probes: Vec<(
+        usize,
+        usize,
+        superprof_sample::ProbeSpec,
+        Vec<superprof_sample::UprobeCounter>,
+    )>,
 }
 
 impl Session<'_> {
@@ -62,34 +80,171 @@ impl Session<'_> {
                 );
             }
             self.symbols.preload(&p.file.path, &p.file.open_path);
-            if self.coverage {
-                let bias = p.file.bias;
-                let blocks = code
-                    .as_ref()
-                    .map(|c| c.static_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)))
-                    .unwrap_or_default();
-                for (k, b) in blocks.iter().enumerate() {
-                    // A block of two overlapping regions belongs to the first.
-                    let at = b.start.wrapping_add(bias);
-                    if !self.cover.contains_key(&at) && tracer.set_breakpoint(pid, at).is_ok() {
-                        self.cover.insert(at, (i, k));
-                    }
-                }
-                self.cover_blocks[i] = blocks;
-            } else {
-                self.counts.add_region(tracer, pid, p.lo, p.hi);
-                // Code outside the region that jumps back into it (f.cold parts).
-                if let Some(c) = &code {
-                    let bias = p.file.bias;
-                    for at in c.reentries(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)) {
-                        self.counts.add_start(tracer, pid, at.wrapping_add(bias));
-                    }
-                }
-            }
+            self.arm(tracer, pid, i, &p, code.as_ref())?;
             self.codes[i] = code;
             self.regions[i] = Some(p);
         }
         Ok(all)
+    }
+
+    /// Puts region `i`'s probes in: uprobes, else breakpoints.
+    fn arm(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        i: usize,
+        p: &Placed,
+        code: Option<&ElfCode>,
+    ) -> Result<()> {
+        if let Engine::Uprobe(pmu) = self.engine {
+            match self.arm_uprobes(pmu, pid, i, p, code) {
+                Ok(()) => return Ok(()),
+                Err(why) if !self.auto_engine => bail!("{why}: use --engine ptrace"),
+                Err(why) => {
+                    eprintln!(
+                        "superprof: probing with ptrace (the program stops at every probe): {why}"
+                    );
+                    self.fall_back_to_ptrace(tracer, pid);
+                }
+            }
+        }
+        self.arm_breakpoints(tracer, pid, i, p, code);
+        Ok(())
+    }
+
+    /// A counting uprobe on every block of region `i`, on every thread of `pid`.
+    fn arm_uprobes(
+        &mut self,
+        pmu: superprof_sample::UprobePmu,
+        pid: u32,
+        i: usize,
+        p: &Placed,
+        code: Option<&ElfCode>,
+    ) -> Result<(), String> {
+        let bias = p.file.bias;
+        let Some(code) = code else {
+            return Err(format!("cannot read the code of region '{}'", p.name));
+        };
+        let blocks = code.static_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
+        let threads = superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]);
+        let mut probes = Vec::new();
+        for (k, b) in blocks.iter().enumerate() {
+            // A block of two overlapping regions belongs to the first.
+            let at = b.start.wrapping_add(bias);
+            if self.block_probes.iter().any(|(j, kk, _, _)| {
+                self.cover_blocks[*j]
+                    .get(*kk)
+                    .is_some_and(|o| o.start.wrapping_add(self.bias_of(*j)) == at)
+            }) {
+                continue;
+            }
+            let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
+            let mut probed = None;
+            for insn in superprof_analyze::decode_all(bytes, b.start) {
+                let addr = insn.addr.wrapping_add(bias);
+                let Some(spec) = crate::engine::probe_at(pid, addr) else {
+                    break;
+                };
+                let mut on_threads = Vec::new();
+                let mut refused = false;
+                for &tid in &threads {
+                    match superprof_sample::UprobeCounter::open(pmu, tid, &spec) {
+                        Ok(c) => on_threads.push(c),
+                        Err(e) if e.no_thread() => {}
+                        Err(e) if e.unsupported_instruction() => {
+                            refused = true;
+                            break;
+                        }
+                        Err(e) => return Err(format!("cannot open a uprobe at {addr:#x}: {e}")),
+                    }
+                }
+                if !refused {
+                    probed = Some((spec, on_threads));
+                    break;
+                }
+            }
+            let Some((spec, counters)) = probed else {
+                return Err(format!(
+                    "the kernel cannot put a uprobe on any instruction of the block at {:#x} of \
+                     region '{}'",
+                    b.start, p.name
+                ));
+            };
+            probes.push((i, k, spec, counters));
+        }
+        self.block_probes.extend(probes);
+        self.cover_blocks[i] = blocks;
+        Ok(())
+    }
+
+    /// A new thread (held before its first instruction): every block's probe on it too.
+    fn arm_thread(&mut self, tid: u32) -> Result<()> {
+        let Engine::Uprobe(pmu) = self.engine else {
+            return Ok(());
+        };
+        for (_, _, spec, counters) in &mut self.block_probes {
+            match superprof_sample::UprobeCounter::open(pmu, tid, spec) {
+                Ok(c) => counters.push(c),
+                Err(e) if e.no_thread() => return Ok(()),
+                Err(e) => bail!("cannot open the uprobes of the blocks on thread {tid}: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The load bias of placed region `j` (0 while it is not placed).
+    fn bias_of(&self, j: usize) -> u64 {
+        self.regions
+            .get(j)
+            .and_then(|r| r.as_ref())
+            .map_or(0, |r| r.file.bias)
+    }
+
+    /// Goes on with breakpoints: the uprobes closed, the regions placed so far armed again.
+    fn fall_back_to_ptrace(&mut self, tracer: &mut Tracer, pid: u32) {
+        self.engine = Engine::Ptrace;
+        self.block_probes.clear();
+        for j in 0..self.regions.len() {
+            if let Some(p) = self.regions[j].clone() {
+                let code = self.codes[j].take();
+                self.arm_breakpoints(tracer, pid, j, &p, code.as_ref());
+                self.codes[j] = code;
+            }
+        }
+    }
+
+    /// Region `i`'s breakpoints: one-shot ones on every block (coverage), or the count
+    /// engine's.
+    fn arm_breakpoints(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        i: usize,
+        p: &Placed,
+        code: Option<&ElfCode>,
+    ) {
+        let bias = p.file.bias;
+        if self.coverage {
+            let blocks = code
+                .map(|c| c.static_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)))
+                .unwrap_or_default();
+            for (k, b) in blocks.iter().enumerate() {
+                // A block of two overlapping regions belongs to the first.
+                let at = b.start.wrapping_add(bias);
+                if !self.cover.contains_key(&at) && tracer.set_breakpoint(pid, at).is_ok() {
+                    self.cover.insert(at, (i, k));
+                }
+            }
+            self.cover_blocks[i] = blocks;
+        } else {
+            self.counts.add_region(tracer, pid, p.lo, p.hi);
+            // Code outside the region that jumps back into it (f.cold parts).
+            if let Some(c) = code {
+                for at in c.reentries(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)) {
+                    self.counts.add_start(tracer, pid, at.wrapping_add(bias));
+                }
+            }
+        }
     }
 
     /// The error for the first region never placed.
@@ -111,6 +266,7 @@ impl Session<'_> {
             self.counts.reset();
             self.cover.clear();
             self.hits.clear();
+            self.block_probes.clear();
             self.entry_bp = None;
             self.dl_bp = None;
         }
@@ -191,7 +347,21 @@ impl Session<'_> {
                 })
                 .map_or_else(Vec::new, <[u8]>::to_vec)
         };
-        let counted = if self.coverage {
+        let uprobes = matches!(self.engine, Engine::Uprobe(_));
+        // Uprobe engine: each block's hits, summed over the threads it was opened on.
+        let mut probed: HashMap<(usize, usize), u64> = HashMap::new();
+        for (i, k, _, counters) in &self.block_probes {
+            let n = counters.iter().map(|c| c.count().unwrap_or(0)).sum::<u64>();
+            *probed.entry((*i, *k)).or_default() += n;
+        }
+        if uprobes && self.coverage {
+            self.hits = probed
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(&at, _)| at)
+                .collect();
+        }
+        let counted = if self.coverage || uprobes {
             Vec::new()
         } else {
             self.counts.blocks(&read)
@@ -210,6 +380,16 @@ impl Session<'_> {
                     let hit = hits.contains(&(i, k));
                     (b.start, b.end, b.instructions, hit as u64, Some(hit))
                 });
+                blocks.extend(rows(region, code, &mut self.symbols, items));
+            } else if uprobes {
+                let items: Vec<_> = self.cover_blocks[i]
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, b)| {
+                        let n = probed.get(&(i, k)).copied().unwrap_or(0);
+                        (n > 0).then_some((b.start, b.end, b.instructions, n, None))
+                    })
+                    .collect();
                 blocks.extend(rows(region, code, &mut self.symbols, items));
             } else {
                 let items: Vec<_> = counted
@@ -230,7 +410,17 @@ impl Session<'_> {
 
 /// Runs the target under the breakpoints of `count` or `coverage`.
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
-    let opts = TraceOptions::default();
+    // ptrace unless uprobes are asked for: each uprobe costs about 75 ms to remove on this VM
+    // (the kernel waits a grace period for each), one per block, which outweighs the stops a
+    // short run saves (see docs/benchmarks.md).
+    let engine = match args.engine {
+        None => Engine::Ptrace,
+        some => Engine::choose(some)?.0,
+    };
+    let opts = TraceOptions {
+        hold_new_threads: matches!(engine, Engine::Uprobe(_)),
+        ..TraceOptions::default()
+    };
     let (mut tracer, launched) = match args.target.pid {
         Some(pid) => (Tracer::attach(pid, opts)?, false),
         None => (Tracer::spawn(&args.target.command, opts)?, true),
@@ -257,7 +447,14 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         entry_bp: None,
         dl_bp: None,
         execs: 0,
+        engine,
+        auto_engine: false,
+        block_probes: Vec::new(),
     };
+    // A counting uprobe per block and thread.
+    if matches!(engine, Engine::Uprobe(_)) {
+        sys::raise_fd_limit();
+    }
     if !launched && !s.place_all(&mut tracer, root)? {
         if let Some(e) = s.missing(root) {
             return Err(e);
@@ -283,6 +480,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             }
             TraceEvent::Stepped { tid, pid } if pid == root => {
                 s.counts.on_stepped(&mut tracer, tid, pid)
+            }
+            TraceEvent::ThreadReady { tid, .. } => {
+                s.arm_thread(tid)?;
+                tracer.resume(tid);
             }
             TraceEvent::ThreadExited { tid, .. } => s.counts.forget_thread(tid),
             TraceEvent::ProcessExited { pid, status } if pid == root => {
@@ -313,10 +514,13 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         .flatten()
         .collect();
     let blocks = s.results(&regions);
+    crate::engine::close_all(std::mem::take(&mut s.block_probes));
     Ok((
         Report {
             mode: args.mode,
-            analyzer: (!s.coverage).then(|| s.counts.analyzer_stats()),
+            analyzer: (!s.coverage && matches!(s.engine, Engine::Ptrace))
+                .then(|| s.counts.analyzer_stats()),
+            engine: Some(s.engine.name()),
             regions,
             blocks,
             stops: s.counts.stops,
