@@ -3,8 +3,9 @@
 --dump-instr=yes --collect-jumps=yes), side by side on the same fixtures; medians of ROUNDS.
 
 Two workloads:
-- branches.c with N calls (switch, loop, branches): count (decode and learn analyzers) on
-  pick, zigzag and sum_picks, coverage and sample of the whole executable.
+- branches.c with N calls (switch, loop, branches): count (decode and learn analyzers on
+  ptrace, and the uprobe engine) on pick, zigzag and sum_picks, coverage and sample of the
+  whole executable.
 - blocks_hot.c (two hot loops, about 0.6 s): coverage and sample of the whole executable, which
   must stay near native speed; count is left out there (two ptrace stops per block execution,
   8e8 of them).
@@ -62,6 +63,7 @@ def main():
         "count (decode)": [sp, "blocks", *regions, *o, "--", br, N],
         "count (decode, stepped)": [sp, "blocks", *regions, "--step-branches", *o, "--", br, N],
         "count (learn)": [sp, "blocks", *regions, "--analyzer", "learn", *o, "--", br, N],
+        "count (uprobe engine)": [sp, "blocks", *regions, "--engine", "uprobe", *o, "--", br, N],
         "coverage (whole executable)": [sp, "blocks", "--mode", "coverage", *o, "--", br, N],
         "sample (whole executable)": [sp, "blocks", "--mode", "sample", *o, "--", br, N],
     })
