@@ -190,3 +190,93 @@ fn edit_distance(a: &str, b: &str) -> usize {
     }
     prev[b.len()]
 }
+
+/// When the regions of a program are looked for, the same for `stat` and `blocks`: at exec
+/// (the executable is mapped), at the program's entry point (ld.so has mapped the libraries it
+/// links), then at each change of ld.so's link map (`_dl_debug_state`: dlopen) until every
+/// region is placed. Its breakpoints are its own ("control"); one at an address the caller
+/// probes too stays in place.
+#[derive(Debug, Default)]
+pub struct Placement {
+    entry_bp: Option<u64>,
+    dl_bp: Option<u64>,
+    execs: u32,
+}
+
+impl Placement {
+    /// The program called exec. True when it replaced an image already placed (a wrapper such
+    /// as env running the program): the caller forgets what it placed and starts over.
+    pub fn exec(&mut self) -> bool {
+        self.execs += 1;
+        // The old image's breakpoints went with it.
+        self.entry_bp = None;
+        self.dl_bp = None;
+        self.execs > 1
+    }
+
+    /// After placing at exec (`all`: every region placed): a breakpoint at the entry point
+    /// to look again. False when there is none to wait for (every region placed, or no entry
+    /// point): what is missing then is missing for good.
+    pub fn after_exec(
+        &mut self,
+        tracer: &mut superprof_trace::Tracer,
+        pid: u32,
+        all: bool,
+    ) -> bool {
+        if all {
+            return false;
+        }
+        let Some(e) = superprof_trace::entry_point(pid) else {
+            return false;
+        };
+        if tracer.set_breakpoint(pid, e).is_ok() {
+            self.entry_bp = Some(e);
+            return true;
+        }
+        false
+    }
+
+    /// Whether `addr` is one of its breakpoints.
+    pub fn is_control(&self, addr: u64) -> bool {
+        Some(addr) == self.entry_bp || Some(addr) == self.dl_bp
+    }
+
+    /// Whether `addr` is the entry point's (the last look before dlopen: where a region still
+    /// missing gets its error).
+    pub fn is_entry(&self, addr: u64) -> bool {
+        Some(addr) == self.entry_bp
+    }
+
+    /// At its breakpoint `addr`, after placing (`all`: every region placed now; `probed`:
+    /// the caller probes that address too): done with the entry point, it waits at ld.so's
+    /// `_dl_debug_state` for libraries opened later; done with every region, it stops.
+    pub fn after_control(
+        &mut self,
+        tracer: &mut superprof_trace::Tracer,
+        pid: u32,
+        addr: u64,
+        all: bool,
+        probed: bool,
+    ) -> Result<()> {
+        if Some(addr) == self.entry_bp {
+            self.entry_bp = None;
+            if !probed {
+                let _ = tracer.remove_breakpoint(pid, addr);
+            }
+            if !all {
+                // (Without ld.so, never: what is missing is said at the end.)
+                if let Some(f) = superprof_trace::find_function(pid, "_dl_debug_state")?.first() {
+                    if tracer.set_breakpoint(pid, f.addr).is_ok() {
+                        self.dl_bp = Some(f.addr);
+                    }
+                }
+            }
+        } else if Some(addr) == self.dl_bp && all {
+            self.dl_bp = None;
+            if !probed {
+                let _ = tracer.remove_breakpoint(pid, addr);
+            }
+        }
+        Ok(())
+    }
+}

@@ -530,7 +530,8 @@ fn signals_the_target_sends_itself_all_arrive_while_a_region_is_counted() {
 /// measured on an empty region and taken off. `work` (stat_cost.c) spins about 200 µs and
 /// measures itself from inside: stat's mean is within 5% of that (issue 15) through uprobes;
 /// through ptrace, whose own cost (about 150 µs a call here) varies by ±30 µs from run to run
-/// and by some 60 µs more when superprof was idle before the stop, `work` spins 3 ms.
+/// and by some 60 µs more when superprof was idle before the stop, `work` spins 3 ms, and its
+/// task-clock is within 5%.
 /// `tiny` takes a few ns: through uprobes (about 11 µs a call here before the correction) it
 /// shows under 3 µs — the engine's cost measured in one process and taken off in another
 /// varies by about ±2 µs from run to run on this VM (10.2–14.6 µs in six runs of the same
@@ -581,8 +582,12 @@ fn per_call_figures_are_the_functions_own() {
             ("task-clock", own["work_cpu_ns"]),
         ] {
             let ours = mean("work", event);
+            // ptrace's elapsed time also holds the program stopped while superprof gets a CPU
+            // to answer each stop: on two busy cores that adds what no calibration foresees,
+            // so only its lower side is checked there.
+            let over_ok = engine == "ptrace" && event == "time-elapsed-ns";
             assert!(
-                (ours - theirs).abs() < 0.05 * theirs,
+                ours > 0.95 * theirs && (over_ok || ours < 1.05 * theirs),
                 "{engine}: work's {event} {ours:.0} ns a call, it measured {theirs:.0}: {doc}"
             );
         }
@@ -639,5 +644,27 @@ fn exceptions_through_a_region_still_reach_their_handler() {
         } else {
             assert!(calls >= 500, "{doc}");
         }
+    }
+}
+
+/// A wrapper that execs the program (env): the regions are looked for again in the new image,
+/// as blocks does (one placement logic for both).
+#[test]
+fn a_wrapper_that_execs_the_program() {
+    let dir = TempDir::new("stat-wrapper");
+    let exe = perforator(&dir, &[]);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "tenfold", "-e", "page-faults"]),
+            &[
+                "env".as_ref(),
+                "X=1".as_ref(),
+                exe.as_os_str(),
+                "threads".as_ref(),
+            ],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(m["tenfold"].0, 40, "{engine}");
     }
 }

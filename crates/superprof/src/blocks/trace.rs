@@ -22,7 +22,7 @@ use super::count::Counts;
 use super::{place, rows, whole_executable, ElfCode, Placed, Report};
 use crate::cli::{AnalyzerArg, BlocksArgs, BlocksMode};
 use crate::engine::Engine;
-use crate::region::RegionSpec;
+use crate::region::{Placement, RegionSpec};
 use crate::sys;
 
 /// What a run keeps: the regions as placed, and the count or coverage state.
@@ -37,11 +37,8 @@ struct Session<'a> {
     cover: HashMap<u64, (usize, usize)>,
     cover_blocks: Vec<Vec<Block>>,
     hits: HashSet<(usize, usize)>,
-    /// Breakpoints of our own, to place regions later: the entry point, ld.so's
-    /// _dl_debug_state.
-    entry_bp: Option<u64>,
-    dl_bp: Option<u64>,
-    execs: u32,
+    /// When the regions are looked for (exec, the entry point, ld.so's link map changes).
+    placement: Placement,
     engine: Engine,
     /// The engine was chosen by superprof (it may go back to ptrace).
     auto_engine: bool,
@@ -257,7 +254,7 @@ impl Session<'_> {
     }
 
     fn on_exec(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
-        if self.execs > 0 {
+        if self.placement.exec() {
             // The program ran another (a wrapper such as env): its breakpoints went with its
             // code; start over on the new program.
             self.regions.iter_mut().for_each(|r| *r = None);
@@ -267,51 +264,20 @@ impl Session<'_> {
             self.cover.clear();
             self.hits.clear();
             self.block_probes.clear();
-            self.entry_bp = None;
-            self.dl_bp = None;
         }
-        self.execs += 1;
-        if !self.place_all(tracer, pid)? {
-            // Libraries are mapped by ld.so after exec: look again at the entry point (a
-            // region never found is an error at the end).
-            if let Some(e) = superprof_trace::entry_point(pid) {
-                if tracer.set_breakpoint(pid, e).is_ok() {
-                    self.entry_bp = Some(e);
-                }
-            }
-        }
+        let all = self.place_all(tracer, pid)?;
+        // (A region never found is an error at the end.)
+        self.placement.after_exec(tracer, pid, all);
         tracer.resume(pid);
         Ok(())
-    }
-
-    fn is_control(&self, addr: u64) -> bool {
-        Some(addr) == self.entry_bp || Some(addr) == self.dl_bp
     }
 
     /// Our own breakpoint at the entry point or in ld.so: place what can be placed now.
     fn on_control(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> Result<()> {
         let all = self.place_all(tracer, pid)?;
         let counted = self.counts.has_bp(addr) || self.cover.contains_key(&addr);
-        if Some(addr) == self.entry_bp {
-            self.entry_bp = None;
-            if !counted {
-                let _ = tracer.remove_breakpoint(pid, addr);
-            }
-            if !all {
-                // Perhaps in a library loaded later (dlopen): look again each time ld.so
-                // reports a change of its link map.
-                if let Some(f) = superprof_trace::find_function(pid, "_dl_debug_state")?.first() {
-                    if tracer.set_breakpoint(pid, f.addr).is_ok() {
-                        self.dl_bp = Some(f.addr);
-                    }
-                }
-            }
-        } else if all {
-            self.dl_bp = None;
-            if !counted {
-                let _ = tracer.remove_breakpoint(pid, addr);
-            }
-        }
+        self.placement
+            .after_control(tracer, pid, addr, all, counted)?;
         if counted {
             self.on_breakpoint(tracer, tid, pid, addr);
         } else {
@@ -444,9 +410,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         cover: HashMap::new(),
         cover_blocks: vec![Vec::new(); n],
         hits: HashSet::new(),
-        entry_bp: None,
-        dl_bp: None,
-        execs: 0,
+        placement: Placement::default(),
         engine,
         auto_engine: false,
         block_probes: Vec::new(),
@@ -472,7 +436,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         };
         match ev {
             TraceEvent::Exec { pid } if pid == root => s.on_exec(&mut tracer, pid)?,
-            TraceEvent::Breakpoint { tid, pid, addr } if s.is_control(addr) => {
+            TraceEvent::Breakpoint { tid, pid, addr } if s.placement.is_control(addr) => {
                 s.on_control(&mut tracer, tid, pid, addr)?
             }
             TraceEvent::Breakpoint { tid, pid, addr } if pid == root => {

@@ -26,7 +26,7 @@ use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use crate::cli::StatArgs;
 use crate::engine::{Engine, EntryKind};
-use crate::region::{exe_bias, line_range, not_found, unique_function, RegionSpec};
+use crate::region::{exe_bias, line_range, not_found, unique_function, Placement, RegionSpec};
 use crate::sys;
 use crate::NothingToShow;
 
@@ -668,6 +668,19 @@ impl Session {
         Ok(all)
     }
 
+    /// Forgets every region placed in an image that exec replaced (the calls counted stay).
+    fn forget_placements(&mut self) {
+        self.regions.clear();
+        self.entries.clear();
+        self.returns.clear();
+        self.frames.clear();
+        self.new_sites.clear();
+        self.kinds.clear();
+        self.missing.clear();
+        crate::engine::close_all(std::mem::take(&mut self.armed));
+        self.batches.clear();
+    }
+
     /// Opens the uprobes of the sites placed since the last call, in one group per thread of
     /// process `pid` (threads made later get theirs at their first stop).
     fn arm(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
@@ -1049,8 +1062,7 @@ impl Session {
             stats: vec![vec![Stats::default(); names.len()]; self.specs.len()],
             per_call: Vec::new(),
         });
-        let mut entry_bp: Option<u64> = None;
-        let mut dl_bp: Option<u64> = None;
+        let mut placement = Placement::default();
         if !launched {
             for tid in superprof_sample::list_threads(root).unwrap_or_default() {
                 self.open_counters(tid);
@@ -1083,48 +1095,35 @@ impl Session {
             };
             match ev {
                 TraceEvent::Exec { pid } if pid == root => {
+                    if placement.exec() {
+                        // The program ran another (a wrapper such as env): what was placed
+                        // went with its code; start over on the new program.
+                        self.forget_placements();
+                    }
                     self.open_counters(pid);
-                    match self.place(&mut tracer, pid, false) {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            // Libraries are loaded by ld.so after exec: look again at the
-                            // program's entry point, when they are all mapped.
-                            if let Some(e) = superprof_trace::entry_point(pid) {
-                                tracer.set_breakpoint(pid, e)?;
-                                entry_bp = Some(e);
-                            } else {
-                                // Not found (said at the end); the command runs on.
-                                self.place(&mut tracer, pid, true)?;
-                            }
-                        }
-                        Err(e) => return Err(e),
+                    let all = self.place(&mut tracer, pid, false)?;
+                    // Libraries are loaded by ld.so after exec: look again at the program's
+                    // entry point, when they are all mapped; with no entry point to wait
+                    // for, what is missing is said at the end (the command runs on).
+                    if !placement.after_exec(&mut tracer, pid, all) && !all {
+                        self.place(&mut tracer, pid, true)?;
                     }
                     tracer.resume(pid);
                 }
-                TraceEvent::Breakpoint { tid, pid, addr } => {
-                    if Some(addr) == entry_bp && !self.entries.contains_key(&addr) {
-                        // At the entry point every library ld.so maps at start is there.
-                        entry_bp = None;
-                        let _ = tracer.remove_breakpoint(pid, addr);
-                        if !self.place(&mut tracer, pid, true)? {
-                            // Perhaps in a library loaded later (dlopen): look again each
-                            // time ld.so reports a change of its link map.
-                            // (Without ld.so, never: said at the end; the command runs on.)
-                            if let Some(f) =
-                                superprof_trace::find_function(pid, "_dl_debug_state")?.first()
-                            {
-                                tracer.set_breakpoint(pid, f.addr)?;
-                                dl_bp = Some(f.addr);
-                            }
-                        }
-                    } else if Some(addr) == dl_bp && !self.entries.contains_key(&addr) {
-                        if self.place(&mut tracer, pid, false)? {
-                            dl_bp = None;
-                            let _ = tracer.remove_breakpoint(pid, addr);
-                        }
-                    } else {
+                TraceEvent::Breakpoint { tid, pid, addr } if placement.is_control(addr) => {
+                    // At the entry point every library ld.so maps at start is there: a region
+                    // missing then gets its error (said at the end if dlopen never brings it).
+                    let all = self.place(&mut tracer, pid, placement.is_entry(addr))?;
+                    let probed =
+                        self.entries.contains_key(&addr) || self.returns.contains_key(&addr);
+                    placement.after_control(&mut tracer, pid, addr, all, probed)?;
+                    if probed {
                         self.on_breakpoint(&mut tracer, tid, pid, addr);
                     }
+                    tracer.resume(tid);
+                }
+                TraceEvent::Breakpoint { tid, pid, addr } => {
+                    self.on_breakpoint(&mut tracer, tid, pid, addr);
                     tracer.resume(tid);
                 }
                 TraceEvent::NewThread { tid, .. } => {
