@@ -570,3 +570,64 @@ fn stop_signals_reach_a_preloaded_command() {
         assert_eq!(status.code(), Some(128 + sig), "signal {sig}");
     }
 }
+
+/// The uprobe engine: whatever ends superprof (SIGTERM: results written; SIGKILL: nothing of
+/// superprof runs), the kernel removes the uprobes when its descriptors close, and the
+/// attached process runs on untraced with its code as it was.
+#[test]
+fn uprobes_go_with_superprof_whatever_ends_it() {
+    let dir = TempDir::new("harm-uprobes");
+    let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        let (mut child, _stdout) = spawn_ready(&exe, &["0", "2"]);
+        let pid = child.id();
+        let before = code_bytes(pid, &exe);
+        let out_file = dir.path(&format!("u{sig}.json"));
+        let mut sp = superprof()
+            .args([
+                "stat",
+                "--engine",
+                "uprobe",
+                "-r",
+                "plain",
+                "-e",
+                "page-faults",
+            ])
+            .args(["--format", "json", "-p", &pid.to_string(), "-o"])
+            .arg(&out_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        // The probes are in: the code seen through /proc/PID/mem holds their int3.
+        assert!(
+            code_bytes(pid, &exe) != before,
+            "signal {sig}: no uprobe placed"
+        );
+        let status = signal_and_wait(&mut sp, sig);
+        // Removing a uprobe takes the kernel about 75 ms here, one after another.
+        let start = Instant::now();
+        while code_bytes(pid, &exe) != before && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            code_bytes(pid, &exe) == before,
+            "signal {sig}: code differs after superprof ended"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "signal {sig}: the process ended"
+        );
+        assert_running_untraced(pid);
+        if sig == libc::SIGTERM {
+            assert!(status.success(), "{status:?}");
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+            assert_eq!(doc["engine"], "uprobe");
+            assert!(doc["regions"][0]["calls"].as_u64().unwrap() > 0, "{doc}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
