@@ -201,24 +201,6 @@ pub fn trimmed_mean(mut v: Vec<f64>) -> f64 {
     v[..keep].iter().sum::<f64>() / keep as f64
 }
 
-/// Closes uprobes (any values that hold them) from several threads at once: each close waits
-/// for the kernel to unregister its probe (about 75 ms on this VM, a grace period), and
-/// closes made together share their waits.
-pub fn close_all<T: Send>(items: Vec<T>) {
-    const THREADS: usize = 64;
-    if items.len() <= 1 {
-        return drop(items);
-    }
-    let per = items.len().div_ceil(THREADS);
-    let mut items = items;
-    std::thread::scope(|s| {
-        while !items.is_empty() {
-            let rest = items.split_off(items.len().saturating_sub(per));
-            s.spawn(move || drop(rest));
-        }
-    });
-}
-
 /// The probe for the instruction at address `addr` of process `pid`: the mapped file (through
 /// /proc/PID/map_files, the very file the process maps, whatever its name or namespace) and
 /// the offset in it.

@@ -677,7 +677,7 @@ impl Session {
         self.new_sites.clear();
         self.kinds.clear();
         self.missing.clear();
-        crate::engine::close_all(std::mem::take(&mut self.armed));
+        self.armed.clear();
         self.batches.clear();
     }
 
