@@ -32,5 +32,6 @@ pub use sampler::{
 };
 pub use sys::monotonic_ns;
 pub use uprobe::{
-    uprobe_pmu, ProbeError, ProbeGroup, ProbeHit, ProbeSpec, UprobeCounter, UprobePmu,
+    uprobe_pmu, ProbeDefinitions, ProbeError, ProbeEvent, ProbeGroup, ProbeHit, ProbeSpec,
+    UprobeCounter, UprobePmu,
 };

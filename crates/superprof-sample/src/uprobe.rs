@@ -69,6 +69,147 @@ pub struct ProbeSpec {
     pub ret: bool,
 }
 
+/// The kernel event behind a probe.
+#[derive(Debug, Clone)]
+pub enum ProbeEvent {
+    /// A uprobe of the `uprobe` PMU, made for each perf event opened on it: removing each
+    /// costs the kernel a grace period (about 75 ms here), one after another.
+    Pmu(UprobePmu, ProbeSpec),
+    /// A uprobe defined in tracefs ([`ProbeDefinitions`]), by its event id: every thread's
+    /// perf event on it shares one kernel uprobe, removed once, when the last one closes.
+    Defined(u64),
+}
+
+const PERF_TYPE_TRACEPOINT: u32 = 2;
+
+impl ProbeEvent {
+    /// The attr's type and config, and the path the config points at (which must live until
+    /// the event is opened).
+    fn attr(&self) -> io::Result<(u32, u64, u64, u64, Option<CString>)> {
+        match self {
+            ProbeEvent::Pmu(pmu, p) => {
+                let path = CString::new(p.path.as_os_str().as_bytes())
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+                let config = if p.ret { 1 << pmu.retprobe_bit } else { 0 };
+                Ok((
+                    pmu.type_,
+                    config,
+                    path.as_ptr() as u64,
+                    p.offset,
+                    Some(path),
+                ))
+            }
+            ProbeEvent::Defined(id) => Ok((PERF_TYPE_TRACEPOINT, *id, 0, 0, None)),
+        }
+    }
+}
+
+/// Uprobes defined in tracefs (`uprobe_events`), in a group of this superprof's own
+/// (`superprof_PID`): each removed when dropped (after every perf event on it is closed). A
+/// superprof killed leaves its definitions behind, unused (a definition with no perf event
+/// open places no int3); the next one removes those of superprofs that are gone.
+pub struct ProbeDefinitions {
+    dir: PathBuf,
+    group: String,
+    /// (path, offset, ret) -> (name, id)
+    defined: HashMap<(PathBuf, u64, bool), (String, u64)>,
+}
+
+impl ProbeDefinitions {
+    /// Where tracefs is mounted and writable, with the stale groups of dead superprofs
+    /// removed.
+    pub fn new() -> io::Result<ProbeDefinitions> {
+        let dir = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|d| d.join("uprobe_events").exists())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no tracefs"))?;
+        let me = std::process::id();
+        let defs = ProbeDefinitions {
+            dir,
+            group: format!("superprof_{me}"),
+            defined: HashMap::new(),
+        };
+        defs.sweep();
+        // Writable? (A definition is tried with the first probe; this opens only.)
+        defs.open_events()?;
+        Ok(defs)
+    }
+
+    fn open_events(&self) -> io::Result<std::fs::File> {
+        // Appending: opening it for writing without O_APPEND would remove every definition.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("uprobe_events"))
+    }
+
+    fn write(&self, line: &str) -> io::Result<()> {
+        use std::io::Write;
+        self.open_events()?.write_all(line.as_bytes())
+    }
+
+    /// Removes the definitions of superprofs that are no longer running.
+    fn sweep(&self) {
+        let text = std::fs::read_to_string(self.dir.join("uprobe_events")).unwrap_or_default();
+        for line in text.lines() {
+            // p:superprof_123/p4 /proc/...:0x1180
+            let Some(event) = line.split_whitespace().next().and_then(|w| w.get(2..)) else {
+                continue;
+            };
+            let Some(pid) = event
+                .strip_prefix("superprof_")
+                .and_then(|r| r.split('/').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let alive = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "superprof");
+            if !alive {
+                let _ = self.write(&format!("-:{event}\n"));
+            }
+        }
+    }
+
+    /// The event of a probe on `spec`, defined the first time.
+    pub fn define(&mut self, spec: &ProbeSpec) -> io::Result<ProbeEvent> {
+        let key = (spec.path.clone(), spec.offset, spec.ret);
+        if let Some((_, id)) = self.defined.get(&key) {
+            return Ok(ProbeEvent::Defined(*id));
+        }
+        let path = spec.path.to_str().filter(|p| !p.contains([' ', '\n', ':']));
+        let path = path.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "a path tracefs cannot take")
+        })?;
+        let name = format!("p{}", self.defined.len());
+        let kind = if spec.ret { 'r' } else { 'p' };
+        self.write(&format!(
+            "{kind}:{}/{name} {path}:{:#x}\n",
+            self.group, spec.offset
+        ))?;
+        let id = std::fs::read_to_string(
+            self.dir
+                .join("events")
+                .join(&self.group)
+                .join(&name)
+                .join("id"),
+        )?
+        .trim()
+        .parse()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "unreadable event id"))?;
+        self.defined.insert(key, (name, id));
+        Ok(ProbeEvent::Defined(id))
+    }
+}
+
+impl Drop for ProbeDefinitions {
+    fn drop(&mut self) {
+        for (name, _) in self.defined.values() {
+            let _ = self.write(&format!("-:{}/{name}\n", self.group));
+        }
+    }
+}
+
 /// One hit of a probe: which (its index in the group's list), where, when (CLOCK_MONOTONIC
 /// ns), the stack pointer then, and the counters' readings (in the group's event order).
 #[derive(Debug, Clone, PartialEq)]
@@ -139,9 +280,8 @@ impl ProbeGroup {
     /// Opens `probes` and `events` as one group on thread `tid`, enabled, with a ring of `ring_pages` pages (a power of two). `user_only` counts user
     /// space only.
     pub fn open(
-        pmu: UprobePmu,
         tid: u32,
-        probes: &[ProbeSpec],
+        probes: &[ProbeEvent],
         events: &[EventSpec],
         user_only: bool,
         ring_pages: usize,
@@ -158,20 +298,14 @@ impl ProbeGroup {
         let page = sys::page_size();
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut ids = HashMap::new();
-        // The paths must outlive the opens (the kernel copies them there).
-        let mut paths = Vec::new();
-        for p in probes {
-            paths.push(
-                CString::new(p.path.as_os_str().as_bytes())
-                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?,
-            );
-        }
         for (i, p) in probes.iter().enumerate() {
+            // (`_path` lives until the event is opened: the kernel copies it then.)
+            let (type_, config, config1, config2, _path) = p.attr()?;
             let attr = PerfEventAttr {
-                type_: pmu.type_,
-                config: if p.ret { 1 << pmu.retprobe_bit } else { 0 },
-                config1: paths[i].as_ptr() as u64,
-                config2: p.offset,
+                type_,
+                config,
+                config1,
+                config2,
                 sample_period_or_freq: 1,
                 sample_type: sys::PERF_SAMPLE_IDENTIFIER
                     | sys::PERF_SAMPLE_TID
@@ -258,14 +392,13 @@ pub struct UprobeCounter {
 }
 
 impl UprobeCounter {
-    pub fn open(pmu: UprobePmu, tid: u32, probe: &ProbeSpec) -> Result<UprobeCounter, ProbeError> {
-        let path = CString::new(probe.path.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
+    pub fn open(tid: u32, probe: &ProbeEvent) -> Result<UprobeCounter, ProbeError> {
+        let (type_, config, config1, config2, _path) = probe.attr()?;
         let attr = PerfEventAttr {
-            type_: pmu.type_,
-            config: if probe.ret { 1 << pmu.retprobe_bit } else { 0 },
-            config1: path.as_ptr() as u64,
-            config2: probe.offset,
+            type_,
+            config,
+            config1,
+            config2,
             ..Default::default()
         };
         let fd = sys::perf_event_open(&attr, tid as i32, -1).map_err(|error| ProbeError {

@@ -32,6 +32,7 @@ pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};
 pub use kallsyms::Kallsyms;
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};
+pub use sys::map_file;
 
 /// Where an inlined copy was made: the calling function and the call's file, line and column.
 type CallSite = (Option<String>, Option<String>, Option<u32>, Option<u32>);

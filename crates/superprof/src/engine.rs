@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use superprof_sample::{ProbeSpec, UprobePmu};
+use superprof_sample::{ProbeDefinitions, ProbeEvent, ProbeSpec, UprobePmu};
 
 use crate::cli::EngineArg;
 
@@ -68,7 +68,7 @@ fn uprobe_usable() -> Result<UprobePmu, String> {
     let spec = probe_at(me, probe_target as *const () as usize as u64)
         .ok_or_else(|| "cannot find superprof's own code in its maps".to_owned())?;
     // On this thread only (tid 0), closed at once.
-    superprof_sample::ProbeGroup::open(pmu, 0, &[spec], &[], true, 1)
+    superprof_sample::ProbeGroup::open(0, &[ProbeEvent::Pmu(pmu, spec)], &[], true, 1)
         .map(drop)
         .map_err(|e| match e.error.raw_os_error() {
             Some(libc::EACCES) | Some(libc::EPERM) => {
@@ -199,6 +199,32 @@ pub fn trimmed_mean(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let keep = v.len() - v.len() / 1000;
     v[..keep].iter().sum::<f64>() / keep as f64
+}
+
+/// Where the uprobe engine gets its kernel events: uprobes defined in tracefs where it can be
+/// written (every thread's perf event on an address then shares one kernel uprobe, removed
+/// once: 41 threads on one region detach in 1.6 s instead of 15 s here), else the uprobe PMU.
+/// Dropped after every perf event on its probes is closed.
+pub struct Probes {
+    pmu: UprobePmu,
+    defs: Option<ProbeDefinitions>,
+}
+
+impl Probes {
+    pub fn new(pmu: UprobePmu) -> Probes {
+        Probes {
+            pmu,
+            defs: ProbeDefinitions::new().ok(),
+        }
+    }
+
+    /// The kernel event for a probe on `spec`.
+    pub fn event(&mut self, spec: &ProbeSpec) -> ProbeEvent {
+        if let Some(event) = self.defs.as_mut().and_then(|d| d.define(spec).ok()) {
+            return event;
+        }
+        ProbeEvent::Pmu(self.pmu, spec.clone())
+    }
 }
 
 /// The probe for the instruction at address `addr` of process `pid`: the mapped file (through

@@ -620,6 +620,29 @@ fn uprobes_go_with_superprof_whatever_ends_it() {
             "signal {sig}: the process ended"
         );
         assert_running_untraced(pid);
+        if sig == libc::SIGKILL {
+            // Its probe definitions in tracefs (unused: no int3 with no perf event open) go
+            // with the next superprof that uses uprobes.
+            let killed = format!("superprof_{}/", sp.id());
+            run_ok(
+                superprof()
+                    .args([
+                        "stat",
+                        "--engine",
+                        "uprobe",
+                        "-r",
+                        "plain",
+                        "-e",
+                        "page-faults",
+                    ])
+                    .args(["-o", "/dev/null", "--"])
+                    .arg(&exe)
+                    .args(["10", "1"]),
+            );
+            let events =
+                std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+            assert!(!events.contains(&killed), "{events}");
+        }
         if sig == libc::SIGTERM {
             assert!(status.success(), "{status:?}");
             let doc: Value =

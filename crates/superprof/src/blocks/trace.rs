@@ -47,9 +47,11 @@ struct Session<'a> {
     block_probes: Vec<(
         usize,
         usize,
-        superprof_sample::ProbeSpec,
+        superprof_sample::ProbeEvent,
         Vec<superprof_sample::UprobeCounter>,
     )>,
+    /// Where the probes' kernel events come from (dropped after `block_probes`).
+    probe_source: Option<crate::engine::Probes>,
 }
 
 impl Session<'_> {
@@ -142,10 +144,14 @@ impl Session<'_> {
                 let Some(spec) = crate::engine::probe_at(pid, addr) else {
                     break;
                 };
+                let spec = self
+                    .probe_source
+                    .get_or_insert_with(|| crate::engine::Probes::new(pmu))
+                    .event(&spec);
                 let mut on_threads = Vec::new();
                 let mut refused = false;
                 for &tid in &threads {
-                    match superprof_sample::UprobeCounter::open(pmu, tid, &spec) {
+                    match superprof_sample::UprobeCounter::open(tid, &spec) {
                         Ok(c) => on_threads.push(c),
                         Err(e) if e.no_thread() => {}
                         Err(e) if e.unsupported_instruction() => {
@@ -176,11 +182,11 @@ impl Session<'_> {
 
     /// A new thread (held before its first instruction): every block's probe on it too.
     fn arm_thread(&mut self, tid: u32) -> Result<()> {
-        let Engine::Uprobe(pmu) = self.engine else {
+        if !matches!(self.engine, Engine::Uprobe(_)) {
             return Ok(());
-        };
+        }
         for (_, _, spec, counters) in &mut self.block_probes {
-            match superprof_sample::UprobeCounter::open(pmu, tid, spec) {
+            match superprof_sample::UprobeCounter::open(tid, spec) {
                 Ok(c) => counters.push(c),
                 Err(e) if e.no_thread() => return Ok(()),
                 Err(e) => bail!("cannot open the uprobes of the blocks on thread {tid}: {e}"),
@@ -201,6 +207,7 @@ impl Session<'_> {
     fn fall_back_to_ptrace(&mut self, tracer: &mut Tracer, pid: u32) {
         self.engine = Engine::Ptrace;
         self.block_probes.clear();
+        self.probe_source = None;
         for j in 0..self.regions.len() {
             if let Some(p) = self.regions[j].clone() {
                 let code = self.codes[j].take();
@@ -414,6 +421,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         engine,
         auto_engine: false,
         block_probes: Vec::new(),
+        probe_source: None,
     };
     // A counting uprobe per block and thread.
     if matches!(engine, Engine::Uprobe(_)) {
@@ -481,6 +489,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     // The probes closed (about 75 ms each here: the kernel waits a grace period per probe,
     // one after another, however many threads close them).
     s.block_probes.clear();
+    s.probe_source = None;
     Ok((
         Report {
             mode: args.mode,

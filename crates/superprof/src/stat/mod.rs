@@ -150,7 +150,7 @@ enum Role {
 
 /// The probes of the sites placed at one time, and what each means (uprobe engine).
 struct Batch {
-    specs: Vec<superprof_sample::ProbeSpec>,
+    probes: Vec<superprof_sample::ProbeEvent>,
     roles: Vec<Role>,
 }
 
@@ -439,6 +439,8 @@ struct Session {
     /// The probes placed (uprobe engine), and their groups on each thread.
     batches: Vec<Batch>,
     armed: Vec<Armed>,
+    /// Where the probes' kernel events come from (dropped after `armed`).
+    probe_source: Option<crate::engine::Probes>,
     /// Sites placed and not armed yet (uprobe engine): (region, address, site).
     new_sites: Vec<(usize, u64, Site)>,
     hits: Vec<superprof_sample::ProbeHit>,
@@ -478,6 +480,7 @@ impl Session {
             engines_used: vec![engine],
             batches: Vec::new(),
             armed: Vec::new(),
+            probe_source: None,
             new_sites: Vec::new(),
             hits: Vec::new(),
             lost_hits: 0,
@@ -736,7 +739,14 @@ impl Session {
             }
         }
         self.new_sites.clear();
-        self.batches.push(Batch { specs, roles });
+        let Engine::Uprobe(pmu) = self.engine else {
+            return Ok(());
+        };
+        let source = self
+            .probe_source
+            .get_or_insert_with(|| crate::engine::Probes::new(pmu));
+        let probes = specs.iter().map(|s| source.event(s)).collect();
+        self.batches.push(Batch { probes, roles });
         let batch = self.batches.len() - 1;
         for tid in superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]) {
             if let Err(e) = self.arm_thread(batch, tid) {
@@ -778,6 +788,7 @@ impl Session {
         self.drain_hits(pid);
         self.armed.clear();
         self.batches.clear();
+        self.probe_source = None;
         self.frames.clear();
         self.engine = Engine::Ptrace;
         self.engines_used.push(Engine::Ptrace);
@@ -795,9 +806,9 @@ impl Session {
 
     /// Opens batch `batch`'s group on thread `tid` (a thread already gone is passed over).
     fn arm_thread(&mut self, batch: usize, tid: u32) -> Result<(), superprof_sample::ProbeError> {
-        let Engine::Uprobe(pmu) = self.engine else {
+        if !matches!(self.engine, Engine::Uprobe(_)) {
             return Ok(());
-        };
+        }
         // 4 MiB of ring for each of the first 16 threads (about 40,000 hits, read every
         // 10 ms), less past them.
         let pages = match self.armed.len() {
@@ -807,9 +818,8 @@ impl Session {
         };
         let events = self.all_events();
         match superprof_sample::ProbeGroup::open(
-            pmu,
             tid,
-            &self.batches[batch].specs,
+            &self.batches[batch].probes,
             &events,
             self.user_only,
             pages,
@@ -1161,9 +1171,11 @@ impl Session {
                 other => tracer.resume_after(&other),
             }
         }
-        // The last hits, then the probes closed (the kernel removes them).
+        // The last hits, then the probes closed (the kernel removes them), then their
+        // definitions.
         self.drain_hits(root);
         self.armed.clear();
+        self.probe_source = None;
         if launched && exit.is_none() {
             exit = tracer.terminate(Duration::from_secs(5), |_| {})?;
         }
