@@ -278,7 +278,10 @@ impl Sampler {
                 &guest[(start - link) as usize..(end - link) as usize],
                 &text[(start - text_addr) as usize..(end - text_addr) as usize],
             );
-            let allowed = g.len() / 10;
+            // A running kernel patches its own code (alternatives, static keys, paravirt
+            // calls, ftrace's nops): a page of Debian's kernel can differ from the file in
+            // more than a tenth of its bytes. Unrelated code agrees in far fewer than 3 in 4.
+            let allowed = g.len() / 4;
             let mut differ = 0;
             for (a, b) in g.iter().zip(t) {
                 if a != b {
@@ -315,7 +318,7 @@ impl Sampler {
             && (!matches!(
                 mem.backend.read(other.wrapping_add(slide), &mut guest),
                 Ok(4096)
-            ) || similar(&guest, other) < 0.9)
+            ) || similar(&guest, other) < 0.75)
         {
             return;
         }
