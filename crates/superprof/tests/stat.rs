@@ -246,20 +246,52 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
     }
 }
 
-/// A region whose first instruction uprobes cannot probe (lock-prefixed, on x86): superprof
-/// goes on with ptrace, and says so; asked for uprobes, it refuses in one line.
+/// A region whose first instruction uprobes cannot probe (lock-prefixed, on x86): that region
+/// goes on with ptrace, and superprof says so, while the others stay on uprobes; asked for
+/// uprobes, it refuses in one line.
 #[test]
 fn a_region_uprobes_refuse_falls_back_to_ptrace() {
     let dir = TempDir::new("stat-fallback");
     let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", "counted", "-r", "plain", "-e", "page-faults"],
-        &[exe.as_os_str(), "200".as_ref(), "2".as_ref()],
+    let out_file = dir.path("mixed.json");
+    let out = run_ok(
+        superprof()
+            .args(["stat", "--format", "json", "-o"])
+            .arg(&out_file)
+            .args(["-r", "counted", "-r", "plain", "-e", "page-faults", "--"])
+            .arg(&exe)
+            .args(["200", "2"]),
     );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(stderr.contains("probing with ptrace"), "{stderr}");
-    assert_eq!((m["counted"].0, m["plain"].0), (600, 600));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("region 'counted' is probed with ptrace"),
+        "{stderr}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    let calls = |name: &str| {
+        doc["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["region"] == name)
+            .unwrap()["calls"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!((calls("counted"), calls("plain")), (600, 600), "{doc}");
+    // Both engines measured, each with its own cost taken off; the run is named by uprobe.
+    assert_eq!(doc["engine"], "uprobe");
+    let engines: Vec<&str> = doc["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["engine"].as_str().unwrap())
+        .collect();
+    assert!(
+        engines.contains(&"uprobe") && engines.contains(&"ptrace"),
+        "{doc}"
+    );
     let out = superprof()
         .args([
             "stat",

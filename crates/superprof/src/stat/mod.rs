@@ -150,6 +150,8 @@ enum Role {
 
 /// The probes of the sites placed at one time, and what each means (uprobe engine).
 struct Batch {
+    /// The sites it probes: (region, address, site).
+    sites: Vec<(usize, u64, Site)>,
     probes: Vec<superprof_sample::ProbeEvent>,
     roles: Vec<Role>,
 }
@@ -432,6 +434,9 @@ struct Session {
     auto_engine: bool,
     /// The engines that measured, in order.
     engines_used: Vec<Engine>,
+    /// Regions counted with ptrace's breakpoints in a run on uprobes (uprobes cannot probe
+    /// them).
+    on_ptrace: std::collections::HashSet<usize>,
     /// This is the run that measures the engine's own cost.
     calibrating: bool,
     /// How the kernel runs each region's first instruction (uprobe engine).
@@ -478,6 +483,7 @@ impl Session {
             kinds: HashMap::new(),
             auto_engine: false,
             engines_used: vec![engine],
+            on_ptrace: Default::default(),
             batches: Vec::new(),
             armed: Vec::new(),
             probe_source: None,
@@ -651,6 +657,11 @@ impl Session {
                 self.kinds.insert(i, EntryKind::of(&code[..n]));
                 for &(at, site) in &region.sites {
                     match self.engine {
+                        _ if self.on_ptrace.contains(&i) => {
+                            tracer.set_breakpoint(pid, at).with_context(|| {
+                                format!("cannot place a breakpoint for region '{}'", region.name)
+                            })?;
+                        }
                         Engine::Ptrace => {
                             tracer.set_breakpoint(pid, at).with_context(|| {
                                 format!("cannot place a breakpoint for region '{}'", region.name)
@@ -680,6 +691,7 @@ impl Session {
         self.new_sites.clear();
         self.kinds.clear();
         self.missing.clear();
+        self.on_ptrace.clear();
         self.armed.clear();
         self.batches.clear();
     }
@@ -690,45 +702,48 @@ impl Session {
         if !matches!(self.engine, Engine::Uprobe(_)) {
             return Ok(());
         }
-        if self.new_sites.is_empty() {
-            return Ok(());
-        }
+        let sites = std::mem::take(&mut self.new_sites);
         let mut specs = Vec::new();
         let mut roles = Vec::new();
+        let mut kept = Vec::new();
         let mut ends: HashMap<u64, ()> = HashMap::new();
-        for &(region, at, site) in &self.new_sites {
-            let name = &self.regions.get(region).map_or("", |r| r.name.as_str());
+        for (region, at, site) in sites {
+            if self.on_ptrace.contains(&region) {
+                continue;
+            }
+            let name = self
+                .regions
+                .get(region)
+                .map_or("", |r| r.name.as_str())
+                .to_owned();
             let spec = crate::engine::probe_at(pid, at)
                 .ok_or_else(|| anyhow!("region '{name}' is in no file: it cannot be probed"))?;
+            // Its returns and tail calls, not a return probe: a uretprobe replaces the return
+            // address on the stack, and a C++ exception unwinding through that frame then
+            // finds no caller and terminates the program.
+            let exits = if site.ends_at_return {
+                match function_exits(tracer, pid, at) {
+                    Some(exits) => exits,
+                    None => {
+                        let why = format!(
+                            "cannot find where region '{name}' returns (no size in its symbol, \
+                             or code that does not decode)"
+                        );
+                        self.region_to_ptrace(tracer, pid, region, &why)?;
+                        continue;
+                    }
+                }
+            } else {
+                Vec::new()
+            };
             specs.push(spec);
             roles.push(Role::Entry(region, site));
-            if site.ends_at_return {
-                // Its returns and tail calls, not a return probe: a uretprobe replaces the
-                // return address on the stack, and a C++ exception unwinding through that frame
-                // then finds no caller and terminates the program.
-                let Some(exits) = function_exits(tracer, pid, at) else {
-                    let why = format!(
-                        "cannot find where region '{name}' returns (no size in its symbol, or \
-                         code that does not decode)"
-                    );
-                    if !self.auto_engine {
-                        bail!("{why}: use --engine ptrace");
-                    }
-                    eprintln!(
-                        "superprof: probing with ptrace (the program stops at every probe): {why}"
-                    );
-                    self.new_sites.clear();
-                    return self.fall_back_to_ptrace(tracer, pid);
-                };
-                for x in exits {
-                    let spec = crate::engine::probe_at(pid, x).ok_or_else(|| {
-                        anyhow!(
-                            "the returns of region '{name}' are in no file: they cannot be probed"
-                        )
-                    })?;
-                    specs.push(spec);
-                    roles.push(Role::Exit(region));
-                }
+            for x in exits {
+                let spec = crate::engine::probe_at(pid, x).ok_or_else(|| {
+                    anyhow!("the returns of region '{name}' are in no file: they cannot be probed")
+                })?;
+                specs.push(spec);
+                roles.push(Role::Exit(region));
             }
             if let Some(end) = site.end.filter(|e| ends.insert(*e, ()).is_none()) {
                 let spec = crate::engine::probe_at(pid, end).ok_or_else(|| {
@@ -737,8 +752,11 @@ impl Session {
                 specs.push(spec);
                 roles.push(Role::End(end));
             }
+            kept.push((region, at, site));
         }
-        self.new_sites.clear();
+        if specs.is_empty() {
+            return Ok(());
+        }
         let Engine::Uprobe(pmu) = self.engine else {
             return Ok(());
         };
@@ -746,7 +764,11 @@ impl Session {
             .probe_source
             .get_or_insert_with(|| crate::engine::Probes::new(pmu));
         let probes = specs.iter().map(|s| source.event(s)).collect();
-        self.batches.push(Batch { probes, roles });
+        self.batches.push(Batch {
+            sites: kept,
+            probes,
+            roles,
+        });
         let batch = self.batches.len() - 1;
         for tid in superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]) {
             if let Err(e) = self.arm_thread(batch, tid) {
@@ -754,21 +776,90 @@ impl Session {
                 let Some(probe) = refused else {
                     bail!("cannot open the uprobes of the regions on thread {tid}: {e}");
                 };
+                // That region goes on with ptrace; the others of the batch are armed again
+                // without it.
                 let what = self.probe_label(batch, probe);
-                if !self.auto_engine {
-                    bail!(
-                        "the kernel cannot put a uprobe on {what} (on x86, an instruction with a \
-                         lock prefix, say): use --engine ptrace"
-                    );
+                let regions = self.regions_of_probe(batch, probe);
+                self.drain_hits(pid);
+                self.armed.retain(|a| a.batch != batch);
+                let b = &mut self.batches[batch];
+                b.probes.clear();
+                b.roles.clear();
+                let sites = std::mem::take(&mut b.sites);
+                let why = format!("the kernel cannot put a uprobe on {what}");
+                for r in regions {
+                    self.region_to_ptrace(tracer, pid, r, &why)?;
                 }
-                eprintln!(
-                    "superprof: probing with ptrace (the program stops at every probe): the \
-                     kernel cannot put a uprobe on {what}"
-                );
-                return self.fall_back_to_ptrace(tracer, pid);
+                self.new_sites = sites;
+                return self.arm(tracer, pid);
             }
         }
         Ok(())
+    }
+
+    /// The regions probe `probe` of batch `batch` serves.
+    fn regions_of_probe(&self, batch: usize, probe: usize) -> Vec<usize> {
+        let b = &self.batches[batch];
+        match b.roles.get(probe) {
+            Some(Role::Entry(r, _)) | Some(Role::Exit(r)) => vec![*r],
+            Some(Role::End(addr)) => b
+                .sites
+                .iter()
+                .filter(|(_, _, site)| site.end == Some(*addr))
+                .map(|(r, _, _)| *r)
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Region `region` is counted with ptrace's breakpoints from now on, the others staying
+    /// on uprobes (`why`: what uprobes cannot do there). With `--engine uprobe`, an error.
+    fn region_to_ptrace(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        region: usize,
+        why: &str,
+    ) -> Result<()> {
+        if !self.auto_engine {
+            bail!("{why} (on x86, an instruction with a lock prefix, say): use --engine ptrace");
+        }
+        let name = self
+            .regions
+            .get(region)
+            .map_or_else(|| "?".to_owned(), |r| r.name.clone());
+        eprintln!(
+            "superprof: region '{name}' is probed with ptrace (the program stops at each of its \
+             probes): {why}"
+        );
+        self.on_ptrace.insert(region);
+        if !self
+            .engines_used
+            .iter()
+            .any(|e| matches!(e, Engine::Ptrace))
+        {
+            self.engines_used.push(Engine::Ptrace);
+        }
+        for tid in superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]) {
+            self.open_counters(tid);
+        }
+        let entries: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, sites)| sites.iter().any(|(r, _)| *r == region))
+            .map(|(&at, _)| at)
+            .collect();
+        for at in entries {
+            tracer
+                .set_breakpoint(pid, at)
+                .with_context(|| format!("cannot place a breakpoint for region '{name}'"))?;
+        }
+        Ok(())
+    }
+
+    /// Whether region `region`'s calls are counted with ptrace's breakpoints.
+    fn by_ptrace(&self, region: usize) -> bool {
+        matches!(self.engine, Engine::Ptrace) || self.on_ptrace.contains(&region)
     }
 
     /// What probe `probe` of batch `batch` is on, for a message.
@@ -782,31 +873,9 @@ impl Session {
         }
     }
 
-    /// Goes on with ptrace's breakpoints instead of uprobes: the calls counted so far stay,
-    /// calls in progress are dropped.
-    fn fall_back_to_ptrace(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
-        self.drain_hits(pid);
-        self.armed.clear();
-        self.batches.clear();
-        self.probe_source = None;
-        self.frames.clear();
-        self.engine = Engine::Ptrace;
-        self.engines_used.push(Engine::Ptrace);
-        for tid in superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]) {
-            self.open_counters(tid);
-        }
-        let entries: Vec<u64> = self.entries.keys().copied().collect();
-        for at in entries {
-            tracer
-                .set_breakpoint(pid, at)
-                .context("cannot place a breakpoint for a region")?;
-        }
-        Ok(())
-    }
-
     /// Opens batch `batch`'s group on thread `tid` (a thread already gone is passed over).
     fn arm_thread(&mut self, batch: usize, tid: u32) -> Result<(), superprof_sample::ProbeError> {
-        if !matches!(self.engine, Engine::Uprobe(_)) {
+        if !matches!(self.engine, Engine::Uprobe(_)) || self.batches[batch].probes.is_empty() {
             return Ok(());
         }
         // 4 MiB of ring for each of the first 16 threads (about 40,000 hits, read every
@@ -947,7 +1016,8 @@ impl Session {
                 }
             }
         }
-        let sites = self.entries.get(&addr).cloned().unwrap_or_default();
+        let mut sites = self.entries.get(&addr).cloned().unwrap_or_default();
+        sites.retain(|(r, _)| self.by_ptrace(*r));
         for (region, site) in sites {
             let inside = self
                 .frames
@@ -1029,7 +1099,12 @@ impl Session {
         }
         values.push(elapsed);
         res.calls[r] += 1;
-        let kind = match self.engine {
+        let engine = if matches!(self.engine, Engine::Ptrace) || self.on_ptrace.contains(&r) {
+            Engine::Ptrace
+        } else {
+            self.engine
+        };
+        let kind = match engine {
             Engine::Uprobe(_) => self.kinds.get(&r).copied().unwrap_or(EntryKind::Stepped),
             // ptrace steps every breakpoint's instruction
             Engine::Ptrace => EntryKind::Stepped,
@@ -1037,7 +1112,7 @@ impl Session {
         res.per_call.push(Call {
             region: r,
             tid,
-            engine: self.engine.name(),
+            engine: engine.name(),
             kind,
             scaled: scaled_mask,
             values,
@@ -1137,7 +1212,7 @@ impl Session {
                     tracer.resume(tid);
                 }
                 TraceEvent::NewThread { tid, .. } => {
-                    if let Engine::Ptrace = self.engine {
+                    if matches!(self.engine, Engine::Ptrace) || !self.on_ptrace.is_empty() {
                         self.open_counters(tid);
                     }
                 }
