@@ -31,6 +31,13 @@ pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
 };
 pub use sys::monotonic_ns;
+
+/// Whether a superprof runs as process `pid` (its command name): what a sweep of the
+/// leftovers of killed superprofs (tracefs probe definitions, cgroups) asks of the pid in
+/// their names, a pid reused since by another program counting as gone.
+pub fn superprof_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "superprof")
+}
 pub use uprobe::{
     uprobe_pmu, ProbeDefinitions, ProbeError, ProbeEvent, ProbeGroup, ProbeHit, ProbeSpec,
     UprobeCounter, UprobePmu,

@@ -16,7 +16,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::counter::{EventSpec, Reading};
 use crate::record::{split_records, PERF_RECORD_LOST, PERF_RECORD_SAMPLE};
@@ -33,40 +33,28 @@ const REG_SP: u32 = 7;
 #[cfg(target_arch = "aarch64")]
 const REG_SP: u32 = 31;
 
-/// The kernel's `uprobe` PMU: its type, and the config bit that makes a probe a return probe.
+/// The kernel's `uprobe` PMU.
 #[derive(Debug, Clone, Copy)]
 pub struct UprobePmu {
     type_: u32,
-    retprobe_bit: u32,
 }
 
 /// The uprobe PMU of this kernel (`/sys/bus/event_source/devices/uprobe`).
 pub fn uprobe_pmu() -> io::Result<UprobePmu> {
-    let dir = Path::new("/sys/bus/event_source/devices/uprobe");
-    let type_ = std::fs::read_to_string(dir.join("type"))?
+    let type_ = std::fs::read_to_string("/sys/bus/event_source/devices/uprobe/type")?
         .trim()
         .parse()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "unreadable uprobe PMU type"))?;
-    // "config:0"
-    let retprobe_bit = std::fs::read_to_string(dir.join("format/retprobe"))?
-        .trim()
-        .strip_prefix("config:")
-        .and_then(|b| b.parse().ok())
-        .filter(|&b: &u32| b < 64)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable retprobe format"))?;
-    Ok(UprobePmu {
-        type_,
-        retprobe_bit,
-    })
+    Ok(UprobePmu { type_ })
 }
 
-/// One probe: the instruction at `offset` of file `path` (a file offset, not an address), or,
-/// with `ret`, the return of the function that starts there.
+/// One probe: the instruction at `offset` of file `path` (a file offset, not an address).
+/// (No return probes: a uretprobe replaces the return address on the stack, and a C++
+/// exception unwinding through that frame then terminates the program.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSpec {
     pub path: PathBuf,
     pub offset: u64,
-    pub ret: bool,
 }
 
 /// The kernel event behind a probe.
@@ -83,23 +71,29 @@ pub enum ProbeEvent {
 const PERF_TYPE_TRACEPOINT: u32 = 2;
 
 impl ProbeEvent {
-    /// The attr's type and config, and the path the config points at (which must live until
-    /// the event is opened).
-    fn attr(&self) -> io::Result<(u32, u64, u64, u64, Option<CString>)> {
+    /// The attr that names this probe (the rest left default), and the path it points at,
+    /// which must live until the event is opened.
+    fn attr(&self) -> io::Result<(PerfEventAttr, Option<CString>)> {
         match self {
             ProbeEvent::Pmu(pmu, p) => {
                 let path = CString::new(p.path.as_os_str().as_bytes())
                     .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
-                let config = if p.ret { 1 << pmu.retprobe_bit } else { 0 };
-                Ok((
-                    pmu.type_,
-                    config,
-                    path.as_ptr() as u64,
-                    p.offset,
-                    Some(path),
-                ))
+                let attr = PerfEventAttr {
+                    type_: pmu.type_,
+                    config1: path.as_ptr() as u64,
+                    config2: p.offset,
+                    ..Default::default()
+                };
+                Ok((attr, Some(path)))
             }
-            ProbeEvent::Defined(id) => Ok((PERF_TYPE_TRACEPOINT, *id, 0, 0, None)),
+            ProbeEvent::Defined(id) => Ok((
+                PerfEventAttr {
+                    type_: PERF_TYPE_TRACEPOINT,
+                    config: *id,
+                    ..Default::default()
+                },
+                None,
+            )),
         }
     }
 }
@@ -111,8 +105,8 @@ impl ProbeEvent {
 pub struct ProbeDefinitions {
     dir: PathBuf,
     group: String,
-    /// (path, offset, ret) -> (name, id)
-    defined: HashMap<(PathBuf, u64, bool), (String, u64)>,
+    /// (path, offset) -> (name, id)
+    defined: HashMap<(PathBuf, u64), (String, u64)>,
 }
 
 impl ProbeDefinitions {
@@ -163,9 +157,7 @@ impl ProbeDefinitions {
             else {
                 continue;
             };
-            let alive = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim() == "superprof");
-            if !alive {
+            if !crate::superprof_running(pid) {
                 let _ = self.write(&format!("-:{event}\n"));
             }
         }
@@ -173,7 +165,7 @@ impl ProbeDefinitions {
 
     /// The event of a probe on `spec`, defined the first time.
     pub fn define(&mut self, spec: &ProbeSpec) -> io::Result<ProbeEvent> {
-        let key = (spec.path.clone(), spec.offset, spec.ret);
+        let key = (spec.path.clone(), spec.offset);
         if let Some((_, id)) = self.defined.get(&key) {
             return Ok(ProbeEvent::Defined(*id));
         }
@@ -182,9 +174,8 @@ impl ProbeDefinitions {
             io::Error::new(io::ErrorKind::InvalidInput, "a path tracefs cannot take")
         })?;
         let name = format!("p{}", self.defined.len());
-        let kind = if spec.ret { 'r' } else { 'p' };
         self.write(&format!(
-            "{kind}:{}/{name} {path}:{:#x}\n",
+            "p:{}/{name} {path}:{:#x}\n",
             self.group, spec.offset
         ))?;
         let id = std::fs::read_to_string(
@@ -300,12 +291,8 @@ impl ProbeGroup {
         let mut ids = HashMap::new();
         for (i, p) in probes.iter().enumerate() {
             // (`_path` lives until the event is opened: the kernel copies it then.)
-            let (type_, config, config1, config2, _path) = p.attr()?;
+            let (probe, _path) = p.attr()?;
             let attr = PerfEventAttr {
-                type_,
-                config,
-                config1,
-                config2,
                 sample_period_or_freq: 1,
                 sample_type: sys::PERF_SAMPLE_IDENTIFIER
                     | sys::PERF_SAMPLE_TID
@@ -320,7 +307,7 @@ impl ProbeGroup {
                 // schedule; a wakeup per hit would cost the program).
                 wakeup_events_or_watermark: (ring_pages * page / 2) as u32,
                 clockid: libc::CLOCK_MONOTONIC,
-                ..Default::default()
+                ..probe
             };
             let leader = fds.first().map(|f: &OwnedFd| f.as_raw_fd());
             let fd =
@@ -393,14 +380,7 @@ pub struct UprobeCounter {
 
 impl UprobeCounter {
     pub fn open(tid: u32, probe: &ProbeEvent) -> Result<UprobeCounter, ProbeError> {
-        let (type_, config, config1, config2, _path) = probe.attr()?;
-        let attr = PerfEventAttr {
-            type_,
-            config,
-            config1,
-            config2,
-            ..Default::default()
-        };
+        let (attr, _path) = probe.attr()?;
         let fd = sys::perf_event_open(&attr, tid as i32, -1).map_err(|error| ProbeError {
             probe: Some(0),
             error,

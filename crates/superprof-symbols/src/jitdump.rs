@@ -14,6 +14,9 @@ pub const MAX_DUMP: u64 = 1 << 30;
 const MAX_RECORDS: usize = 1 << 23;
 /// The longest name kept.
 const MAX_NAME: usize = 1024;
+/// The largest piece of code taken (a larger one is a broken or hostile record; it would make
+/// every lookup scan all the loads before it).
+const MAX_CODE: u64 = 1 << 28;
 
 const MAGIC: u32 = 0x4A69_5444; // "JiTD", in the writer's byte order
 const CODE_LOAD: u32 = 0;
@@ -214,7 +217,7 @@ fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
                     u64_at(b, body + 24),
                     str_at(b, body + 40, end),
                 ) {
-                    let end = addr.checked_add(len).filter(|_| len > 0);
+                    let end = addr.checked_add(len).filter(|_| len > 0 && len <= MAX_CODE);
                     let aligned = len.checked_add(7).and_then(|l| addr.checked_add(l & !7));
                     if let (Some(e), Some(eh_frame_at)) = (end, aligned) {
                         if let Some((eh_frame, hdr, _)) = pending.take() {
@@ -255,9 +258,10 @@ fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
                             .collect();
                         (l.name.clone(), lines)
                     });
-                    if let (Some((name, lines)), Some(e)) =
-                        (moved, new.checked_add(len).filter(|_| len > 0))
-                    {
+                    if let (Some((name, lines)), Some(e)) = (
+                        moved,
+                        new.checked_add(len).filter(|_| len > 0 && len <= MAX_CODE),
+                    ) {
                         r.loads.push(Load {
                             start: new,
                             end: e,
@@ -413,6 +417,17 @@ mod tests {
         record(CODE_LOAD, &b)
     }
 
+    /// An unwinding record's body: 12 bytes of eh_frame (1s), then 4 of header (2s).
+    fn unwinding() -> Vec<u8> {
+        let mut unw = Vec::new();
+        for v in [16u64, 4, 16] {
+            unw.extend_from_slice(&v.to_le_bytes());
+        }
+        unw.extend_from_slice(&[1u8; 12]);
+        unw.extend_from_slice(&[2u8; 4]);
+        unw
+    }
+
     fn dump(records: &[Vec<u8>]) -> Vec<u8> {
         let mut d = Vec::new();
         for v in [MAGIC, 1, 40, 62, 0, 1] {
@@ -446,12 +461,7 @@ mod tests {
             mv.extend_from_slice(&v.to_le_bytes());
         }
         // Unwinding info for the next load: 12 bytes of eh_frame, 4 of header.
-        let mut unw = Vec::new();
-        for v in [16u64, 4, 16] {
-            unw.extend_from_slice(&v.to_le_bytes());
-        }
-        unw.extend_from_slice(&[1u8; 12]);
-        unw.extend_from_slice(&[2u8; 4]);
+        let unw = unwinding();
         let d = dump(&[
             record(CODE_UNWINDING_INFO, &unw),
             load(0x1000, 0x3c, "JS:*hot"),
@@ -535,18 +545,20 @@ mod tests {
         assert_eq!(j.lookup_at(0x1100, Some(35)), Some(("C", None)));
         assert_eq!(j.lookup_at(0x1110, Some(35)), None);
         assert_eq!(j.lookup(0x1004), Some(("B", Some(("B.java", 7)))));
+        // A load claiming more code than any runtime makes is left out (it would make every
+        // lookup scan the loads before it).
+        let mut huge = load(0x10_0000, 0x10, "huge");
+        huge[40..48].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let j = JitDump::parse(&dump(&[huge, at(1, 0x2000, 0x10, "f")])).unwrap();
+        assert_eq!(j.len(), 1);
+        assert_eq!(j.lookup_at(0x20_0000, None), None);
     }
 
     /// The reader takes each table once, as the file grows, even when the growth cuts a
     /// record or falls between an unwinding record and its code load.
     #[test]
     fn reader_goes_on_where_it_stopped() {
-        let mut unw = Vec::new();
-        for v in [16u64, 4, 16] {
-            unw.extend_from_slice(&v.to_le_bytes());
-        }
-        unw.extend_from_slice(&[1u8; 12]);
-        unw.extend_from_slice(&[2u8; 4]);
+        let unw = unwinding();
         let d = dump(&[
             record(CODE_UNWINDING_INFO, &unw),
             load(0x1000, 0x10, "a"),

@@ -240,7 +240,6 @@ pub fn probe_at(pid: u32, addr: u64) -> Option<ProbeSpec> {
     Some(ProbeSpec {
         path: PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
         offset,
-        ret: false,
     })
 }
 

@@ -230,6 +230,24 @@ fn count_equals_callgrind_on_pie_and_non_pie_code() {
         assert!(stepped["stops"].as_u64() > decode["stops"].as_u64());
         assert!(decode["branches_emulated"].as_u64().unwrap() > 300);
         assert_eq!(stepped["branches_emulated"].as_u64(), Some(0));
+        // The uprobe engine (a counting uprobe on every block, the program never stopped):
+        // callgrind's counts too, and its coverage is the blocks with a count.
+        let mut args = regions.to_vec();
+        args.extend(["--engine", "uprobe"]);
+        let probed = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
+        assert_eq!(probed["engine"], "uprobe");
+        assert_matches_callgrind(name, &blocks_of(&probed), &region_ranges(&probed), &truth);
+        args.extend(["--mode", "coverage"]);
+        let cov = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
+        let ran: Vec<u64> = cov["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["hit"] == true)
+            .map(|b| hex(&b["start"]))
+            .collect();
+        let counted: Vec<u64> = blocks_of(&probed).iter().map(|b| b.start).collect();
+        assert_eq!(ran, counted, "{name}");
     }
 }
 
@@ -324,18 +342,24 @@ fn count_is_exact_with_four_threads() {
     let dir = TempDir::new("blocks-mt");
     let exe = compile(&dir, "mt", &["blocks_mt.c"], &["-O1", "-g", "-pthread"]);
     let truth = callgrind(&dir, &exe, &["250"]);
-    for analyzer in ["decode", "learn"] {
+    // (On uprobes, each thread gets its probes before its first instruction.)
+    for (analyzer, engine) in [
+        ("decode", "ptrace"),
+        ("learn", "ptrace"),
+        ("decode", "uprobe"),
+    ] {
         let doc = blocks_json(
             &dir,
-            &["-r", "classify", "--analyzer", analyzer],
+            &["-r", "classify", "--analyzer", analyzer, "--engine", engine],
             &[exe.as_os_str(), "250".as_ref()],
         );
+        assert_eq!(doc["engine"], engine);
         let blocks = blocks_of(&doc);
         assert_matches_callgrind(analyzer, &blocks, &region_ranges(&doc), &truth);
         assert_eq!(
             blocks.iter().map(|b| b.count).max(),
             Some(1000),
-            "{analyzer}"
+            "{analyzer} {engine}"
         );
     }
 }
@@ -544,45 +568,51 @@ fn attach_counts_and_leaves_no_breakpoint() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("blocks-attach");
     let exe = compile(&dir, "att", &["attach.c"], &["-O2", "-g", "-pthread"]);
-    let (mut child, _stdout) = spawn_ready(&exe, &["30", "100"]);
-    let pid = child.id();
-    let before = code_bytes(pid, &exe);
-    let out_file = dir.path("a.json");
-    let out = superprof()
-        .args([
-            "blocks",
-            "-r",
-            "attached_spin",
-            "--format",
-            "json",
-            "--duration",
-            "1",
-        ])
-        .args(["-p", &pid.to_string(), "-o"])
-        .arg(&out_file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert!(child.try_wait().unwrap().is_none(), "the process ended");
-    assert_running_untraced(pid);
-    assert_eq!(code_bytes(pid, &exe), before, "code changed after detach");
-    let _ = child.kill();
-    let _ = child.wait();
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
-    let entry = hex(&doc["regions"][0]["start"]);
-    let calls = blocks_of(&doc)
-        .iter()
-        .find(|b| b.start == entry)
-        .map(|b| b.count)
-        .unwrap_or(0);
-    // attached_spin(0.01) is called in a loop, and its inner loop is counted block by block
-    // (two ptrace stops per block): at least one call in a second, at most the untraced 100.
-    assert!((1..=110).contains(&calls), "{calls} calls in 1 s");
+    for engine in ["ptrace", "uprobe"] {
+        let (mut child, _stdout) = spawn_ready(&exe, &["30", "100"]);
+        let pid = child.id();
+        let before = code_bytes(pid, &exe);
+        let out_file = dir.path("a.json");
+        let out = superprof()
+            .args([
+                "blocks",
+                "-r",
+                "attached_spin",
+                "--format",
+                "json",
+                "--duration",
+                "1",
+                "--engine",
+                engine,
+            ])
+            .args(["-p", &pid.to_string(), "-o"])
+            .arg(&out_file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(child.try_wait().unwrap().is_none(), "the process ended");
+        assert_running_untraced(pid);
+        assert_eq!(code_bytes(pid, &exe), before, "code changed after detach");
+        let _ = child.kill();
+        let _ = child.wait();
+        let doc: Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        let entry = hex(&doc["regions"][0]["start"]);
+        let calls = blocks_of(&doc)
+            .iter()
+            .find(|b| b.start == entry)
+            .map(|b| b.count)
+            .unwrap_or(0);
+        // attached_spin(0.01) is called in a loop, and its inner loop is counted block by block
+        // (two ptrace stops, or a uprobe hit, per block): at least one call in a second, at most
+        // the untraced 100.
+        assert!((1..=110).contains(&calls), "{calls} calls in 1 s");
+    }
 }
 
 #[test]
@@ -633,92 +663,4 @@ fn bad_input_gives_one_line() {
         .output()
         .unwrap();
     assert_one_line_error(&out, "/no/such/program");
-}
-
-/// The uprobe engine (a counting uprobe on every block, the program never stopped) gives
-/// callgrind's exact counts too: branches.c PIE and not, four threads (threads made after the
-/// probes inherit them), coverage, and an attached process left with its code as it was.
-#[test]
-fn the_uprobe_engine_counts_exactly_too() {
-    let _cpu = cpu_lock();
-    let dir = TempDir::new("blocks-uprobe");
-    for (name, flags) in [
-        ("pie-O0", &["-O0", "-g", "-fpie", "-pie"][..]),
-        ("nopie-O2", &["-O2", "-g", "-fno-pie", "-no-pie"][..]),
-    ] {
-        let exe = compile(&dir, name, &["branches.c"], flags);
-        let truth = callgrind(&dir, &exe, &["300"]);
-        let regions = [
-            "-r",
-            "pick",
-            "-r",
-            "zigzag",
-            "-r",
-            "sum_picks",
-            "--engine",
-            "uprobe",
-        ];
-        let doc = blocks_json(&dir, &regions, &[exe.as_os_str(), "300".as_ref()]);
-        assert_eq!(doc["engine"], "uprobe");
-        assert_matches_callgrind(name, &blocks_of(&doc), &region_ranges(&doc), &truth);
-        // Coverage: the blocks with a count, and no others.
-        let mut args = regions.to_vec();
-        args.extend(["--mode", "coverage"]);
-        let cov = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
-        let ran: Vec<u64> = cov["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|b| b["hit"] == true)
-            .map(|b| hex(&b["start"]))
-            .collect();
-        let counted: Vec<u64> = blocks_of(&doc).iter().map(|b| b.start).collect();
-        assert_eq!(ran, counted, "{name}");
-    }
-    let exe = compile(&dir, "mt", &["blocks_mt.c"], &["-O1", "-g", "-pthread"]);
-    let truth = callgrind(&dir, &exe, &["250"]);
-    let doc = blocks_json(
-        &dir,
-        &["-r", "classify", "--engine", "uprobe"],
-        &[exe.as_os_str(), "250".as_ref()],
-    );
-    let blocks = blocks_of(&doc);
-    assert_matches_callgrind("threads", &blocks, &region_ranges(&doc), &truth);
-    assert_eq!(blocks.iter().map(|b| b.count).max(), Some(1000));
-    // Attached: counted, then the process runs on untraced with its code as it was.
-    let exe = compile(&dir, "att", &["attach.c"], &["-O2", "-g", "-pthread"]);
-    let (mut child, _stdout) = spawn_ready(&exe, &["30", "100"]);
-    let pid = child.id();
-    let before = code_bytes(pid, &exe);
-    let out_file = dir.path("a.json");
-    run_ok(
-        superprof()
-            .args(["blocks", "-r", "attached_spin", "--engine", "uprobe"])
-            .args([
-                "--format",
-                "json",
-                "--duration",
-                "1",
-                "-p",
-                &pid.to_string(),
-                "-o",
-            ])
-            .arg(&out_file),
-    );
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert!(child.try_wait().unwrap().is_none(), "the process ended");
-    assert_running_untraced(pid);
-    assert_eq!(code_bytes(pid, &exe), before, "code changed after detach");
-    let _ = child.kill();
-    let _ = child.wait();
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
-    let entry = hex(&doc["regions"][0]["start"]);
-    let calls = blocks_of(&doc)
-        .iter()
-        .find(|b| b.start == entry)
-        .map(|b| b.count)
-        .unwrap_or(0);
-    // attached_spin(0.01) in a loop: at most the untraced 100 a second; each of its inner
-    // loop's block executions now costs a uprobe hit (1.5 to 11 µs here), not a ptrace stop.
-    assert!((1..=110).contains(&calls), "{calls} calls in 1 s");
 }

@@ -187,9 +187,7 @@ fn node_perf_basic_prof_names_js_functions() {
 fn java_perf_map_at_exit_names_methods() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("jit-java");
-    let src = dir.path("Hot.java");
-    std::fs::copy(fixtures_dir().join("jit/Hot.java"), &src).unwrap();
-    run_ok(Command::new("javac").arg(&src).current_dir(&dir.0));
+    compile_hot_java(&dir);
     check(
         &dir,
         &[
@@ -205,6 +203,13 @@ fn java_perf_map_at_exit_names_methods() {
         0.85,
         Perf::Record,
     );
+}
+
+/// Hot.java compiled into `dir` (its class path).
+fn compile_hot_java(dir: &TempDir) {
+    let src = dir.path("Hot.java");
+    std::fs::copy(fixtures_dir().join("jit/Hot.java"), &src).unwrap();
+    run_ok(Command::new("javac").arg(&src).current_dir(&dir.0));
 }
 
 /// hotA or hotB, for Java's names of its compiled methods (`Hot.hotA`, `LHot;::hotA`).
@@ -225,9 +230,7 @@ fn java_name(k: &str) -> Option<&'static str> {
 fn java_jitdump_names_methods_with_lines() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("jit-java-dump");
-    let src = dir.path("Hot.java");
-    std::fs::copy(fixtures_dir().join("jit/Hot.java"), &src).unwrap();
-    run_ok(Command::new("javac").arg(&src).current_dir(&dir.0));
+    compile_hot_java(&dir);
     // The JDK's headers, beside its javac.
     let javac = std::fs::canonicalize(
         String::from_utf8(run_ok(Command::new("sh").args(["-c", "command -v javac"])).stdout)

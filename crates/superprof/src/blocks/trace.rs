@@ -52,6 +52,11 @@ struct Session<'a> {
     )>,
     /// Where the probes' kernel events come from (dropped after `block_probes`).
     probe_source: Option<crate::engine::Probes>,
+    /// The threads that have their probes (those there at placement, and new ones).
+    probed_threads: HashSet<u32>,
+    /// Runtime addresses of the blocks with a probe (a block of two overlapping regions
+    /// belongs to the first).
+    probed_blocks: HashSet<u64>,
 }
 
 impl Session<'_> {
@@ -126,15 +131,12 @@ impl Session<'_> {
         };
         let blocks = code.static_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
         let threads = superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]);
+        self.probed_threads.extend(&threads);
         let mut probes = Vec::new();
         for (k, b) in blocks.iter().enumerate() {
             // A block of two overlapping regions belongs to the first.
             let at = b.start.wrapping_add(bias);
-            if self.block_probes.iter().any(|(j, kk, _, _)| {
-                self.cover_blocks[*j]
-                    .get(*kk)
-                    .is_some_and(|o| o.start.wrapping_add(self.bias_of(*j)) == at)
-            }) {
+            if self.probed_blocks.contains(&at) {
                 continue;
             }
             let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
@@ -173,6 +175,7 @@ impl Session<'_> {
                     b.start, p.name
                 ));
             };
+            self.probed_blocks.insert(at);
             probes.push((i, k, spec, counters));
         }
         self.block_probes.extend(probes);
@@ -182,7 +185,7 @@ impl Session<'_> {
 
     /// A new thread (held before its first instruction): every block's probe on it too.
     fn arm_thread(&mut self, tid: u32) -> Result<()> {
-        if !matches!(self.engine, Engine::Uprobe(_)) {
+        if !matches!(self.engine, Engine::Uprobe(_)) || !self.probed_threads.insert(tid) {
             return Ok(());
         }
         for (_, _, spec, counters) in &mut self.block_probes {
@@ -195,18 +198,12 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// The load bias of placed region `j` (0 while it is not placed).
-    fn bias_of(&self, j: usize) -> u64 {
-        self.regions
-            .get(j)
-            .and_then(|r| r.as_ref())
-            .map_or(0, |r| r.file.bias)
-    }
-
     /// Goes on with breakpoints: the uprobes closed, the regions placed so far armed again.
     fn fall_back_to_ptrace(&mut self, tracer: &mut Tracer, pid: u32) {
         self.engine = Engine::Ptrace;
         self.block_probes.clear();
+        self.probed_blocks.clear();
+        self.probed_threads.clear();
         self.probe_source = None;
         for j in 0..self.regions.len() {
             if let Some(p) = self.regions[j].clone() {
@@ -271,6 +268,8 @@ impl Session<'_> {
             self.cover.clear();
             self.hits.clear();
             self.block_probes.clear();
+            self.probed_blocks.clear();
+            self.probed_threads.clear();
         }
         let all = self.place_all(tracer, pid)?;
         // (A region never found is an error at the end.)
@@ -422,6 +421,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         auto_engine: false,
         block_probes: Vec::new(),
         probe_source: None,
+        probed_threads: HashSet::new(),
+        probed_blocks: HashSet::new(),
     };
     // A counting uprobe per block and thread.
     if matches!(engine, Engine::Uprobe(_)) {
@@ -453,6 +454,9 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             TraceEvent::Stepped { tid, pid } if pid == root => {
                 s.counts.on_stepped(&mut tracer, tid, pid)
             }
+            // A new thread's probes as soon as it is known (a thread born while the
+            // coordinator holds every thread has no ThreadReady), and before it runs.
+            TraceEvent::NewThread { tid, .. } => s.arm_thread(tid)?,
             TraceEvent::ThreadReady { tid, .. } => {
                 s.arm_thread(tid)?;
                 tracer.resume(tid);

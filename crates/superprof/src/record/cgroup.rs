@@ -96,7 +96,7 @@ fn sweep(root: &Path) {
         else {
             continue;
         };
-        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        let alive = superprof_sample::superprof_running(pid);
         let empty = std::fs::read_to_string(e.path().join("cgroup.procs"))
             .is_ok_and(|p| p.trim().is_empty());
         if !alive && empty {

@@ -903,6 +903,9 @@ impl Session {
     /// A new thread: every batch's probes on it too, before it runs.
     fn arm_new_thread(&mut self, tid: u32) -> Result<()> {
         for batch in 0..self.batches.len() {
+            if self.armed.iter().any(|a| a.batch == batch && a.tid == tid) {
+                continue; // armed at its NewThread already
+            }
             self.arm_thread(batch, tid).with_context(|| {
                 format!("cannot open the uprobes of the regions on thread {tid}")
             })?;
@@ -1215,9 +1218,14 @@ impl Session {
                     if matches!(self.engine, Engine::Ptrace) || !self.on_ptrace.is_empty() {
                         self.open_counters(tid);
                     }
+                    // Its probes as soon as it is known (a thread born while the coordinator
+                    // holds every thread to step a breakpoint has no ThreadReady).
+                    if let Engine::Uprobe(_) = self.engine {
+                        self.arm_new_thread(tid)?;
+                    }
                 }
                 // (uprobe engine) A new thread, held before its first instruction: its
-                // probes first.
+                // probes first (if its NewThread has not opened them).
                 TraceEvent::ThreadReady { tid, .. } => {
                     if let Engine::Uprobe(_) = self.engine {
                         self.arm_new_thread(tid)?;
