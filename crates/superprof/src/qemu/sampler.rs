@@ -240,12 +240,13 @@ impl Sampler {
         self.spaces.clear();
     }
 
-    /// Looks for the kernel's slide from a pc in the upper half that is in none of its
-    /// ranges, when the kernel is linked there too: the 4 KiB page around the pc is compared
-    /// with each page of the kernel's .text at the same offset in a page; the best match, if
-    /// it is one (90% of the bytes equal: relocations change a few), and clearly better than
-    /// any other, gives the slide, confirmed on a second page. At most 64 pages are tried
-    /// (code in modules matches nothing).
+    /// Looks for the kernel's slide from a pc in the upper half (inside the kernel's link
+    /// ranges too: a small slide leaves pcs there), when the kernel is linked there too: the
+    /// 4 KiB page around the pc is compared with each page of the kernel's .text at the same
+    /// offset in a page; the best match, if it is one (75% of the bytes equal: relocations
+    /// and the running kernel's own patching change some), and clearly better than any other,
+    /// gives the slide (0: not slid, settled silently), confirmed on a second page. At most
+    /// 64 pages are tried (code in modules matches nothing).
     fn find_slide(&mut self, mem: &mut MemCache, pc: u64) {
         let (text_addr, text) = (self.kernel.text.0, &self.kernel.text.1);
         let upper = |a: u64| a >> 63 == 1;
@@ -322,10 +323,12 @@ impl Sampler {
         {
             return;
         }
-        eprintln!(
-            "superprof: the kernel runs {slide:#x} above its link addresses (KASLR): found in \
-             guest memory, its frames are placed there"
-        );
+        if slide != 0 {
+            eprintln!(
+                "superprof: the kernel runs {slide:#x} above its link addresses (KASLR): found in \
+                 guest memory, its frames are placed there"
+            );
+        }
         self.set_slide(slide);
     }
 
@@ -463,7 +466,10 @@ impl Sampler {
         let regs = backend.regs()?;
         // Code outside the kernel's ELF is told apart by address space (a program found in
         // one says nothing of another); the kernel's is the same in all.
-        if !self.in_kernel(regs.pc) && !self.slide_settled {
+        // Until the slide is settled, any kernel pc: one slid by less than the kernel's size
+        // still falls inside its link ranges (Debian's kernel, slid 0x2200000, was never
+        // searched and its frames were named at the wrong addresses).
+        if !self.slide_settled {
             let mut mem = MemCache::new(backend);
             self.find_slide(&mut mem, regs.pc);
         }
