@@ -29,6 +29,7 @@ mod aarch64;
 mod analyzer;
 mod emulate;
 mod learn;
+pub mod patch;
 mod x86;
 
 pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode};

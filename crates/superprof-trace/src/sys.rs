@@ -427,6 +427,33 @@ pub const BREAKPOINT: &[u8] = &[0x00, 0x00, 0x20, 0xd4]; // brk #0; the pc stays
 #[cfg(target_arch = "aarch64")]
 pub const PC_AFTER_BREAKPOINT: u64 = 0;
 
+/// The system call instruction, and the registers that run system call `nr` with `args` at
+/// `pc` from a thread's registers `r` (x86_64: `syscall`; `orig_rax` -1 so that the kernel
+/// does not take the stop for an interrupted call to restart).
+#[cfg(target_arch = "x86_64")]
+pub const SYSCALL_INSN: &[u8] = &[0x0f, 0x05];
+
+#[cfg(target_arch = "x86_64")]
+pub fn syscall_regs(r: &RawRegs, pc: u64, nr: u64, args: [u64; 6]) -> RawRegs {
+    let mut n = *r;
+    n.rip = pc;
+    n.rax = nr;
+    n.orig_rax = u64::MAX;
+    n.rdi = args[0];
+    n.rsi = args[1];
+    n.rdx = args[2];
+    n.r10 = args[3];
+    n.r8 = args[4];
+    n.r9 = args[5];
+    n
+}
+
+/// The return value of a system call run with [`syscall_regs`] (a negative errno on failure).
+#[cfg(target_arch = "x86_64")]
+pub fn syscall_result(r: &RawRegs) -> i64 {
+    r.rax as i64
+}
+
 /// The full user register set of a stopped thread (`user_regs_struct` of this architecture).
 pub type RawRegs = libc::user_regs_struct;
 

@@ -82,6 +82,29 @@ impl Thread {
     }
 }
 
+/// The longest patch [`Tracer::patch_code`] takes (what the janitor's table holds).
+pub const MAX_PATCH: usize = 8;
+
+/// How a single step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepEnd {
+    Done,
+    /// The thread ended.
+    Ended,
+    /// Still in the instruction when the wait ran out (a syscall that blocks).
+    Pending,
+    /// ptrace refused the step (the thread is gone or not stopped).
+    Failed,
+}
+
+/// The original bytes under a breakpoint or a patch.
+#[derive(Debug, Clone)]
+struct Saved {
+    orig: Vec<u8>,
+    /// A patch (a jump to code mapped into the program), not a breakpoint: it never traps.
+    patch: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TraceEvent {
     /// A thread stopped on [`Tracer::interrupt`]; it stays stopped until [`Tracer::resume`].
@@ -185,8 +208,9 @@ pub struct Tracer {
     /// Stops of threads we have not heard of yet (a new thread can report before its parent's
     /// clone event).
     events: VecDeque<TraceEvent>,
-    /// Software breakpoints: (pid, address) -> the original bytes under them.
-    breakpoints: HashMap<(u32, u64), Vec<u8>>,
+    /// What superprof wrote into code: (pid, address) -> the original bytes under it, for a
+    /// software breakpoint or a patch ([`Tracer::patch_code`]).
+    breakpoints: HashMap<(u32, u64), Saved>,
     /// Threads whose single step outlived its wait (a blocking syscall): their next SIGTRAP
     /// ends the step.
     late_steps: HashSet<u32>,
@@ -339,16 +363,16 @@ impl Tracer {
     }
 
     /// Adds a breakpoint to the table, and to the janitor's.
-    fn bp_insert(&mut self, space: u32, addr: u64, orig: Vec<u8>) {
+    fn bp_insert(&mut self, space: u32, addr: u64, saved: Saved) {
         if let Some(j) = self.janitor.as_mut() {
-            j.add(space, addr, &orig);
+            j.add(space, addr, &saved.orig);
         }
-        self.breakpoints.insert((space, addr), orig);
+        self.breakpoints.insert((space, addr), saved);
     }
 
     /// Takes a breakpoint out of the table, and out of the janitor's (call it once the code
     /// is back, or gone).
-    fn bp_remove(&mut self, space: u32, addr: u64) -> Option<Vec<u8>> {
+    fn bp_remove(&mut self, space: u32, addr: u64) -> Option<Saved> {
         if let Some(j) = self.janitor.as_mut() {
             j.remove(space, addr);
         }
@@ -374,6 +398,130 @@ impl Tracer {
     /// The process whose breakpoint table covers the memory of process `pid`.
     fn space_of(&self, pid: u32) -> u32 {
         self.threads.get(&pid).map_or(pid, |t| t.space())
+    }
+
+    /// Whether superprof's breakpoint (not a patch) is at `addr` of `space`.
+    fn is_breakpoint(&self, space: u32, addr: u64) -> bool {
+        self.breakpoints
+            .get(&(space, addr))
+            .is_some_and(|s| !s.patch)
+    }
+
+    /// Whether anything superprof wrote into the code of `space` covers [addr, addr + len).
+    fn changed(&self, space: u32, addr: u64, len: u64) -> bool {
+        let from = addr.saturating_sub(MAX_PATCH as u64 - 1);
+        (from..addr.saturating_add(len)).any(|a| {
+            self.breakpoints
+                .get(&(space, a))
+                .is_some_and(|s| a + s.orig.len() as u64 > addr)
+        })
+    }
+
+    /// Replaces the code at `addr` of process `pid` by `bytes` (at most [`MAX_PATCH`]): a jump
+    /// to code mapped into the program, say. The original goes back when the process is let
+    /// go (and from a fork child's copy, and by the janitor if superprof dies), like a
+    /// breakpoint's. Every thread that runs this code must be stopped (see
+    /// [`Tracer::hold_others`]) and none may be inside the bytes replaced: the caller checks.
+    pub fn patch_code(&mut self, pid: u32, addr: u64, bytes: &[u8]) -> io::Result<()> {
+        let space = self.space_of(pid);
+        if bytes.is_empty() || bytes.len() > MAX_PATCH {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a patch of {} bytes", bytes.len()),
+            ));
+        }
+        if self.changed(space, addr, bytes.len() as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("the code at {addr:#x} is already changed"),
+            ));
+        }
+        let mut orig = vec![0u8; bytes.len()];
+        if sys::read_memory(pid, addr, &mut orig) != orig.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot read the code at {addr:#x} of pid {pid}"),
+            ));
+        }
+        if self.janitor.is_none() {
+            self.janitor = crate::janitor::Janitor::start();
+        }
+        // In the janitor's table before the code changes: superprof may die at any moment.
+        if let Some(j) = self.janitor.as_mut() {
+            j.add(space, addr, &orig);
+        }
+        if let Err(e) = sys::write_memory(pid, addr, bytes) {
+            if let Some(j) = self.janitor.as_mut() {
+                j.remove(space, addr);
+            }
+            return Err(e);
+        }
+        self.bp_insert(space, addr, Saved { orig, patch: true });
+        Ok(())
+    }
+
+    /// Runs system call `nr` with `args` in stopped thread `tid` (x86_64), the other threads
+    /// of its memory held stopped by the caller ([`Tracer::hold_others`]); returns what it
+    /// returned (a negative errno on failure). The thread's registers and code are as they
+    /// were afterwards: a `syscall` instruction is written at its pc for one step. For calls
+    /// that do not block (mmap, memfd_create, close...).
+    #[cfg(target_arch = "x86_64")]
+    pub fn inject_syscall(&mut self, tid: u32, nr: i64, args: [u64; 6]) -> io::Result<i64> {
+        let (pid, space) = self
+            .threads
+            .get(&tid)
+            .filter(|t| t.state == State::Stopped)
+            .map(|t| (t.pid, t.space()))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "thread not stopped"))?;
+        let saved = sys::raw_regs(tid)?;
+        let pc = saved.rip;
+        let mut code = vec![0u8; sys::SYSCALL_INSN.len()];
+        if sys::read_memory(pid, pc, &mut code) != code.len() {
+            return Err(io::Error::other(format!("cannot read the code at {pc:#x}")));
+        }
+        sys::write_memory(pid, pc, sys::SYSCALL_INSN)?;
+        // A thread stopped inside a system call (at exec, say) first finishes it: that step
+        // ends at once without running the instruction (the pc stays), and is taken again.
+        let mut end = StepEnd::Failed;
+        let mut result = None;
+        for _ in 0..3 {
+            let run = sys::set_raw_regs(tid, &sys::syscall_regs(&saved, pc, nr as u64, args));
+            end = match run {
+                Ok(()) => self.step_wait(tid, space, Duration::from_secs(5)),
+                Err(_) => StepEnd::Failed,
+            };
+            if end != StepEnd::Done {
+                break;
+            }
+            match sys::raw_regs(tid) {
+                Ok(r) if r.rip == pc + sys::SYSCALL_INSN.len() as u64 => {
+                    result = Some(Ok(sys::syscall_result(&r)));
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    result = Some(Err(e));
+                    break;
+                }
+            }
+        }
+        let _ = sys::write_memory(pid, pc, &code);
+        if end != StepEnd::Ended {
+            let _ = sys::set_raw_regs(tid, &saved);
+        }
+        match (end, result) {
+            (_, Some(r)) => r,
+            (StepEnd::Ended, _) => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+            (e, _) => Err(io::Error::other(format!(
+                "the injected system call did not run ({e:?})"
+            ))),
+        }
+    }
+
+    /// See the x86_64 version: no other architecture has it yet.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn inject_syscall(&mut self, _tid: u32, _nr: i64, _args: [u64; 6]) -> io::Result<i64> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 
     /// Threads that are running (neither stopped for us nor in a group-stop).
@@ -500,7 +648,8 @@ impl Tracer {
         let n = sys::read_memory(pid, addr, buf);
         let pid = self.space_of(pid);
         let end = addr + n as u64;
-        let bp_len = sys::BREAKPOINT.len() as u64;
+        // The longest change: a patch's jump.
+        let bp_len = MAX_PATCH as u64;
         let mut restore = |at: u64, orig: &[u8]| {
             for (k, &b) in orig.iter().enumerate() {
                 let a = at + k as u64;
@@ -512,14 +661,14 @@ impl Tracer {
         if (n as u64 + bp_len) < self.breakpoints.len() as u64 {
             // A short read among many breakpoints: look up each address it covers.
             for at in addr.saturating_sub(bp_len - 1)..end {
-                if let Some(orig) = self.breakpoints.get(&(pid, at)) {
-                    restore(at, orig);
+                if let Some(saved) = self.breakpoints.get(&(pid, at)) {
+                    restore(at, &saved.orig);
                 }
             }
         } else {
-            for ((p, at), orig) in &self.breakpoints {
+            for ((p, at), saved) in &self.breakpoints {
                 if *p == pid && *at + bp_len > addr && *at < end {
-                    restore(*at, orig);
+                    restore(*at, &saved.orig);
                 }
             }
         }
@@ -534,8 +683,14 @@ impl Tracer {
     /// Puts a software breakpoint at `addr` in process `pid`.
     pub fn set_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
         let space = self.space_of(pid);
-        if self.breakpoints.contains_key(&(space, addr)) {
+        if self.is_breakpoint(space, addr) {
             return Ok(());
+        }
+        if self.changed(space, addr, sys::BREAKPOINT.len() as u64) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("the code at {addr:#x} is patched"),
+            ));
         }
         let mut orig = vec![0u8; sys::BREAKPOINT.len()];
         if sys::read_memory(pid, addr, &mut orig) != orig.len() {
@@ -557,7 +712,7 @@ impl Tracer {
             }
             return Err(e);
         }
-        self.bp_insert(space, addr, orig);
+        self.bp_insert(space, addr, Saved { orig, patch: false });
         self.tombstones.remove(&(space, addr));
         Ok(())
     }
@@ -566,13 +721,13 @@ impl Tracer {
     pub fn remove_breakpoint(&mut self, pid: u32, addr: u64) -> io::Result<()> {
         let space = self.space_of(pid);
         match self.breakpoints.get(&(space, addr)).cloned() {
-            Some(orig) => {
+            Some(saved) if !saved.patch => {
                 self.tombstones.insert((space, addr));
-                let r = sys::write_memory(pid, addr, &orig);
+                let r = sys::write_memory(pid, addr, &saved.orig);
                 self.bp_remove(space, addr);
                 r
             }
-            None => Ok(()),
+            _ => Ok(()),
         }
     }
 
@@ -580,9 +735,9 @@ impl Tracer {
     pub fn breakpoints(&self, pid: u32) -> impl Iterator<Item = u64> + '_ {
         let space = self.space_of(pid);
         self.breakpoints
-            .keys()
-            .filter(move |(p, _)| *p == space)
-            .map(|(_, a)| *a)
+            .iter()
+            .filter(move |((p, _), s)| *p == space && !s.patch)
+            .map(|((_, a), _)| *a)
     }
 
     /// If a SIGTRAP stop of `tid` comes from one of our breakpoints: moves the pc back onto
@@ -595,7 +750,7 @@ impl Tracer {
         }
         let pc = sys::regs(tid).ok()?.pc;
         let addr = pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
-        if !self.breakpoints.contains_key(&(space, addr)) {
+        if !self.is_breakpoint(space, addr) {
             return None;
         }
         sys::set_pc(tid, addr).ok()?;
@@ -630,7 +785,7 @@ impl Tracer {
         let Some(addr) = t.at_breakpoint else {
             return true;
         };
-        if !self.breakpoints.contains_key(&(t.space(), addr)) {
+        if !self.is_breakpoint(t.space(), addr) {
             // Removed while the thread sat on it: the original code is back, nothing to step.
             if let Some(t) = self.threads.get_mut(&tid) {
                 t.at_breakpoint = None;
@@ -649,11 +804,98 @@ impl Tracer {
         let Some((pid, space)) = self.threads.get(&tid).map(|t| (t.pid, t.space())) else {
             return false;
         };
+        // 1. Hold the others.
+        self.hold_space(space, Some(tid));
+        // 2. Lift, step, put back.
+        let orig =
+            lift.and_then(|addr| Some((addr, self.breakpoints.get(&(space, addr))?.orig.clone())));
+        if let Some((addr, o)) = &orig {
+            let _ = sys::write_memory(pid, *addr, o);
+        }
+        // One instruction: it finishes at once unless it is a syscall that blocks.
+        let end = self.step_wait(tid, space, Duration::from_secs(1));
+        if let Some((addr, _)) = orig {
+            if self.is_breakpoint(space, addr) {
+                let _ = sys::write_memory(pid, addr, sys::BREAKPOINT);
+            }
+        }
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.at_breakpoint = None;
+            match end {
+                StepEnd::Done | StepEnd::Failed => t.state = State::Stopped,
+                StepEnd::Pending => {
+                    // Still in the instruction (a blocking syscall): the others go on, and its
+                    // step is reported when it ends.
+                    t.state = State::Running;
+                    self.late_steps.insert(tid);
+                }
+                StepEnd::Ended => {}
+            }
+        }
+        // 3. Let the held threads go.
+        self.release_held();
+        end != StepEnd::Ended
+    }
+
+    /// Single-steps stopped thread `tid` (the other threads of `space` held) and waits at most
+    /// `timeout` for the step to end. Signals from elsewhere meanwhile are kept for later; a
+    /// fault of the instruction goes with the step.
+    fn step_wait(&mut self, tid: u32, space: u32, timeout: Duration) -> StepEnd {
+        let deadline = std::time::Instant::now() + timeout;
+        if sys::single_step(tid, 0).is_err() {
+            return StepEnd::Failed;
+        }
+        while std::time::Instant::now() < deadline {
+            match sys::wait_any_nohang() {
+                Ok(Some((t2, st))) if t2 == tid => {
+                    if st.exited().is_some() || st.signaled().is_some() {
+                        self.handle(t2, st);
+                        return StepEnd::Ended;
+                    }
+                    let again = match st.stop_sig() {
+                        Some(libc::SIGTRAP)
+                            if st.event() == 0 && sys::signal_from_kernel(tid) != Some(false) =>
+                        {
+                            return StepEnd::Done;
+                        }
+                        Some(
+                            sig @ (libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE),
+                        ) if st.event() == 0 => {
+                            // The instruction faulted: the signal goes with the step (to the
+                            // handler, or it ends the process).
+                            sys::single_step(tid, sig)
+                        }
+                        Some(sig) => {
+                            // A signal from elsewhere (or a stale interrupt) before the step:
+                            // keep the signal for later and step again.
+                            if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
+                                self.defer_signal(tid, sig);
+                            }
+                            sys::single_step(tid, 0)
+                        }
+                        None => Ok(()),
+                    };
+                    if again.is_err() {
+                        return StepEnd::Failed;
+                    }
+                }
+                Ok(Some((t2, st))) => self.handle_while_holding(space, t2, st),
+                _ => sys::wait_sigchld(Duration::from_millis(10)),
+            }
+        }
+        StepEnd::Pending
+    }
+
+    /// Holds stopped every thread that runs code in the memory of `space` (a child sharing it
+    /// too), except `except` and a parent blocked in vfork (it runs none and cannot stop);
+    /// gives up after 10 s. [`Tracer::release_held`] lets them go.
+    fn hold_space(&mut self, space: u32, except: Option<u32>) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        // 1. Hold the others: every thread that runs code in this memory (a child sharing it
-        // too), except a parent blocked in vfork, which runs none and cannot stop.
         let must_hold = |o: u32, x: &Thread| {
-            o != tid && x.space() == space && x.state == State::Running && x.in_vfork.is_none()
+            Some(o) != except
+                && x.space() == space
+                && x.state == State::Running
+                && x.in_vfork.is_none()
         };
         while self.threads.iter().any(|(&o, x)| must_hold(o, x))
             && std::time::Instant::now() < deadline
@@ -685,71 +927,10 @@ impl Tracer {
                 _ => sys::wait_sigchld(Duration::from_millis(10)),
             }
         }
-        // 2. Lift, step, put back.
-        let orig =
-            lift.and_then(|addr| Some((addr, self.breakpoints.get(&(space, addr))?.clone())));
-        if let Some((addr, o)) = &orig {
-            let _ = sys::write_memory(pid, *addr, o);
-        }
-        let mut alive = true;
-        let mut done = false;
-        // One instruction: it finishes at once unless it is a syscall that blocks.
-        let step_deadline = std::time::Instant::now() + Duration::from_secs(1);
-        let mut stepped = sys::single_step(tid, 0).is_ok();
-        while stepped && std::time::Instant::now() < step_deadline {
-            match sys::wait_any_nohang() {
-                Ok(Some((t2, st))) if t2 == tid => {
-                    if st.exited().is_some() || st.signaled().is_some() {
-                        self.handle(t2, st);
-                        alive = false;
-                        break;
-                    }
-                    match st.stop_sig() {
-                        Some(libc::SIGTRAP)
-                            if st.event() == 0 && sys::signal_from_kernel(tid) != Some(false) =>
-                        {
-                            done = true; // stepped
-                            break;
-                        }
-                        Some(
-                            sig @ (libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE),
-                        ) if st.event() == 0 => {
-                            // The instruction faulted: the signal goes with the step (to the
-                            // handler, or it ends the process).
-                            stepped = sys::single_step(tid, sig).is_ok();
-                        }
-                        Some(sig) => {
-                            // A signal from elsewhere (or a stale interrupt) before the step:
-                            // keep the signal for later and step again.
-                            if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
-                                self.defer_signal(tid, sig);
-                            }
-                            stepped = sys::single_step(tid, 0).is_ok();
-                        }
-                        None => {}
-                    }
-                }
-                Ok(Some((t2, st))) => self.handle_while_holding(space, t2, st),
-                _ => sys::wait_sigchld(Duration::from_millis(10)),
-            }
-        }
-        if let Some((addr, _)) = orig {
-            if self.breakpoints.contains_key(&(space, addr)) {
-                let _ = sys::write_memory(pid, addr, sys::BREAKPOINT);
-            }
-        }
-        if let Some(t) = self.threads.get_mut(&tid) {
-            t.at_breakpoint = None;
-            if done || !stepped {
-                t.state = State::Stopped;
-            } else if alive {
-                // Still in the instruction (a blocking syscall): the others go on, and its
-                // step is reported when it ends.
-                t.state = State::Running;
-                self.late_steps.insert(tid);
-            }
-        }
-        // 3. Let the held threads go.
+    }
+
+    /// Lets go every thread held by [`Tracer::hold_space`].
+    fn release_held(&mut self) {
         let held: Vec<u32> = self
             .threads
             .iter()
@@ -762,7 +943,19 @@ impl Tracer {
             }
             self.let_go(o);
         }
-        alive
+    }
+
+    /// Holds every other thread that runs in the memory of stopped thread `tid` stopped, so
+    /// that its code can be changed or a syscall run in it safely; [`Tracer::let_others_go`]
+    /// ends the hold. Their own stops meanwhile become events, as usual.
+    pub fn hold_others(&mut self, tid: u32) {
+        let space = self.threads.get(&tid).map_or(tid, |t| t.space());
+        self.hold_space(space, Some(tid));
+    }
+
+    /// Ends [`Tracer::hold_others`].
+    pub fn let_others_go(&mut self) {
+        self.release_held();
     }
 
     /// A wait status that arrives while the threads running in the memory of `space` are
@@ -921,7 +1114,7 @@ impl Tracer {
         }
         // Followed: its memory holds the breakpoints. Not: what to clean at its first stop.
         t.release_at_first_stop = !follow;
-        let copies: Vec<((u32, u64), Vec<u8>)> = self
+        let copies: Vec<((u32, u64), Saved)> = self
             .breakpoints
             .iter()
             .filter(|((p, _), _)| *p == parent_space)
@@ -952,7 +1145,7 @@ impl Tracer {
             .map(|t| t.pid);
         match heir {
             Some(heir) => {
-                let moved: Vec<((u32, u64), Vec<u8>)> = self
+                let moved: Vec<((u32, u64), Saved)> = self
                     .breakpoints
                     .iter()
                     .filter(|((p, _), _)| *p == pid)
@@ -993,7 +1186,7 @@ impl Tracer {
             .breakpoints
             .iter()
             .filter(|((p, _), _)| *p == child)
-            .map(|((_, a), b)| (*a, b.clone()))
+            .map(|((_, a), b)| (*a, b.orig.clone()))
             .collect();
         for (addr, orig) in mine {
             let _ = sys::write_memory(child, addr, &orig);
@@ -1360,11 +1553,22 @@ impl Tracer {
     }
 
     fn detach_all(&mut self) {
+        // A patch spans several bytes: no thread may run while it goes (held here, then
+        // detached as any stopped thread).
+        let spaces: HashSet<u32> = self
+            .breakpoints
+            .iter()
+            .filter(|(_, s)| s.patch)
+            .map(|((p, _), _)| *p)
+            .collect();
+        for space in spaces {
+            self.hold_space(space, None);
+        }
         // The code goes back to what it was before anything else.
         let removed: Vec<(u32, u64)> = self.breakpoints.keys().copied().collect();
         for (pid, addr) in &removed {
-            if let Some(orig) = self.breakpoints.get(&(*pid, *addr)).cloned() {
-                let _ = sys::write_memory(*pid, *addr, &orig);
+            if let Some(saved) = self.breakpoints.get(&(*pid, *addr)).cloned() {
+                let _ = sys::write_memory(*pid, *addr, &saved.orig);
                 self.bp_remove(*pid, *addr);
             }
         }

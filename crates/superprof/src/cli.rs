@@ -220,7 +220,8 @@ pub struct StatArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EngineArg {
-    /// Counting code mapped into the program (not built yet)
+    /// Counting code mapped into the program: a jump to a trampoline per block (blocks only;
+    /// x86_64)
     InProcess,
     /// Kernel uprobes reading the counters at each hit, without stopping the program (root)
     Uprobe,
@@ -230,7 +231,7 @@ pub enum EngineArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BlocksMode {
-    /// Exact execution count of every block of the region (breakpoints)
+    /// Exact execution count of every block of the region
     Count,
     /// Which blocks ever ran (one-shot breakpoints)
     Coverage,
@@ -262,7 +263,8 @@ pub struct BlocksArgs {
     pub regions: Vec<String>,
     #[arg(long, value_enum, default_value_t = BlocksMode::Count)]
     pub mode: BlocksMode,
-    /// How block ends are found: decode instructions, or learn them by single-stepping
+    /// How the ptrace engine finds block ends: decode instructions, or learn them by
+    /// single-stepping (learn runs count on ptrace unless --engine says otherwise)
     #[arg(long, value_enum, default_value_t = AnalyzerArg::Decode)]
     pub analyzer: AnalyzerArg,
     #[arg(long, value_enum, default_value_t = BlocksFormat::Table)]
@@ -277,7 +279,7 @@ pub struct BlocksArgs {
     /// goes from the registers (for comparison)
     #[arg(long = "step-branches", hide = true)]
     pub step_branches: bool,
-    /// How count and coverage probe the blocks (default: uprobe where allowed, else ptrace)
+    /// How count and coverage probe the blocks (default: in-process on x86_64, else ptrace)
     #[arg(long, value_enum, value_name = "ENGINE")]
     pub engine: Option<EngineArg>,
     /// Sampling frequency for --mode sample

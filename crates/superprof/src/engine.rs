@@ -6,7 +6,8 @@
 //!   descriptors close, whatever ends superprof.
 //! - `ptrace`: the coordinator's breakpoints; the program stops at each. Works for any user
 //!   who may trace the program: the fallback.
-//! - `in-process`: counting code mapped into the program; not built yet.
+//! - `in-process`: counting code mapped into the program ([`crate::inprocess`]); `blocks`
+//!   only so far.
 
 use std::path::PathBuf;
 
@@ -19,15 +20,18 @@ use crate::cli::EngineArg;
 pub enum Engine {
     Uprobe(UprobePmu),
     Ptrace,
+    InProcess,
 }
 
 impl Engine {
     /// The engine asked for, else the fastest this machine allows (with why the faster ones
     /// cannot run, for a notice).
+    /// `stat` has no in-process engine yet: it bails for it.
     pub fn choose(arg: Option<EngineArg>) -> Result<(Engine, Option<String>)> {
         match arg {
             Some(EngineArg::InProcess) => bail!(
-                "the in-process engine is not built yet: use --engine uprobe (root) or --engine ptrace"
+                "stat has no in-process engine yet (blocks has): use --engine uprobe (root) or \
+                 --engine ptrace"
             ),
             Some(EngineArg::Ptrace) => Ok((Engine::Ptrace, None)),
             Some(EngineArg::Uprobe) => match uprobe_usable() {
@@ -51,6 +55,7 @@ impl Engine {
         match self {
             Engine::Uprobe(_) => "uprobe",
             Engine::Ptrace => "ptrace",
+            Engine::InProcess => "in-process",
         }
     }
 }

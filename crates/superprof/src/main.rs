@@ -6,6 +6,7 @@ mod cli;
 mod collect;
 mod demo;
 mod engine;
+mod inprocess;
 mod preload;
 mod qemu;
 mod record;

@@ -207,3 +207,65 @@ impl Drop for IgnoreInterrupts {
         }
     }
 }
+
+/// 8-byte counters in memory shared with a traced program (a memfd it mapped, opened here
+/// through /proc/PID/fd): readable while it runs, and after it is gone.
+pub struct SharedCounters {
+    ptr: *mut u64,
+    slots: usize,
+}
+
+impl SharedCounters {
+    /// Maps `slots` counters of the memfd at `path`.
+    pub fn open(path: &std::path::Path, slots: usize) -> std::io::Result<SharedCounters> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let len = slots
+            .checked_mul(8)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        if file.metadata()?.len() < len as u64 {
+            return Err(std::io::Error::other(
+                "the counters' file is shorter than asked",
+            ));
+        }
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file (checked long enough);
+        // the result is checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(SharedCounters {
+            ptr: ptr.cast(),
+            slots,
+        })
+    }
+
+    /// Counter `i` (0 beyond the last).
+    pub fn get(&self, i: usize) -> u64 {
+        if i >= self.slots {
+            return 0;
+        }
+        // SAFETY: `i` < slots, inside the mapping, 8-byte aligned (page-aligned start); the
+        // program writes it concurrently, hence the volatile read of a whole word.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+    }
+}
+
+impl Drop for SharedCounters {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, of this length, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.slots * 8) };
+    }
+}

@@ -206,6 +206,8 @@ fn count_equals_callgrind_on_pie_and_non_pie_code() {
             "sum_picks",
             "-r",
             "main",
+            "--engine",
+            "ptrace",
         ];
         let decode = blocks_json(&dir, &regions, &[exe.as_os_str(), "300".as_ref()]);
         let blocks = blocks_of(&decode);
@@ -230,24 +232,28 @@ fn count_equals_callgrind_on_pie_and_non_pie_code() {
         assert!(stepped["stops"].as_u64() > decode["stops"].as_u64());
         assert!(decode["branches_emulated"].as_u64().unwrap() > 300);
         assert_eq!(stepped["branches_emulated"].as_u64(), Some(0));
-        // The uprobe engine (a counting uprobe on every block, the program never stopped):
-        // callgrind's counts too, and its coverage is the blocks with a count.
-        let mut args = regions.to_vec();
-        args.extend(["--engine", "uprobe"]);
-        let probed = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
-        assert_eq!(probed["engine"], "uprobe");
-        assert_matches_callgrind(name, &blocks_of(&probed), &region_ranges(&probed), &truth);
-        args.extend(["--mode", "coverage"]);
-        let cov = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
-        let ran: Vec<u64> = cov["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|b| b["hit"] == true)
-            .map(|b| hex(&b["start"]))
-            .collect();
-        let counted: Vec<u64> = blocks_of(&probed).iter().map(|b| b.start).collect();
-        assert_eq!(ran, counted, "{name}");
+        // The uprobe engine (a counting uprobe on every block) and the in-process one (a
+        // jump to a counting trampoline), the program never stopped: callgrind's counts too,
+        // and their coverage is the blocks with a count.
+        for engine in ["uprobe", "in-process"] {
+            let mut args = regions[..regions.len() - 2].to_vec();
+            args.extend(["--engine", engine]);
+            let probed = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
+            assert_eq!(probed["engine"], engine);
+            let what = format!("{name} {engine}");
+            assert_matches_callgrind(&what, &blocks_of(&probed), &region_ranges(&probed), &truth);
+            args.extend(["--mode", "coverage"]);
+            let cov = blocks_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
+            let ran: Vec<u64> = cov["blocks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["hit"] == true)
+                .map(|b| hex(&b["start"]))
+                .collect();
+            let counted: Vec<u64> = blocks_of(&probed).iter().map(|b| b.start).collect();
+            assert_eq!(ran, counted, "{what}");
+        }
     }
 }
 
@@ -297,6 +303,8 @@ fn learn_finds_the_same_blocks_and_counts_as_decode() {
             "sum_picks",
             "-r",
             "main",
+            "--engine",
+            "ptrace",
         ];
         let decode = blocks_json(&dir, &regions, &cmd);
         let mut args = regions.to_vec();
@@ -347,6 +355,7 @@ fn count_is_exact_with_four_threads() {
         ("decode", "ptrace"),
         ("learn", "ptrace"),
         ("decode", "uprobe"),
+        ("decode", "in-process"),
     ] {
         let doc = blocks_json(
             &dir,
@@ -370,21 +379,24 @@ fn a_blocking_syscall_in_the_region_and_a_wrapper_that_execs() {
     let dir = TempDir::new("blocks-sys");
     let exe = compile(&dir, "sys", &["blocks_sys.c"], &["-O2", "-g", "-pthread"]);
     let truth = callgrind(&dir, &exe, &["10"]);
-    // Launched through env, which execs the program: the regions are placed in the program.
-    let started = std::time::Instant::now();
-    let doc = blocks_json(
-        &dir,
-        &["-r", "napper"],
-        &["env".as_ref(), exe.as_os_str(), "10".as_ref()],
-    );
-    assert_matches_callgrind("syscall", &blocks_of(&doc), &region_ranges(&doc), &truth);
-    assert_eq!(blocks_of(&doc).iter().map(|b| b.count).max(), Some(20));
-    // Ten 20 ms sleeps per thread, side by side: no step held the other thread meanwhile.
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    for engine in ["ptrace", "in-process"] {
+        // Launched through env, which execs the program: the regions are placed in the
+        // program.
+        let started = std::time::Instant::now();
+        let doc = blocks_json(
+            &dir,
+            &["-r", "napper", "--engine", engine],
+            &["env".as_ref(), exe.as_os_str(), "10".as_ref()],
+        );
+        assert_matches_callgrind(engine, &blocks_of(&doc), &region_ranges(&doc), &truth);
+        assert_eq!(blocks_of(&doc).iter().map(|b| b.count).max(), Some(20));
+        // Ten 20 ms sleeps per thread, side by side: no step held the other thread meanwhile.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{engine}: {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 #[test]
@@ -396,13 +408,21 @@ fn blocks_entered_from_a_cold_part_are_counted() {
     let nm = Command::new("nm").arg(&exe).output().unwrap();
     assert!(String::from_utf8_lossy(&nm.stdout).contains("rejoin.cold"));
     let truth = callgrind(&dir, &exe, &["200"]);
-    for analyzer in ["decode", "learn"] {
+    // (The probes counting each block at one place split the blocks where the cold part
+    // comes back.)
+    for (analyzer, engine) in [
+        ("decode", "ptrace"),
+        ("learn", "ptrace"),
+        ("decode", "uprobe"),
+        ("decode", "in-process"),
+    ] {
         let doc = blocks_json(
             &dir,
-            &["-r", "rejoin", "--analyzer", analyzer],
+            &["-r", "rejoin", "--analyzer", analyzer, "--engine", engine],
             &[exe.as_os_str(), "200".as_ref()],
         );
-        assert_matches_callgrind(analyzer, &blocks_of(&doc), &region_ranges(&doc), &truth);
+        let what = format!("{analyzer} {engine}");
+        assert_matches_callgrind(&what, &blocks_of(&doc), &region_ranges(&doc), &truth);
     }
 }
 
@@ -568,7 +588,7 @@ fn attach_counts_and_leaves_no_breakpoint() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("blocks-attach");
     let exe = compile(&dir, "att", &["attach.c"], &["-O2", "-g", "-pthread"]);
-    for engine in ["ptrace", "uprobe"] {
+    for engine in ["ptrace", "uprobe", "in-process"] {
         let (mut child, _stdout) = spawn_ready(&exe, &["30", "100"]);
         let pid = child.id();
         let before = code_bytes(pid, &exe);

@@ -107,9 +107,12 @@ fn the_shells_vfork_children_survive_a_breakpoint_on_execve() {
 fn children_sharing_memory_survive_blocks_count_and_coverage() {
     let dir = TempDir::new("harm-blocks");
     let exe = spawner(&dir);
+    // (In-process, the default: a fork child gets the original code back before it runs, so
+    // its calls land in no counter shared with the parent; vfork children run the jumps.)
     for (mode, how) in [
         ("vfork", "count"),
         ("clonevm", "count"),
+        ("fork", "count"),
         ("vfork", "coverage"),
         ("spawn", "coverage"),
     ] {
@@ -458,8 +461,21 @@ fn sigkill_of_superprof_leaves_the_code_as_it_was() {
             vec!["stat", "-e", "page-faults", "-r", "late_thread_spin"],
             false,
         ),
+        // (blocks: in-process, its jumps put back by the janitor; and on breakpoints.)
         (
             vec!["blocks", "--mode", "count", "-r", "late_thread_spin"],
+            false,
+        ),
+        (
+            vec![
+                "blocks",
+                "--mode",
+                "count",
+                "-r",
+                "late_thread_spin",
+                "--engine",
+                "ptrace",
+            ],
             false,
         ),
         (

@@ -133,6 +133,71 @@ impl ElfCode {
         out
     }
 
+    /// The blocks of [lo, hi) for probes that count each block once at one place (uprobes,
+    /// in-process patches): [`ElfCode::static_blocks`] also split where code outside jumps
+    /// back in ([`ElfCode::reentries`]), so that each part is counted as it runs.
+    pub fn counted_blocks(&self, lo: u64, hi: u64) -> Vec<Block> {
+        let mut at: Vec<u64> = self.reentries(lo, hi);
+        at.sort_unstable();
+        let mut out = Vec::new();
+        for b in self.static_blocks(lo, hi) {
+            let mut start = b.start;
+            for &cut in at.iter().filter(|&&c| c > b.start && c < b.end) {
+                out.push(Block {
+                    start,
+                    end: cut,
+                    instructions: self.instructions(start, cut),
+                    flow: superprof_analyze::Flow::Next,
+                });
+                start = cut;
+            }
+            out.push(Block {
+                start,
+                instructions: self.instructions(start, b.end),
+                ..b
+            });
+        }
+        out
+    }
+
+    /// How many bytes of filler (no-ops, int3: the padding compilers put after a function's
+    /// last return or before an aligned jump target) start at `addr`, up to `limit` and at
+    /// most 16.
+    pub fn filler_at(&self, addr: u64, limit: u64) -> u32 {
+        // Never into the next function (one may start with a no-op).
+        let i = self.functions.partition_point(|f| f.addr <= addr);
+        let limit = self.functions.get(i).map_or(limit, |f| limit.min(f.addr));
+        let len = limit.saturating_sub(addr).min(16);
+        let Some(bytes) = self.bytes(addr, len).or_else(|| {
+            // The end of a section.
+            (1..len).rev().find_map(|n| self.bytes(addr, n))
+        }) else {
+            return 0;
+        };
+        let mut n = 0u32;
+        for i in superprof_analyze::decode_all_for(self.arch, bytes, addr) {
+            if !i.filler || i.addr != addr + n as u64 {
+                break;
+            }
+            n += i.len;
+        }
+        n
+    }
+
+    /// Whether the function holding `addr` has no indirect jump (a jump table's targets are
+    /// not known, so any of its instructions may be one); false outside any function.
+    pub fn without_indirect_jumps(&self, addr: u64) -> bool {
+        let Some(f) = self.function_at(addr) else {
+            return false;
+        };
+        let Some(bytes) = self.bytes(f.addr, f.size) else {
+            return false;
+        };
+        !superprof_analyze::decode_all_for(self.arch, bytes, f.addr)
+            .iter()
+            .any(|i| i.flow == superprof_analyze::Flow::IndirectJump)
+    }
+
     /// Where code outside [lo, hi) jumps back into it: the direct jump targets in [lo, hi) of
     /// the functions that [lo, hi) itself jumps out to (a compiler's `f.cold` part that
     /// rejoins `f`, say). Entries there are not seen by following branches from the region.

@@ -1,7 +1,10 @@
 //! `superprof blocks`: which basic blocks run most.
 //!
 //! Three modes share the region handling and the output:
-//! - `count` ([`trace`]): exact executions of every block of a region. Breakpoints sit at the
+//! - `count` ([`trace`]): exact executions of every block of a region. In-process (the default
+//!   on x86_64), a jump to a counting trampoline replaces each block's start
+//!   ([`crate::inprocess`]); on uprobes, a counting uprobe sits on each. On ptrace,
+//!   breakpoints sit at the
 //!   entry of the region and at the last instruction of each block execution reaches; a thread
 //!   that stops at a block's end is single-stepped, and where its pc lands starts the next
 //!   block. The dynamic code analyzer (decode or learn) says where each block ends.
@@ -79,6 +82,9 @@ pub struct Report {
     pub emulated: u64,
     /// Sample mode: samples outside the regions (other modules, the kernel).
     pub samples_elsewhere: u64,
+    /// In-process engine: blocks counted by a patch, and by a breakpoint (not patchable).
+    pub patched: usize,
+    pub breakpoint_blocks: usize,
 }
 
 pub fn run(args: &BlocksArgs) -> Result<i32> {

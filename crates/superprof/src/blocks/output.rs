@@ -94,6 +94,10 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                     "table_entries": s.table_entries,
                 });
             }
+            if r.engine == Some("in-process") {
+                doc["patched_blocks"] = json!(r.patched);
+                doc["breakpoint_blocks"] = json!(r.breakpoint_blocks);
+            }
             match r.mode {
                 BlocksMode::Sample => doc["samples_elsewhere"] = json!(r.samples_elsewhere),
                 BlocksMode::Coverage => doc["stops"] = json!(r.stops),
@@ -173,10 +177,10 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             match r.mode {
                 BlocksMode::Coverage => {
                     let hit = r.blocks.iter().filter(|b| b.hit == Some(true)).count();
-                    let how = if r.engine == Some("uprobe") {
-                        "counted by uprobes".to_owned()
-                    } else {
-                        format!("{} breakpoint stops", r.stops)
+                    let how = match r.engine {
+                        Some("uprobe") => "counted by uprobes".to_owned(),
+                        Some("in-process") => in_process(r),
+                        _ => format!("{} breakpoint stops", r.stops),
                     };
                     let _ = writeln!(
                         out,
@@ -187,6 +191,14 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                         } else {
                             100.0 * hit as f64 / r.blocks.len() as f64
                         },
+                    );
+                }
+                BlocksMode::Count if r.engine == Some("in-process") => {
+                    let _ = writeln!(
+                        out,
+                        "{} blocks, {total} block executions; {}",
+                        r.blocks.len(),
+                        in_process(r)
                     );
                 }
                 BlocksMode::Count if r.engine == Some("uprobe") => {
@@ -314,6 +326,22 @@ fn annotated(r: &Report) -> String {
         }
     }
     out
+}
+
+/// How the in-process engine counted: blocks patched, blocks on breakpoints and their stops.
+fn in_process(r: &Report) -> String {
+    if r.breakpoint_blocks == 0 {
+        format!(
+            "counted in-process ({} blocks patched; the program never stopped)",
+            r.patched
+        )
+    } else {
+        format!(
+            "counted in-process ({} blocks patched; {} that cannot take a jump counted by \
+             breakpoints: {} stops)",
+            r.patched, r.breakpoint_blocks, r.stops
+        )
+    }
 }
 
 #[cfg(test)]

@@ -218,6 +218,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             stops: 0,
             emulated: 0,
             samples_elsewhere: total.saturating_sub(inside),
+            patched: 0,
+            breakpoint_blocks: 0,
         },
         recorded.exit,
     ))

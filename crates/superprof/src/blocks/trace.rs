@@ -5,6 +5,11 @@
 //! coverage: a one-shot breakpoint at every statically decoded block of the regions, removed
 //! at its first hit.
 //!
+//! With the in-process engine (the default on x86_64), count and coverage both patch every
+//! block with a jump to a counting trampoline ([`crate::inprocess`]); a block that cannot be
+//! patched (shorter than the jump, a thread inside it, a call where a shadow stack forbids
+//! emulating it) gets a counting breakpoint instead, which stops the program at each run.
+//!
 //! With the uprobe engine, count and coverage both put a counting uprobe
 //! (`superprof_sample::UprobeCounter`: no ring, nothing written per hit) on every statically
 //! decoded block: a block runs straight through, so any of its instructions runs as often as
@@ -20,7 +25,7 @@ use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use super::count::Counts;
 use super::{place, rows, whole_executable, ElfCode, Placed, Report};
-use crate::cli::{AnalyzerArg, BlocksArgs, BlocksMode};
+use crate::cli::{AnalyzerArg, BlocksArgs, BlocksMode, EngineArg};
 use crate::engine::Engine;
 use crate::region::{Placement, RegionSpec};
 use crate::sys;
@@ -57,11 +62,20 @@ struct Session<'a> {
     /// Runtime addresses of the blocks with a probe (a block of two overlapping regions
     /// belongs to the first).
     probed_blocks: HashSet<u64>,
+    /// In-process engine: the program's trampolines and counters.
+    inproc: Option<crate::inprocess::InProcess>,
+    /// In-process engine: each patched (region, block of `cover_blocks`) and its counter.
+    patched: Vec<(usize, usize, crate::inprocess::Counter)>,
+    /// In-process engine: the blocks counted by a breakpoint instead (runtime address ->
+    /// (region, block)), and their hits.
+    counting_bps: HashMap<u64, (usize, usize)>,
+    bp_hits: HashMap<(usize, usize), u64>,
 }
 
 impl Session<'_> {
-    /// Places what can be placed; true when every region is.
-    fn place_all(&mut self, tracer: &mut Tracer, pid: u32) -> Result<bool> {
+    /// Places what can be placed; true when every region is. `tid`: a stopped thread of
+    /// `pid` (the in-process engine runs system calls in it).
+    fn place_all(&mut self, tracer: &mut Tracer, tid: u32, pid: u32) -> Result<bool> {
         let mut all = true;
         for i in 0..self.regions.len() {
             if self.regions[i].is_some() {
@@ -84,22 +98,35 @@ impl Session<'_> {
                 );
             }
             self.symbols.preload(&p.file.path, &p.file.open_path);
-            self.arm(tracer, pid, i, &p, code.as_ref())?;
+            self.arm(tracer, tid, pid, i, &p, code.as_ref())?;
             self.codes[i] = code;
             self.regions[i] = Some(p);
         }
         Ok(all)
     }
 
-    /// Puts region `i`'s probes in: uprobes, else breakpoints.
+    /// Puts region `i`'s probes in: patches, uprobes, else breakpoints.
     fn arm(
         &mut self,
         tracer: &mut Tracer,
+        tid: u32,
         pid: u32,
         i: usize,
         p: &Placed,
         code: Option<&ElfCode>,
     ) -> Result<()> {
+        if let Engine::InProcess = self.engine {
+            match self.arm_in_process(tracer, tid, pid, i, p, code) {
+                Ok(()) => return Ok(()),
+                Err(why) if !self.auto_engine => bail!("{why}: use --engine ptrace"),
+                Err(why) => {
+                    eprintln!(
+                        "superprof: probing with ptrace (the program stops at every probe): {why}"
+                    );
+                    self.fall_back_to_ptrace(tracer, pid);
+                }
+            }
+        }
         if let Engine::Uprobe(pmu) = self.engine {
             match self.arm_uprobes(pmu, pid, i, p, code) {
                 Ok(()) => return Ok(()),
@@ -116,6 +143,70 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// A counting trampoline on every block of region `i` (a counting breakpoint where a block
+    /// cannot be patched). `tid` is stopped, the other threads held.
+    fn arm_in_process(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        pid: u32,
+        i: usize,
+        p: &Placed,
+        code: Option<&ElfCode>,
+    ) -> Result<(), String> {
+        let bias = p.file.bias;
+        let Some(code) = code else {
+            return Err(format!("cannot read the code of region '{}'", p.name));
+        };
+        if self.inproc.is_none() {
+            self.inproc = Some(crate::inprocess::InProcess::new(pid)?);
+        }
+        let blocks = code.counted_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
+        // Where the threads are: none may be inside bytes a jump replaces.
+        let pcs: Vec<u64> = superprof_sample::list_threads(pid)
+            .unwrap_or_else(|_| vec![pid])
+            .into_iter()
+            .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
+            .collect();
+        let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
+        let mut several: HashMap<u64, bool> = HashMap::new();
+        for (k, b) in blocks.iter().enumerate() {
+            // A block of two overlapping regions belongs to the first.
+            let at = b.start.wrapping_add(bias);
+            if self.probed_blocks.contains(&at) {
+                continue;
+            }
+            let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
+            // Several instructions may move only where no jump table could land between them.
+            let f = code.function_at(b.start).map_or(b.start, |f| f.addr);
+            let several = *several
+                .entry(f)
+                .or_insert_with(|| code.without_indirect_jumps(b.start));
+            // The filler after the block (up to the next block), which never runs.
+            let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
+            let spare = code.filler_at(b.end, next);
+            let inproc = self.inproc.as_mut().expect("made above");
+            let site = crate::inprocess::Site {
+                code: bytes,
+                start: at,
+                several,
+                spare,
+            };
+            match inproc.count_block(tracer, tid, &site, &inside) {
+                Ok(c) => self.patched.push((i, k, c)),
+                Err(_) => {
+                    tracer
+                        .set_breakpoint(pid, at)
+                        .map_err(|e| format!("cannot put a counting breakpoint at {at:#x}: {e}"))?;
+                    self.counting_bps.insert(at, (i, k));
+                }
+            }
+            self.probed_blocks.insert(at);
+        }
+        self.cover_blocks[i] = blocks;
+        Ok(())
+    }
+
     /// A counting uprobe on every block of region `i`, on every thread of `pid`.
     fn arm_uprobes(
         &mut self,
@@ -129,7 +220,7 @@ impl Session<'_> {
         let Some(code) = code else {
             return Err(format!("cannot read the code of region '{}'", p.name));
         };
-        let blocks = code.static_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
+        let blocks = code.counted_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
         let threads = superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]);
         self.probed_threads.extend(&threads);
         let mut probes = Vec::new();
@@ -201,6 +292,11 @@ impl Session<'_> {
     /// Goes on with breakpoints: the uprobes closed, the regions placed so far armed again.
     fn fall_back_to_ptrace(&mut self, tracer: &mut Tracer, pid: u32) {
         self.engine = Engine::Ptrace;
+        // (Patches already made stay until the process is let go: they count nothing read.)
+        self.patched.clear();
+        for at in std::mem::take(&mut self.counting_bps).into_keys() {
+            let _ = tracer.remove_breakpoint(pid, at);
+        }
         self.block_probes.clear();
         self.probed_blocks.clear();
         self.probed_threads.clear();
@@ -270,8 +366,12 @@ impl Session<'_> {
             self.block_probes.clear();
             self.probed_blocks.clear();
             self.probed_threads.clear();
+            self.inproc = None;
+            self.patched.clear();
+            self.counting_bps.clear();
+            self.bp_hits.clear();
         }
-        let all = self.place_all(tracer, pid)?;
+        let all = self.place_all(tracer, pid, pid)?;
         // (A region never found is an error at the end.)
         self.placement.after_exec(tracer, pid, all);
         tracer.resume(pid);
@@ -280,8 +380,10 @@ impl Session<'_> {
 
     /// Our own breakpoint at the entry point or in ld.so: place what can be placed now.
     fn on_control(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> Result<()> {
-        let all = self.place_all(tracer, pid)?;
-        let counted = self.counts.has_bp(addr) || self.cover.contains_key(&addr);
+        let all = self.place_holding(tracer, tid, pid)?;
+        let counted = self.counts.has_bp(addr)
+            || self.cover.contains_key(&addr)
+            || self.counting_bps.contains_key(&addr);
         self.placement
             .after_control(tracer, pid, addr, all, counted)?;
         if counted {
@@ -292,8 +394,24 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// [`Session::place_all`] from stopped thread `tid`, with the others held for the
+    /// in-process engine (its patches and system calls need every thread stopped).
+    fn place_holding(&mut self, tracer: &mut Tracer, tid: u32, pid: u32) -> Result<bool> {
+        if !matches!(self.engine, Engine::InProcess) {
+            return self.place_all(tracer, tid, pid);
+        }
+        tracer.hold_others(tid);
+        let all = self.place_all(tracer, tid, pid);
+        tracer.let_others_go();
+        all
+    }
+
     fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
-        if let Some(at) = self.cover.remove(&addr) {
+        if let Some(&at) = self.counting_bps.get(&addr) {
+            self.counts.stops += 1;
+            *self.bp_hits.entry(at).or_default() += 1;
+            tracer.resume(tid);
+        } else if let Some(at) = self.cover.remove(&addr) {
             self.counts.stops += 1;
             self.hits.insert(at);
             let _ = tracer.remove_breakpoint(pid, addr);
@@ -319,12 +437,22 @@ impl Session<'_> {
                 })
                 .map_or_else(Vec::new, <[u8]>::to_vec)
         };
-        let uprobes = matches!(self.engine, Engine::Uprobe(_));
+        // Counted at one place per block (uprobes, in-process).
+        let uprobes = matches!(self.engine, Engine::Uprobe(_) | Engine::InProcess);
         // Uprobe engine: each block's hits, summed over the threads it was opened on.
         let mut probed: HashMap<(usize, usize), u64> = HashMap::new();
         for (i, k, _, counters) in &self.block_probes {
             let n = counters.iter().map(|c| c.count().unwrap_or(0)).sum::<u64>();
             *probed.entry((*i, *k)).or_default() += n;
+        }
+        // In-process engine: the shared counters, and the breakpoints' hits.
+        if let Some(inproc) = &self.inproc {
+            for &(i, k, c) in &self.patched {
+                *probed.entry((i, k)).or_default() += inproc.count(c);
+            }
+        }
+        for (&at, &n) in &self.bp_hits {
+            *probed.entry(at).or_default() += n;
         }
         if uprobes && self.coverage {
             self.hits = probed
@@ -382,12 +510,19 @@ impl Session<'_> {
 
 /// Runs the target under the breakpoints of `count` or `coverage`.
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
-    // ptrace unless uprobes are asked for: each uprobe costs about 75 ms to remove on this VM
-    // (the kernel waits a grace period for each), one per block, which outweighs the stops a
-    // short run saves (see docs/benchmarks.md).
-    let engine = match args.engine {
-        None => Engine::Ptrace,
-        some => Engine::choose(some)?.0,
+    // In-process unless another is asked for (x86_64; elsewhere ptrace). Not uprobes: each
+    // costs about 75 ms to remove on this VM (the kernel waits a grace period for each), one
+    // per block, which outweighs the stops a short run saves (see docs/benchmarks.md).
+    // The analyzer's options are the ptrace engine's.
+    let ptrace_asked = args.analyzer == AnalyzerArg::Learn || args.step_branches;
+    let (engine, auto_engine) = match args.engine {
+        None if cfg!(target_arch = "x86_64") && !ptrace_asked => (Engine::InProcess, true),
+        None => (Engine::Ptrace, false),
+        Some(EngineArg::InProcess) if cfg!(target_arch = "x86_64") => (Engine::InProcess, false),
+        Some(EngineArg::InProcess) => {
+            bail!("the in-process engine is built for x86_64 only: use --engine ptrace")
+        }
+        some => (Engine::choose(some)?.0, false),
     };
     let opts = TraceOptions {
         hold_new_threads: matches!(engine, Engine::Uprobe(_)),
@@ -418,19 +553,33 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         hits: HashSet::new(),
         placement: Placement::default(),
         engine,
-        auto_engine: false,
+        auto_engine,
         block_probes: Vec::new(),
         probe_source: None,
         probed_threads: HashSet::new(),
         probed_blocks: HashSet::new(),
+        inproc: None,
+        patched: Vec::new(),
+        counting_bps: HashMap::new(),
+        bp_hits: HashMap::new(),
     };
     // A counting uprobe per block and thread.
     if matches!(engine, Engine::Uprobe(_)) {
         sys::raise_fd_limit();
     }
-    if !launched && !s.place_all(&mut tracer, root)? {
-        if let Some(e) = s.missing(root) {
-            return Err(e);
+    // Attached: the in-process engine places the regions from a stopped thread (the first
+    // stop of the interrupted main thread); the others right away.
+    let mut place_at_stop = false;
+    if !launched {
+        if matches!(engine, Engine::InProcess) {
+            place_at_stop = tracer.interrupt(root);
+            if !place_at_stop {
+                bail!("cannot stop pid {root} to place the regions");
+            }
+        } else if !s.place_all(&mut tracer, root, root)? {
+            if let Some(e) = s.missing(root) {
+                return Err(e);
+            }
         }
     }
     let start = Instant::now();
@@ -444,6 +593,15 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             continue;
         };
         match ev {
+            TraceEvent::Stopped { tid, .. } if tid == root && place_at_stop => {
+                place_at_stop = false;
+                if !s.place_holding(&mut tracer, tid, root)? {
+                    if let Some(e) = s.missing(root) {
+                        return Err(e);
+                    }
+                }
+                tracer.resume(tid);
+            }
             TraceEvent::Exec { pid } if pid == root => s.on_exec(&mut tracer, pid)?,
             TraceEvent::Breakpoint { tid, pid, addr } if s.placement.is_control(addr) => {
                 s.on_control(&mut tracer, tid, pid, addr)?
@@ -505,6 +663,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             stops: s.counts.stops,
             emulated: s.counts.emulated,
             samples_elsewhere: 0,
+            patched: s.patched.len(),
+            breakpoint_blocks: s.counting_bps.len(),
         },
         exit.or(killed),
     ))

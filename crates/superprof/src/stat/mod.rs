@@ -378,7 +378,7 @@ fn tally(res: &mut Results, costs: &[EngineCost]) {
 fn calibration_calls(engine: Engine) -> (usize, u64) {
     match engine {
         Engine::Uprobe(_) => (5000, 0),
-        Engine::Ptrace => (300, 500),
+        Engine::Ptrace | Engine::InProcess => (300, 500),
     }
 }
 
@@ -662,7 +662,8 @@ impl Session {
                                 format!("cannot place a breakpoint for region '{}'", region.name)
                             })?;
                         }
-                        Engine::Ptrace => {
+                        // (stat never runs in-process: Engine::choose refuses it.)
+                        Engine::Ptrace | Engine::InProcess => {
                             tracer.set_breakpoint(pid, at).with_context(|| {
                                 format!("cannot place a breakpoint for region '{}'", region.name)
                             })?;
@@ -1110,7 +1111,7 @@ impl Session {
         let kind = match engine {
             Engine::Uprobe(_) => self.kinds.get(&r).copied().unwrap_or(EntryKind::Stepped),
             // ptrace steps every breakpoint's instruction
-            Engine::Ptrace => EntryKind::Stepped,
+            Engine::Ptrace | Engine::InProcess => EntryKind::Stepped,
         };
         res.per_call.push(Call {
             region: r,
@@ -1168,7 +1169,7 @@ impl Session {
         // fastest rate a uprobe allows).
         let wait = match self.engine {
             Engine::Uprobe(_) => Duration::from_millis(10),
-            Engine::Ptrace => Duration::from_millis(50),
+            Engine::Ptrace | Engine::InProcess => Duration::from_millis(50),
         };
         loop {
             self.drain_hits(root);
