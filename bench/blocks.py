@@ -2,13 +2,14 @@
 """`superprof blocks` against the bare run and against callgrind (valgrind --tool=callgrind
 --dump-instr=yes --collect-jumps=yes), side by side on the same fixtures; medians of ROUNDS.
 
-Two workloads:
-- branches.c with N calls (switch, loop, branches): count (decode and learn analyzers on
-  ptrace, and the uprobe engine) on pick, zigzag and sum_picks, coverage and sample of the
+Three workloads:
+- branches.c with N calls (switch, loop, branches): count (in-process; decode and learn
+  analyzers on ptrace; uprobes) on pick, zigzag and sum_picks, coverage and sample of the
   whole executable.
-- blocks_hot.c (two hot loops, about 0.6 s): coverage and sample of the whole executable, which
-  must stay near native speed; count is left out there (two ptrace stops per block execution,
-  8e8 of them).
+- branches.c with 20 million calls of pick (a hot function): count in-process against
+  callgrind (ptrace would take hours: two stops per block execution).
+- blocks_hot.c (two hot loops, about 0.6 s): count of the loops' function in-process, coverage
+  and sample of the whole executable.
 
 Usage: bench/blocks.py [ROUNDS] [N]
 """
@@ -60,25 +61,45 @@ def main():
     med = run(f"branches {N} (count regions: pick, zigzag, sum_picks)", {
         "bare": [br, N],
         "callgrind": cg + [br, N],
-        "count (decode)": [sp, "blocks", *regions, *o, "--", br, N],
-        "count (decode, stepped)": [sp, "blocks", *regions, "--step-branches", *o, "--", br, N],
-        "count (learn)": [sp, "blocks", *regions, "--analyzer", "learn", *o, "--", br, N],
-        "count (uprobe engine)": [sp, "blocks", *regions, "--engine", "uprobe", *o, "--", br, N],
-        "coverage (whole executable)": [sp, "blocks", "--mode", "coverage", *o, "--", br, N],
+        "count (in-process)": [sp, "blocks", *regions, *o, "--", br, N],
+        "count (ptrace, decode)": [sp, "blocks", *regions, "--engine", "ptrace", *o, "--", br, N],
+        "count (ptrace, decode, stepped)": [sp, "blocks", *regions, "--step-branches", *o, "--", br, N],
+        "count (ptrace, learn)": [sp, "blocks", *regions, "--analyzer", "learn", *o, "--", br, N],
+        "count (uprobe)": [sp, "blocks", *regions, "--engine", "uprobe", *o, "--", br, N],
+        "coverage (whole, in-process)": [sp, "blocks", "--mode", "coverage", *o, "--", br, N],
+        "coverage (whole, ptrace)": [sp, "blocks", "--mode", "coverage", "--engine", "ptrace", *o,
+                                     "--", br, N],
         "sample (whole executable)": [sp, "blocks", "--mode", "sample", *o, "--", br, N],
     })
     import json
-    subprocess.run([sp, "blocks", *regions, *o, "--", br, N], check=True, stdout=subprocess.DEVNULL)
+    for engine in ["ptrace", "in-process"]:
+        subprocess.run([sp, "blocks", *regions, "--engine", engine, *o, "--", br, N], check=True,
+                       stdout=subprocess.DEVNULL)
+        doc = json.load(open(os.path.join(OUT, "blocks.json")))
+        execs, stops = doc["total"], doc["stops"]
+        spent = med[f"count ({engine}" + (", decode)" if engine == "ptrace" else ")")] - med["bare"]
+        print(f"count {engine}: {execs} block executions, {stops} stops: "
+              f"{spent / execs * 1e6:.3f} us per block execution"
+              + (f", {spent / stops * 1e6:.1f} us per stop" if stops else "")
+              + (f"; {doc['patched_blocks']} blocks patched, {doc['breakpoint_blocks']} on breakpoints"
+                 if engine == "in-process" else ""))
+    big = "20000000"
+    med = run(f"branches {big} (count regions: pick, zigzag, sum_picks)", {
+        "bare": [br, big],
+        "callgrind": cg + [br, big],
+        "count (in-process)": [sp, "blocks", *regions, *o, "--", br, big],
+    })
     doc = json.load(open(os.path.join(OUT, "blocks.json")))
-    execs = doc["total"]
-    stops = doc["stops"]
-    spent = med["count (decode)"] - med["bare"]
-    print(f"count: {execs} block executions, {stops} ptrace stops: "
-          f"{spent / execs * 1e6:.1f} us per block execution, {spent / stops * 1e6:.1f} us per stop")
+    spent = med["count (in-process)"] - med["bare"]
+    print(f"count in-process: {doc['total']} block executions, {doc['stops']} stops: "
+          f"{spent / doc['total'] * 1e9:.2f} ns per block execution")
     run("blocks_hot 0.5 (0.6 s of two hot loops)", {
         "bare": [hot, "0.5"],
         "callgrind": cg + [hot, "0.5"],
-        "coverage (whole executable)": [sp, "blocks", "--mode", "coverage", *o, "--", hot, "0.5"],
+        "count (in-process, two_loops)": [sp, "blocks", "-r", "two_loops", *o, "--", hot, "0.5"],
+        "coverage (whole, in-process)": [sp, "blocks", "--mode", "coverage", *o, "--", hot, "0.5"],
+        "coverage (whole, ptrace)": [sp, "blocks", "--mode", "coverage", "--engine", "ptrace", *o,
+                                     "--", hot, "0.5"],
         "sample (whole executable)": [sp, "blocks", "--mode", "sample", *o, "--", hot, "0.5"],
     })
 

@@ -71,6 +71,19 @@ pub fn plan(
     spare: u32,
     calls: bool,
 ) -> Result<Patch, Refusal> {
+    plan_for(code, start, several, spare, calls, JUMP_LEN)
+}
+
+/// [`plan`] for a jump of `need` bytes: [`SHORT_JUMP_LEN`] for a short jump to a springboard
+/// (a 5-byte jump in filler nearby, see [`short_jump`]).
+pub fn plan_for(
+    code: &[u8],
+    start: u64,
+    several: bool,
+    spare: u32,
+    calls: bool,
+    need: u32,
+) -> Result<Patch, Refusal> {
     let mut d = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut insns = Vec::new();
     while d.can_decode() {
@@ -86,7 +99,7 @@ pub fn plan(
         let mut taken = Vec::new();
         let mut len = 0u32;
         for i in &insns {
-            if len >= JUMP_LEN {
+            if len >= need {
                 break;
             }
             taken.push(*i);
@@ -99,15 +112,15 @@ pub fn plan(
         let last = taken.last().ok_or(Refusal::TooShort)?;
         let end_of_block = last.next_ip() == start + code.len() as u64;
         let extra = if end_of_block { room_after(last) } else { 0 };
-        if len.saturating_add(extra) < JUMP_LEN {
+        if len.saturating_add(extra) < need {
             return Err(Refusal::TooShort);
         }
         taken
     } else {
-        let long = insns.iter().find(|i| i.len() as u32 >= JUMP_LEN);
+        let long = insns.iter().find(|i| i.len() as u32 >= need);
         let last = insns
             .last()
-            .filter(|i| (i.len() as u32).saturating_add(room_after(i)) >= JUMP_LEN);
+            .filter(|i| (i.len() as u32).saturating_add(room_after(i)) >= need);
         match long.or(last) {
             Some(i) => vec![*i],
             None => return Err(Refusal::TooShort),
@@ -126,11 +139,7 @@ pub fn plan(
         }
     }
     let at = chosen[0].ip();
-    let len = chosen
-        .iter()
-        .map(|i| i.len() as u32)
-        .sum::<u32>()
-        .max(JUMP_LEN);
+    let len = chosen.iter().map(|i| i.len() as u32).sum::<u32>().max(need);
     Ok(Patch {
         at,
         len,
@@ -144,6 +153,18 @@ fn never_goes_on(i: &Instruction) -> bool {
         i.flow_control(),
         FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
     )
+}
+
+/// Bytes of the short jump to a springboard.
+pub const SHORT_JUMP_LEN: u32 = 2;
+
+/// The 2-byte `jmp` from `from` to `to`, if `to` is in reach (-128..127 after it): to a
+/// springboard, a 5-byte jump to the trampoline written in filler that never runs, for a
+/// block too short for a 5-byte jump of its own.
+pub fn short_jump(from: u64, to: u64) -> Option<[u8; 2]> {
+    let rel = (to as i64).wrapping_sub(from.wrapping_add(2) as i64);
+    let rel = i8::try_from(rel).ok()?;
+    Some([0xeb, rel as u8])
 }
 
 /// The 5-byte `jmp` from `from` to `to`, if `to` is in reach (±2 GiB).
@@ -166,7 +187,7 @@ pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refus
     )
     .map_err(bad)?;
     inc.set_has_lock_prefix(true);
-    let mut out = vec![
+    let out = vec![
         // Below the red zone; rax saved, the flags in it: OF in al (seto), the others in ah
         // (lahf). Cheaper than pushfq/popfq.
         Instruction::with2(Code::Lea_r64_m, Register::RSP, rsp(-128)).map_err(bad)?,
@@ -180,6 +201,213 @@ pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refus
         Instruction::with1(Code::Pop_r64, Register::RAX).map_err(bad)?,
         Instruction::with2(Code::Lea_r64_m, Register::RSP, rsp(128)).map_err(bad)?,
     ];
+    finish(out, patch, at)
+}
+
+/// Where a recording probe finds the stack pointer to record: the probe point's own plus a
+/// delta, or rbp plus a delta (a probe before a `leave`), so that it is the one the probed
+/// instruction will have (a function's return, a few pops after the probe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpAt {
+    Rsp(i32),
+    Rbp(i32),
+}
+
+/// A ring of records in the program's memory, written by recording probes
+/// ([`record_trampoline`]) and read by superprof.
+#[derive(Debug, Clone, Copy)]
+pub struct Ring {
+    /// The 8-byte count of records ever taken (the next record's index).
+    pub head: u64,
+    /// The first record; `records` of them (a power of two), [`RECORD`] bytes each.
+    pub base: u64,
+    pub records: u64,
+}
+
+/// What one recording probe writes: its number, the stack pointer, and what it reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Recording {
+    pub probe: u32,
+    pub sp: SpAt,
+    /// CLOCK_THREAD_CPUTIME_ID (task-clock).
+    pub cputime: bool,
+    /// getrusage(RUSAGE_THREAD) (page faults, context switches).
+    pub rusage: bool,
+}
+
+/// The stack pointer that the instruction at `to` will run with, from a probe at `from`
+/// (`code`: the bytes from `from` on; straight code between): pushes, pops, `add`/`sub`/`lea`
+/// of rsp with a constant, and `leave` (after which it is rbp's value at the probe, plus 8).
+/// None where anything else changes rsp, or rbp before a `leave`.
+pub fn sp_at(code: &[u8], from: u64, to: u64) -> Option<SpAt> {
+    use iced_x86::{InstructionInfoFactory, OpAccess};
+    let mut d = Decoder::with_ip(64, code, from, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    let mut at = SpAt::Rsp(0);
+    let add = |at: SpAt, n: i64| -> Option<SpAt> {
+        Some(match at {
+            SpAt::Rsp(d) => SpAt::Rsp(i32::try_from(d as i64 + n).ok()?),
+            SpAt::Rbp(d) => SpAt::Rbp(i32::try_from(d as i64 + n).ok()?),
+        })
+    };
+    while d.can_decode() && d.ip() < to {
+        let i = d.decode();
+        if i.is_invalid() {
+            return None;
+        }
+        let writes = |reg: Register, info: &mut InstructionInfoFactory| {
+            info.info(&i).used_registers().iter().any(|u| {
+                u.register().full_register() == reg
+                    && matches!(
+                        u.access(),
+                        OpAccess::Write | OpAccess::ReadWrite | OpAccess::CondWrite
+                    )
+            })
+        };
+        at = match i.code() {
+            Code::Push_r64 | Code::Pushq_imm32 | Code::Pushq_imm8 => add(at, -8)?,
+            Code::Pop_r64 if i.op0_register() == Register::RSP => return None,
+            Code::Pop_r64 if i.op0_register() == Register::RBP => add(at, 8)?,
+            Code::Pop_r64 => add(at, 8)?,
+            Code::Leaveq => match at {
+                SpAt::Rsp(_) => SpAt::Rbp(8),
+                SpAt::Rbp(_) => return None,
+            },
+            Code::Add_rm64_imm8 | Code::Add_rm64_imm32 if i.op0_register() == Register::RSP => {
+                add(at, i.immediate(1) as i64)?
+            }
+            Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32 if i.op0_register() == Register::RSP => {
+                add(at, -(i.immediate(1) as i64))?
+            }
+            Code::Lea_r64_m
+                if i.op0_register() == Register::RSP
+                    && i.memory_base() == Register::RSP
+                    && i.memory_index() == Register::None =>
+            {
+                add(at, i.memory_displacement64() as i64)?
+            }
+            _ if writes(Register::RSP, &mut info) => return None,
+            // rbp as read at the probe would no longer be the one `leave` uses.
+            _ if writes(Register::RBP, &mut info) && matches!(at, SpAt::Rsp(_)) => {
+                let rest = &code[(d.ip() - from) as usize..];
+                let leave_later = Decoder::with_ip(64, rest, d.ip(), DecoderOptions::NONE)
+                    .into_iter()
+                    .take_while(|n| n.ip() < to)
+                    .any(|n| n.code() == Code::Leaveq);
+                if leave_later {
+                    return None;
+                }
+                at
+            }
+            _ => at,
+        };
+    }
+    (d.ip() == to).then_some(at)
+}
+
+/// One record's size and layout: `commit` (its index + 1, written last), probe (u32), tid
+/// (u32), sp, CLOCK_MONOTONIC (timespec), CLOCK_THREAD_CPUTIME_ID (timespec), a struct rusage.
+pub const RECORD: u64 = 256;
+pub const REC_COMMIT: usize = 0;
+pub const REC_PROBE: usize = 8;
+pub const REC_TID: usize = 12;
+pub const REC_SP: usize = 16;
+pub const REC_TIME: usize = 24;
+pub const REC_CPUTIME: usize = 40;
+pub const REC_RUSAGE: usize = 56;
+
+/// The trampoline of `patch` placed at `at` that writes one record into `ring` each time the probe point runs, then runs the displaced instructions. It takes a
+/// record with `lock xadd` on the ring's head, and fills it through system calls (gettid,
+/// clock_gettime, getrusage); every register and flag is kept (rcx and r11, which `syscall`
+/// changes, too).
+pub fn record_trampoline(
+    patch: &Patch,
+    at: u64,
+    ring: &Ring,
+    r: &Recording,
+) -> Result<Vec<u8>, Refusal> {
+    use Register::{EAX, EDI, R10, R11, R8, R9, RAX, RBP, RCX, RDI, RDX, RSI, RSP};
+    let bad = |_| Refusal::OutOfReach;
+    let mem = |base: Register, d: i64| MemoryOperand::with_base_displ(base, d);
+    if !ring.records.is_power_of_two() || ring.records > 1 << 24 {
+        return Err(Refusal::OutOfReach);
+    }
+    let saved = [RAX, RCX, RDX, RSI, RDI, R8, R9, R10, R11];
+    let mut out = vec![
+        Instruction::with2(Code::Lea_r64_m, RSP, mem(RSP, -128)).map_err(bad)?,
+        Instruction::with(Code::Pushfq),
+    ];
+    for reg in saved {
+        out.push(Instruction::with1(Code::Push_r64, reg).map_err(bad)?);
+    }
+    // The record: index = head++; r9 = base + (index % records) * RECORD.
+    // (Absolute addresses: the ring may be anywhere.)
+    out.push(Instruction::with2(Code::Mov_r64_imm64, R9, ring.head).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r32_imm32, EAX, 1u32).map_err(bad)?);
+    let mut xadd = Instruction::with2(Code::Xadd_rm64_r64, mem(R9, 0), RAX).map_err(bad)?;
+    xadd.set_has_lock_prefix(true);
+    out.push(xadd);
+    out.push(Instruction::with1(Code::Push_r64, RAX).map_err(bad)?);
+    // The probe point's rsp: 128 + pushfq and 9 registers + the index.
+    let frame = 128 + 8 * (saved.len() as i64 + 2);
+    out.push(Instruction::with2(Code::Mov_r64_rm64, RDX, RAX).map_err(bad)?);
+    out.push(
+        Instruction::with2(Code::And_rm64_imm32, RDX, (ring.records - 1) as i32).map_err(bad)?,
+    );
+    out.push(Instruction::with2(Code::Shl_rm64_imm8, RDX, RECORD.trailing_zeros()).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r64_imm64, R9, ring.base).map_err(bad)?);
+    out.push(Instruction::with2(Code::Add_r64_rm64, R9, RDX).map_err(bad)?);
+    out.push(
+        Instruction::with2(Code::Mov_rm32_imm32, mem(R9, REC_PROBE as i64), r.probe)
+            .map_err(bad)?,
+    );
+    let sp = match r.sp {
+        SpAt::Rsp(d) => mem(RSP, frame + d as i64),
+        SpAt::Rbp(d) => mem(RBP, d as i64),
+    };
+    out.push(Instruction::with2(Code::Lea_r64_m, RAX, sp).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_rm64_r64, mem(R9, REC_SP as i64), RAX).map_err(bad)?);
+    let syscall = |out: &mut Vec<Instruction>, nr: u32, a0: Option<u32>, a1: Option<usize>| {
+        out.push(Instruction::with2(Code::Mov_r32_imm32, EAX, nr).map_err(bad)?);
+        if let Some(a0) = a0 {
+            out.push(Instruction::with2(Code::Mov_r32_imm32, EDI, a0).map_err(bad)?);
+        }
+        if let Some(off) = a1 {
+            out.push(Instruction::with2(Code::Lea_r64_m, RSI, mem(R9, off as i64)).map_err(bad)?);
+        }
+        out.push(Instruction::with(Code::Syscall));
+        Ok::<(), Refusal>(())
+    };
+    const SYS_GETTID: u32 = 186;
+    const SYS_CLOCK_GETTIME: u32 = 228;
+    const SYS_GETRUSAGE: u32 = 98;
+    syscall(&mut out, SYS_GETTID, None, None)?;
+    out.push(Instruction::with2(Code::Mov_rm32_r32, mem(R9, REC_TID as i64), EAX).map_err(bad)?);
+    // CLOCK_MONOTONIC (1), CLOCK_THREAD_CPUTIME_ID (3), RUSAGE_THREAD (1).
+    syscall(&mut out, SYS_CLOCK_GETTIME, Some(1), Some(REC_TIME))?;
+    if r.cputime {
+        syscall(&mut out, SYS_CLOCK_GETTIME, Some(3), Some(REC_CPUTIME))?;
+    }
+    if r.rusage {
+        syscall(&mut out, SYS_GETRUSAGE, Some(1), Some(REC_RUSAGE))?;
+    }
+    // Committed: index + 1, written last (x86 keeps stores in order).
+    out.push(Instruction::with1(Code::Pop_r64, RAX).map_err(bad)?);
+    out.push(Instruction::with2(Code::Lea_r64_m, RAX, mem(RAX, 1)).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_rm64_r64, mem(R9, REC_COMMIT as i64), RAX).map_err(bad)?);
+    for reg in saved.iter().rev() {
+        out.push(Instruction::with1(Code::Pop_r64, *reg).map_err(bad)?);
+    }
+    out.push(Instruction::with(Code::Popfq));
+    out.push(Instruction::with2(Code::Lea_r64_m, RSP, mem(RSP, 128)).map_err(bad)?);
+    finish(out, patch, at)
+}
+
+/// Appends the displaced instructions of `patch` to the trampoline's own `out` (a direct call
+/// as a push of its return address and a jump), and the jump back; encodes it all at `at`.
+fn finish(mut out: Vec<Instruction>, patch: &Patch, at: u64) -> Result<Vec<u8>, Refusal> {
+    let bad = |_| Refusal::OutOfReach;
+    let rsp = |d: i64| MemoryOperand::with_base_displ(Register::RSP, d);
     // Where the original code goes on after the displaced instructions.
     let back = patch
         .displaced
@@ -228,6 +456,9 @@ pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refus
 /// bytes each (a bound to reserve room with): prologue 27, up to 5 relocated instructions of
 /// at most 15 bytes, or 6 emulating a call (30), and the jump back.
 pub const MAX_TRAMPOLINE: usize = 128;
+
+/// The longest trampoline [`record_trampoline`] makes (a bound to reserve room with).
+pub const MAX_RECORD_TRAMPOLINE: usize = 384;
 
 #[cfg(test)]
 mod tests {
@@ -370,6 +601,100 @@ mod tests {
         let code = [0x85, 0xc0, 0x75, 0x10];
         assert_eq!(
             plan(&code, 0x1000, true, 8, true).unwrap_err(),
+            Refusal::TooShort
+        );
+    }
+
+    #[test]
+    fn a_recording_trampoline_keeps_every_register() {
+        // mov 0x100(%rip),%rax at 0x401000 (7 bytes), probed.
+        let code = [0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00];
+        let p = plan(&code, 0x40_1000, true, 0, true).unwrap();
+        let ring = Ring {
+            head: 0x7f00_0000_0000,
+            base: 0x7f00_0000_1000,
+            records: 1024,
+        };
+        let r = Recording {
+            probe: 7,
+            sp: SpAt::Rsp(8),
+            cputime: true,
+            rusage: true,
+        };
+        let t = record_trampoline(&p, 0x50_0000, &ring, &r).unwrap();
+        assert!(t.len() <= MAX_RECORD_TRAMPOLINE, "{}", t.len());
+        let text = decode(&t, 0x50_0000);
+        // Pushed, then popped in the reverse order, around four system calls.
+        let pushes: Vec<&String> = text.iter().filter(|l| l.starts_with("push")).collect();
+        let pops: Vec<&String> = text.iter().filter(|l| l.starts_with("pop")).collect();
+        assert_eq!(pushes.len(), 11, "{text:?}"); // flags, 9 registers, the index
+        assert_eq!(pops.len(), 11, "{text:?}");
+        assert_eq!(text.iter().filter(|l| *l == "syscall").count(), 4);
+        assert!(text.iter().any(|l| l == "lock xadd %rax,(%r9)"), "{text:?}");
+        assert!(text.iter().any(|l| l == "and $0x3FF,%rdx"), "{text:?}");
+        assert!(text.iter().any(|l| l == "movl $7,8(%r9)"), "{text:?}");
+        // The probe point's rsp + 8: 128 + 11 words + 8 above the trampoline's.
+        assert!(text.iter().any(|l| l == "lea 0xE0(%rsp),%rax"), "{text:?}");
+        let n = text.len();
+        assert_eq!(text[n - 2], "mov 0x401107,%rax (rip-relative)");
+        assert!(
+            text[n - 1].starts_with("jmp 0x0000000000401007"),
+            "{text:?}"
+        );
+        // Only what the events need.
+        let r = Recording {
+            cputime: false,
+            rusage: false,
+            ..r
+        };
+        let t = record_trampoline(&p, 0x50_0000, &ring, &r).unwrap();
+        assert_eq!(
+            decode(&t, 0x50_0000)
+                .iter()
+                .filter(|l| *l == "syscall")
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_stack_pointer_at_a_return_from_a_probe_before_it() {
+        // add $0x18,%rsp; pop %rbx; pop %rbp; ret
+        let code = [0x48, 0x83, 0xc4, 0x18, 0x5b, 0x5d, 0xc3];
+        assert_eq!(sp_at(&code, 0x1000, 0x1006), Some(SpAt::Rsp(0x28)));
+        assert_eq!(sp_at(&code, 0x1000, 0x1000), Some(SpAt::Rsp(0)));
+        // Not on an instruction boundary.
+        assert_eq!(sp_at(&code, 0x1000, 0x1005 - 2), None);
+        // mov %rbx,%rax; leave; ret: rbp at the probe + 8.
+        let code = [0x48, 0x89, 0xd8, 0xc9, 0xc3];
+        assert_eq!(sp_at(&code, 0x1000, 0x1004), Some(SpAt::Rbp(8)));
+        // lea 0x10(%rsp),%rsp; push %rax; pop %rcx
+        let code = [0x48, 0x8d, 0x64, 0x24, 0x10, 0x50, 0x59, 0xc3];
+        assert_eq!(sp_at(&code, 0x1000, 0x1007), Some(SpAt::Rsp(0x10)));
+        // mov %rax,%rsp: unknown.
+        let code = [0x48, 0x89, 0xc4, 0xc3];
+        assert_eq!(sp_at(&code, 0x1000, 0x1003), None);
+        // mov %rax,%rbp; leave: rbp changed before the leave.
+        let code = [0x48, 0x89, 0xc5, 0xc9, 0xc3];
+        assert_eq!(sp_at(&code, 0x1000, 0x1004), None);
+    }
+
+    #[test]
+    fn a_block_too_short_for_a_jump_takes_a_short_one() {
+        // mov %r8,%rax (3); ret (1): right before a branch target.
+        let code = [0x4c, 0x89, 0xc0, 0xc3];
+        assert_eq!(
+            plan(&code, 0x120c, true, 0, true).unwrap_err(),
+            Refusal::TooShort
+        );
+        let p = plan_for(&code, 0x120c, true, 0, true, SHORT_JUMP_LEN).unwrap();
+        assert_eq!((p.at, p.len), (0x120c, 3));
+        assert_eq!(short_jump(0x120c, 0x1217), Some([0xeb, 0x09]));
+        assert_eq!(short_jump(0x1200, 0x1100), None);
+        assert_eq!(short_jump(0x1200, 0x1182), Some([0xeb, 0x80]));
+        // A lone ret (1 byte): not even that.
+        assert_eq!(
+            plan_for(&[0xc3], 0x1000, true, 0, true, SHORT_JUMP_LEN).unwrap_err(),
             Refusal::TooShort
         );
     }

@@ -460,6 +460,22 @@ impl Tracer {
         Ok(())
     }
 
+    /// Takes a patch made with [`Tracer::patch_code`] out again: the original bytes back (the
+    /// same conditions hold: every thread that runs this code stopped, none inside it).
+    pub fn unpatch(&mut self, pid: u32, addr: u64) -> io::Result<()> {
+        let space = self.space_of(pid);
+        match self.breakpoints.get(&(space, addr)).cloned() {
+            Some(saved) if saved.patch => {
+                let r = sys::write_memory(pid, addr, &saved.orig);
+                if r.is_ok() {
+                    self.bp_remove(space, addr);
+                }
+                r
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Runs system call `nr` with `args` in stopped thread `tid` (x86_64), the other threads
     /// of its memory held stopped by the caller ([`Tracer::hold_others`]); returns what it
     /// returned (a negative errno on failure). The thread's registers and code are as they

@@ -6,8 +6,8 @@
 //!   descriptors close, whatever ends superprof.
 //! - `ptrace`: the coordinator's breakpoints; the program stops at each. Works for any user
 //!   who may trace the program: the fallback.
-//! - `in-process`: counting code mapped into the program ([`crate::inprocess`]); `blocks`
-//!   only so far.
+//! - `in-process`: code mapped into the program ([`crate::inprocess`]): counting trampolines
+//!   (`blocks`), recording ones (`stat`, for the events it can read with system calls). x86_64.
 
 use std::path::PathBuf;
 
@@ -26,13 +26,10 @@ pub enum Engine {
 impl Engine {
     /// The engine asked for, else the fastest this machine allows (with why the faster ones
     /// cannot run, for a notice).
-    /// `stat` has no in-process engine yet: it bails for it.
+    /// The kernel engines (the callers decide on in-process first: it bails for it).
     pub fn choose(arg: Option<EngineArg>) -> Result<(Engine, Option<String>)> {
         match arg {
-            Some(EngineArg::InProcess) => bail!(
-                "stat has no in-process engine yet (blocks has): use --engine uprobe (root) or \
-                 --engine ptrace"
-            ),
+            Some(EngineArg::InProcess) => bail!("the in-process engine cannot run here"),
             Some(EngineArg::Ptrace) => Ok((Engine::Ptrace, None)),
             Some(EngineArg::Uprobe) => match uprobe_usable() {
                 Ok(pmu) => Ok((Engine::Uprobe(pmu), None)),
@@ -131,11 +128,16 @@ impl EntryKind {
     }
 }
 
+/// The empty function of superprof's own the in-process engine is calibrated on: a first
+/// instruction of 5 bytes (room for a jump) and a `ret` followed by filler.
+pub const IN_PROCESS_CALIBRATION: &str = "superprof_calibration_in_process";
+
 /// Whether `name` is one of the calibration regions.
 pub fn is_calibration_region(name: &str) -> bool {
-    [EntryKind::Emulated, EntryKind::Stepped]
-        .iter()
-        .any(|k| k.calibration_region() == name)
+    name == IN_PROCESS_CALIBRATION
+        || [EntryKind::Emulated, EntryKind::Stepped]
+            .iter()
+            .any(|k| k.calibration_region() == name)
 }
 
 /// `superprof __stat-calibration N KIND GAP_US`: calls the calibration region of that kind N
@@ -144,6 +146,7 @@ pub fn is_calibration_region(name: &str) -> bool {
 pub fn calibration_workload(calls: usize, kind: &str, gap_us: u64) -> i32 {
     let f: extern "C" fn(u64) -> u64 = std::hint::black_box(match kind {
         "emulated" => calibration::superprof_calibration_emulated,
+        "in-process" => calibration::superprof_calibration_in_process,
         _ => calibration::superprof_calibration_stepped,
     });
     let gap = std::time::Duration::from_micros(gap_us);
@@ -177,6 +180,31 @@ mod calibration {
     #[no_mangle]
     pub extern "C" fn superprof_calibration_stepped(x: u64) -> u64 {
         core::arch::naked_asm!("mov rax, rdi", "nop", "ret")
+    }
+
+    /// Starts with a 5-byte no-op (room for the in-process engine's jump); its `ret` is
+    /// followed by filler (room for another).
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a complete function in the C ABI: returns its argument, touches nothing else.
+    #[unsafe(naked)]
+    #[no_mangle]
+    pub extern "C" fn superprof_calibration_in_process(x: u64) -> u64 {
+        core::arch::naked_asm!(
+            "nop dword ptr [rax + rax]",
+            "mov rax, rdi",
+            "ret",
+            "int3",
+            "int3",
+            "int3",
+            "int3"
+        )
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline(never)]
+    #[no_mangle]
+    pub extern "C" fn superprof_calibration_in_process(x: u64) -> u64 {
+        std::hint::black_box(x)
     }
 
     #[cfg(not(target_arch = "x86_64"))]

@@ -16,6 +16,12 @@
 //! signal handler may have interrupted one), and a trampoline ends by jumping back to the
 //! original code, which is whole again. It is anonymous memory of a few pages, gone at exec.
 //!
+//! `stat` uses it with recording probes ([`patch::record_trampoline`]): each hit of a region's
+//! entry or exit takes a record of a ring in another shared memfd (probe, thread, stack
+//! pointer, CLOCK_MONOTONIC, and the thread's CPU time and rusage as the events need) through
+//! system calls made in the trampoline; superprof reads the ring as the uprobe engine reads
+//! its kernel rings ([`InProcess::drain`]).
+//!
 //! Refused where it could harm the program: a seccomp filter (the injected calls could kill
 //! it), other architectures. A shadow stack (x86 user CET) forbids emulating calls, so blocks
 //! whose patch would displace a call are left to the caller's fallback.
@@ -25,7 +31,7 @@ use std::path::PathBuf;
 use superprof_analyze::patch;
 use superprof_trace::Tracer;
 
-use crate::sys::SharedCounters;
+use crate::sys::SharedMemory;
 
 /// Trampoline bytes per area.
 const TRAMPOLINES: u64 = 1 << 20;
@@ -52,12 +58,59 @@ const MFD_CLOEXEC: u64 = 1;
 
 /// A block to count: its bytes `code` at runtime address `start`; `several`: its first
 /// instructions may be displaced together (nothing jumps between them); `spare`: filler bytes
-/// after it the jump may cover (see [`patch::plan`]).
+/// after it the jump may cover (see [`patch::plan`]); `springboards`: filler that never runs
+/// (runtime address, length) where a block too short for a jump may put one, reached by a
+/// 2-byte jump.
 pub struct Site<'a> {
     pub code: &'a [u8],
     pub start: u64,
     pub several: bool,
     pub spare: u32,
+    pub springboards: &'a [(u64, u32)],
+}
+
+impl<'a> Site<'a> {
+    /// The site of block `b` of `code` (ELF addresses; `bias` makes them runtime ones), whose
+    /// next block starts at `next` (the filler between may be covered), displacing several
+    /// instructions where `several`.
+    pub fn of(
+        code: &'a crate::blocks::ElfCode,
+        b: &superprof_analyze::Block,
+        next: u64,
+        bias: u64,
+        several: bool,
+        springboards: &'a [(u64, u32)],
+    ) -> Site<'a> {
+        Site {
+            code: code.bytes(b.start, b.end - b.start).unwrap_or_default(),
+            start: b.start.wrapping_add(bias),
+            several,
+            spare: code.filler_at(b.end, next),
+            springboards,
+        }
+    }
+}
+
+/// The filler that never runs in the functions of `code` within a short jump of [lo, hi)
+/// (ELF addresses): the gaps between their blocks that hold only no-ops or int3, and the
+/// padding after each function's last one, as runtime addresses (`bias` added), 5 bytes or
+/// more: springboards for blocks too short for a jump of their own.
+pub fn springboards(code: &crate::blocks::ElfCode, lo: u64, hi: u64, bias: u64) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    for f in code.functions_in(lo.saturating_sub(128), hi.saturating_add(128)) {
+        let blocks = code.static_blocks(f.addr, f.addr + f.size);
+        for (k, b) in blocks.iter().enumerate() {
+            let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
+            let n = code.filler_at(b.end, next);
+            let whole = next == u64::MAX || b.end + n as u64 == next;
+            if n >= patch::JUMP_LEN && whole {
+                out.push((b.end.wrapping_add(bias), n));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// One block's counter.
@@ -74,12 +127,43 @@ struct Area {
     /// Where the counters start in the program, and how many are taken.
     counters: u64,
     used: usize,
-    shared: SharedCounters,
+    shared: SharedMemory,
+}
+
+/// Records of the recording probes' ring (a power of two): 8 MiB, mapped with every page
+/// present; about 20 ms of one thread's fastest calls, read every 10 ms.
+const RECORDS: u64 = 1 << 15;
+
+/// The ring of recording probes, and how far superprof has read it.
+struct RecordRing {
+    ring: patch::Ring,
+    /// The head word, then the records.
+    shared: SharedMemory,
+    tail: u64,
+}
+
+/// One hit of a recording probe, as read from the ring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Record {
+    pub probe: u32,
+    pub tid: u32,
+    pub sp: u64,
+    /// CLOCK_MONOTONIC, ns.
+    pub time: u64,
+    /// The thread's CPU time, ns.
+    pub cputime: u64,
+    pub minflt: u64,
+    pub majflt: u64,
+    pub nvcsw: u64,
+    pub nivcsw: u64,
 }
 
 pub struct InProcess {
     pid: u32,
     areas: Vec<Area>,
+    ring: Option<RecordRing>,
+    /// Springboards written (their 5 bytes from each address).
+    springboards_used: Vec<u64>,
     /// Direct calls may be displaced (emulated with a push and a jump): no shadow stack.
     calls: bool,
 }
@@ -109,6 +193,8 @@ impl InProcess {
         Ok(InProcess {
             pid,
             areas: Vec::new(),
+            ring: None,
+            springboards_used: Vec::new(),
             calls: !shadow_stack,
         })
     }
@@ -124,6 +210,56 @@ impl InProcess {
         b: &Site,
         inside: &dyn Fn(u64, u64) -> bool,
     ) -> Result<Counter, String> {
+        let (p, springboard) = self.plan(b, inside)?;
+        let a = self.area_near(tracer, tid, p.at, patch::MAX_TRAMPOLINE)?;
+        let area = &self.areas[a];
+        let (slot, counter) = (area.used, area.counters + area.used as u64 * 8);
+        let bytes = patch::trampoline(&p, area.next, counter).map_err(|e| e.to_string())?;
+        self.install(tracer, a, &p, springboard, &bytes, patch::MAX_TRAMPOLINE)?;
+        self.areas[a].used += 1;
+        Ok(Counter { area: a, slot })
+    }
+
+    /// Puts a recording probe (number `probe`) on a site: each time the site runs, a record
+    /// with the stack pointer `sp` says (see [`patch::SpAt`]), the time, and the CPU time
+    /// and rusage where `cputime` and `rusage` ask. `at_start`: the probe must fire at the
+    /// site's very first instruction (a function's entry), not on a later long one.
+    /// Returns where the patch is (to take it out again: [`Tracer::unpatch`]).
+    pub fn probe(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        b: &Site,
+        inside: &dyn Fn(u64, u64) -> bool,
+        recording: &patch::Recording,
+        at_start: bool,
+    ) -> Result<u64, String> {
+        let (p, springboard) = self.plan(b, inside)?;
+        if at_start && p.at != b.start {
+            return Err("its first instructions cannot be displaced".to_owned());
+        }
+        let ring = self.ring(tracer, tid)?;
+        let a = self.area_near(tracer, tid, p.at, patch::MAX_RECORD_TRAMPOLINE)?;
+        let bytes = patch::record_trampoline(&p, self.areas[a].next, &ring, recording)
+            .map_err(|e| e.to_string())?;
+        self.install(
+            tracer,
+            a,
+            &p,
+            springboard,
+            &bytes,
+            patch::MAX_RECORD_TRAMPOLINE,
+        )?;
+        Ok(p.at)
+    }
+
+    /// The patch for site `b`: its first instructions where allowed, else one long one; and,
+    /// for a site too short for a jump, the springboard its short jump goes to.
+    fn plan(
+        &self,
+        b: &Site,
+        inside: &dyn Fn(u64, u64) -> bool,
+    ) -> Result<(patch::Patch, Option<u64>), String> {
         let mut plan = patch::plan(b.code, b.start, b.several, b.spare, self.calls);
         if b.several
             && plan
@@ -132,43 +268,176 @@ impl InProcess {
         {
             plan = patch::plan(b.code, b.start, false, b.spare, self.calls);
         }
+        let mut springboard = None;
+        if plan.as_ref().is_err_and(|e| *e == patch::Refusal::TooShort) {
+            // A short jump to a 5-byte one in filler nearby.
+            let short = patch::plan_for(
+                b.code,
+                b.start,
+                b.several,
+                b.spare,
+                self.calls,
+                patch::SHORT_JUMP_LEN,
+            );
+            if let Ok(p) = short {
+                // (Sorted: only those within a short jump.)
+                let from = b
+                    .springboards
+                    .partition_point(|&(at, len)| at + (len as u64) < p.at.saturating_sub(128));
+                springboard = b.springboards[from..]
+                    .iter()
+                    .take_while(|&&(at, _)| at <= p.at + 130)
+                    .find_map(|&(at, len)| {
+                        (at..=at + (len - patch::JUMP_LEN) as u64).find(|&s| {
+                            patch::short_jump(p.at, s).is_some()
+                                && !self.springboards_used.iter().any(|&u| u.abs_diff(s) < 5)
+                        })
+                    });
+                if springboard.is_some() {
+                    plan = Ok(p);
+                }
+            }
+        }
         let p = plan.map_err(|e| e.to_string())?;
         if inside(p.at + 1, p.len as u64 - 1) {
             return Err("a thread is inside it".to_owned());
         }
-        let a = self.area_near(tracer, tid, p.at)?;
+        Ok((p, springboard))
+    }
+
+    /// Writes trampoline `bytes` at area `a`'s next free byte and the jump to it over the
+    /// patch's bytes (through `springboard`, a 5-byte jump in filler, for a short one).
+    fn install(
+        &mut self,
+        tracer: &mut Tracer,
+        a: usize,
+        p: &patch::Patch,
+        springboard: Option<u64>,
+        bytes: &[u8],
+        most: usize,
+    ) -> Result<(), String> {
         let area = &mut self.areas[a];
-        let slot = area.used;
-        let counter = area.counters + slot as u64 * 8;
         let tramp = area.next;
-        let bytes = patch::trampoline(&p, tramp, counter).map_err(|e| e.to_string())?;
-        if bytes.len() > patch::MAX_TRAMPOLINE {
+        if bytes.len() > most {
             return Err("its trampoline is too long".to_owned());
         }
-        let jump = patch::jump(p.at, tramp).ok_or("its trampoline is out of reach")?;
+        let far = springboard.unwrap_or(p.at);
+        let jump = patch::jump(far, tramp).ok_or("its trampoline is out of reach")?;
         tracer
-            .write_memory(self.pid, tramp, &bytes)
+            .write_memory(self.pid, tramp, bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
         tracer
-            .patch_code(self.pid, p.at, &jump)
-            .map_err(|e| format!("cannot patch the code at {:#x}: {e}", p.at))?;
+            .patch_code(self.pid, far, &jump)
+            .map_err(|e| format!("cannot patch the code at {far:#x}: {e}"))?;
+        if let Some(s) = springboard {
+            self.springboards_used.push(s);
+            let short = patch::short_jump(p.at, s).ok_or("its springboard is out of reach")?;
+            if let Err(e) = tracer.patch_code(self.pid, p.at, &short) {
+                let _ = tracer.unpatch(self.pid, s);
+                return Err(format!("cannot patch the code at {:#x}: {e}", p.at));
+            }
+        }
         // 16-byte aligned trampolines.
         area.next = (tramp + bytes.len() as u64 + 15) & !15;
-        area.used += 1;
-        Ok(Counter { area: a, slot })
+        Ok(())
+    }
+
+    /// The recording probes' ring, mapped in the program (and here) at its first use.
+    fn ring(&mut self, tracer: &mut Tracer, tid: u32) -> Result<patch::Ring, String> {
+        if let Some(r) = &self.ring {
+            return Ok(r.ring);
+        }
+        // The head in the first page, then the records.
+        let len = 4096 + RECORDS * patch::RECORD;
+        let (at, shared) = self.map(tracer, tid, None, 0, len)?;
+        let ring = patch::Ring {
+            head: at,
+            base: at + 4096,
+            records: RECORDS,
+        };
+        self.ring = Some(RecordRing {
+            ring,
+            shared,
+            tail: 0,
+        });
+        Ok(ring)
+    }
+
+    /// The records written since the last call, in the order they were taken; returns how
+    /// many were lost (overwritten before they were read). A record still being written
+    /// ends the batch: it is read next time.
+    pub fn drain(&mut self, out: &mut Vec<Record>) -> u64 {
+        let Some(r) = &mut self.ring else {
+            return 0;
+        };
+        let word = |i: u64| r.shared.word(i as usize);
+        let head = word(0);
+        let mut lost = 0;
+        if head.saturating_sub(r.tail) > RECORDS {
+            lost = head - RECORDS - r.tail;
+            r.tail = head - RECORDS;
+        }
+        let per = patch::RECORD / 8;
+        while r.tail < head {
+            let base = 4096 / 8 + (r.tail % RECORDS) * per;
+            let at = |off: usize| word(base + off as u64 / 8);
+            let commit = at(patch::REC_COMMIT);
+            if commit != r.tail + 1 {
+                if commit > r.tail + 1 {
+                    // Overwritten by a later lap.
+                    lost += 1;
+                    r.tail += 1;
+                    continue;
+                }
+                break; // still being written
+            }
+            let ts = |off: usize| {
+                at(off)
+                    .wrapping_mul(1_000_000_000)
+                    .wrapping_add(at(off + 8))
+            };
+            let probe_tid = at(patch::REC_PROBE);
+            let ru = patch::REC_RUSAGE;
+            let rec = Record {
+                probe: probe_tid as u32,
+                tid: (probe_tid >> 32) as u32,
+                sp: at(patch::REC_SP),
+                time: ts(patch::REC_TIME),
+                cputime: ts(patch::REC_CPUTIME),
+                // struct rusage: ru_minflt at 64, ru_majflt 72, ru_nvcsw 128, ru_nivcsw 136.
+                minflt: at(ru + 64),
+                majflt: at(ru + 72),
+                nvcsw: at(ru + 128),
+                nivcsw: at(ru + 136),
+            };
+            // Still the same record (not overwritten while it was read)?
+            if at(patch::REC_COMMIT) != r.tail + 1 {
+                continue;
+            }
+            out.push(rec);
+            r.tail += 1;
+        }
+        lost
     }
 
     /// How many times a counted block ran so far.
     pub fn count(&self, c: Counter) -> u64 {
-        self.areas.get(c.area).map_or(0, |a| a.shared.get(c.slot))
+        self.areas.get(c.area).map_or(0, |a| a.shared.word(c.slot))
     }
 
-    /// An area with room that code at `addr` reaches, made if none.
-    fn area_near(&mut self, tracer: &mut Tracer, tid: u32, addr: u64) -> Result<usize, String> {
+    /// An area with room for a trampoline of `room` bytes (and a counter) that code at
+    /// `addr` reaches, made if none.
+    fn area_near(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        addr: u64,
+        room: usize,
+    ) -> Result<usize, String> {
         let fits = |a: &Area| {
             a.tramp.abs_diff(addr) < REACH
                 && a.used < SLOTS
-                && a.next + patch::MAX_TRAMPOLINE as u64 <= a.tramp + TRAMPOLINES
+                && a.next + room as u64 <= a.tramp + TRAMPOLINES
         };
         if let Some(i) = self.areas.iter().position(fits) {
             return Ok(i);
@@ -176,14 +445,28 @@ impl InProcess {
         let maps = mappings(self.pid).map_err(|e| format!("cannot read the memory map: {e}"))?;
         let at = place_area(&maps, addr, TRAMPOLINES + COUNTERS)
             .ok_or("no free address range near the code")?;
-        let area = self.map_area(tracer, tid, at)?;
-        self.areas.push(area);
+        let (at, shared) = self.map(tracer, tid, Some(at), TRAMPOLINES, COUNTERS)?;
+        self.areas.push(Area {
+            tramp: at,
+            next: at,
+            counters: at + TRAMPOLINES,
+            used: 0,
+            shared,
+        });
         Ok(self.areas.len() - 1)
     }
 
-    /// Makes the program map an area at `at`: trampolines (read, execute), then counters
-    /// (shared with superprof through a memfd).
-    fn map_area(&mut self, tracer: &mut Tracer, tid: u32, at: u64) -> Result<Area, String> {
+    /// Makes the program map `exec` bytes for trampolines (read, execute) then `len` bytes
+    /// shared with superprof through a memfd (read, write), at `at` (None: where the kernel
+    /// likes). Returns where, and superprof's view of the shared part.
+    fn map(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        at: Option<u64>,
+        exec: u64,
+        len: u64,
+    ) -> Result<(u64, SharedMemory), String> {
         let pid = self.pid;
         let call = |tracer: &mut Tracer, nr: i64, args: [u64; 6], what: &str| match tracer
             .inject_syscall(tid, nr, args)
@@ -195,20 +478,29 @@ impl InProcess {
             Ok(r) => Ok(r as u64),
             Err(e) => Err(format!("cannot make the program run {what}: {e}")),
         };
-        let size = TRAMPOLINES + COUNTERS;
-        let prot_rx = (libc::PROT_READ | libc::PROT_EXEC) as u64;
-        let private = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | MAP_FIXED_NOREPLACE;
+        let size = exec + len;
+        let prot = if exec > 0 {
+            libc::PROT_READ | libc::PROT_EXEC
+        } else {
+            libc::PROT_READ
+        } as u64;
+        let mut flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+        if at.is_some() {
+            flags |= MAP_FIXED_NOREPLACE;
+        }
+        let hint = at.unwrap_or(0);
         let got = call(
             tracer,
             SYS_MMAP,
-            [at, size, prot_rx, private, u64::MAX, 0],
+            [hint, size, prot, flags, u64::MAX, 0],
             "mmap",
         )?;
-        if got != at {
+        if at.is_some_and(|at| at != got) {
             // A kernel without MAP_FIXED_NOREPLACE took it for a hint.
             let _ = call(tracer, SYS_MUNMAP, [got, size, 0, 0, 0, 0], "munmap");
-            return Err(format!("the program's mmap gave {got:#x}, not {at:#x}"));
+            return Err(format!("the program's mmap gave {got:#x}, not {hint:#x}"));
         }
+        let at = got;
         let name = b"superprof-counters\0";
         let result = (|| {
             tracer
@@ -221,40 +513,30 @@ impl InProcess {
                 "memfd_create",
             )?;
             let shared = (|| {
-                call(
-                    tracer,
-                    SYS_FTRUNCATE,
-                    [fd, COUNTERS, 0, 0, 0, 0],
-                    "ftruncate",
-                )?;
+                call(tracer, SYS_FTRUNCATE, [fd, len, 0, 0, 0, 0], "ftruncate")?;
                 let prot_rw = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-                let flags = (libc::MAP_SHARED | libc::MAP_FIXED) as u64;
-                let c = at + TRAMPOLINES;
-                let got = call(
-                    tracer,
-                    SYS_MMAP,
-                    [c, COUNTERS, prot_rw, flags, fd, 0],
-                    "mmap",
-                )?;
+                // Populated: the program takes no page fault on it (a recording probe's
+                // first write to a page would count in the call's page-faults).
+                let flags = (libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE) as u64;
+                let c = at + exec;
+                let got = call(tracer, SYS_MMAP, [c, len, prot_rw, flags, fd, 0], "mmap")?;
                 if got != c {
-                    return Err(format!("the counters were mapped at {got:#x}, not {c:#x}"));
+                    return Err(format!(
+                        "the shared part was mapped at {got:#x}, not {c:#x}"
+                    ));
                 }
                 let path = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
-                SharedCounters::open(&path, SLOTS)
+                SharedMemory::open(&path, len as usize)
                     .map_err(|e| format!("cannot map the program's counters: {e}"))
             })();
             let _ = call(tracer, SYS_CLOSE, [fd, 0, 0, 0, 0, 0], "close");
-            let _ = tracer.write_memory(pid, at, &[0u8; 19]);
+            if exec > 0 {
+                let _ = tracer.write_memory(pid, at, &[0u8; 19]);
+            }
             shared
         })();
         match result {
-            Ok(shared) => Ok(Area {
-                tramp: at,
-                next: at,
-                counters: at + TRAMPOLINES,
-                used: 0,
-                shared,
-            }),
+            Ok(shared) => Ok((at, shared)),
             Err(e) => {
                 let _ = tracer.inject_syscall(tid, SYS_MUNMAP, [at, size, 0, 0, 0, 0]);
                 Err(e)

@@ -208,31 +208,25 @@ impl Drop for IgnoreInterrupts {
     }
 }
 
-/// 8-byte counters in memory shared with a traced program (a memfd it mapped, opened here
-/// through /proc/PID/fd): readable while it runs, and after it is gone.
-pub struct SharedCounters {
-    ptr: *mut u64,
-    slots: usize,
+/// Memory shared with a traced program (a memfd it mapped, opened here through
+/// /proc/PID/fd), read as 8-byte words: readable while it runs, and after it is gone.
+pub struct SharedMemory {
+    ptr: *const u64,
+    words: usize,
 }
 
-impl SharedCounters {
-    /// Maps `slots` counters of the memfd at `path`.
-    pub fn open(path: &std::path::Path, slots: usize) -> std::io::Result<SharedCounters> {
+impl SharedMemory {
+    /// Maps the first `len` bytes (a multiple of 8) of the memfd at `path`.
+    pub fn open(path: &std::path::Path, len: usize) -> std::io::Result<SharedMemory> {
         use std::os::fd::AsRawFd;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)?;
-        let len = slots
-            .checked_mul(8)
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-        if file.metadata()?.len() < len as u64 {
+        let file = std::fs::OpenOptions::new().read(true).open(path)?;
+        if len == 0 || !len.is_multiple_of(8) || file.metadata()?.len() < len as u64 {
             return Err(std::io::Error::other(
-                "the counters' file is shorter than asked",
+                "the shared file is shorter than asked",
             ));
         }
-        // SAFETY: a fresh shared mapping of `len` bytes of an open file (checked long enough);
-        // the result is checked against MAP_FAILED.
+        // SAFETY: a fresh shared read-only mapping of `len` bytes of an open file (checked long
+        // enough); the result is checked against MAP_FAILED.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -246,26 +240,26 @@ impl SharedCounters {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(SharedCounters {
+        Ok(SharedMemory {
             ptr: ptr.cast(),
-            slots,
+            words: len / 8,
         })
     }
 
-    /// Counter `i` (0 beyond the last).
-    pub fn get(&self, i: usize) -> u64 {
-        if i >= self.slots {
+    /// The 8-byte word `i` (0 beyond the end).
+    pub fn word(&self, i: usize) -> u64 {
+        if i >= self.words {
             return 0;
         }
-        // SAFETY: `i` < slots, inside the mapping, 8-byte aligned (page-aligned start); the
-        // program writes it concurrently, hence the volatile read of a whole word.
+        // SAFETY: `i` < words, inside the mapping, 8-byte aligned (page-aligned start); the
+        // program writes it concurrently, hence a volatile read of a whole word.
         unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
     }
 }
 
-impl Drop for SharedCounters {
+impl Drop for SharedMemory {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `open`, of this length, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.slots * 8) };
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.words * 8) };
     }
 }

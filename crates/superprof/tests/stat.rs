@@ -11,12 +11,16 @@ use std::process::Command;
 type Counts = BTreeMap<String, (u64, BTreeMap<String, f64>)>;
 
 /// The probe engines every test of exact counts runs on.
-const ENGINES: [&str; 2] = ["uprobe", "ptrace"];
+const ENGINES: [&str; 3] = ["uprobe", "ptrace", "in-process"];
 
-/// `args` with `--engine ENGINE` first.
+/// `args` with `--engine ENGINE` first (in-process: with task-clock where no event is given,
+/// since the default set has cpu-migrations, which it cannot read).
 fn on<'a>(engine: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["--engine", engine];
     v.extend_from_slice(args);
+    if engine == "in-process" && !args.contains(&"-e") && !args.contains(&"-g") {
+        v.extend(["-e", "task-clock"]);
+    }
     v
 }
 
@@ -113,9 +117,11 @@ fn exact_calls_from_four_threads() {
             &[exe.as_os_str(), "threads".as_ref()],
         );
         assert_eq!(code, Some(0), "{stderr}");
-        assert_eq!(m["tenfold"].0, 40);
+        assert_eq!(m["tenfold"].0, 40, "{engine}");
         // Without a PMU the default is the software set, and superprof says so.
-        assert!(stderr.contains("counting software events"), "{stderr}");
+        if engine != "in-process" {
+            assert!(stderr.contains("counting software events"), "{stderr}");
+        }
         assert!(m["tenfold"].1.contains_key("task-clock"));
     }
 }
@@ -175,7 +181,19 @@ fn an_address_range_counts_the_code_between() {
         .unwrap();
     let addr = |l: &str| u64::from_str_radix(l.trim().split(':').next().unwrap(), 16).unwrap();
     let range = format!("{:#x}-{:#x}", addr(lines[i]), addr(lines[i + 1]));
-    for engine in ENGINES {
+    // (The in-process engine probes whole functions only: a range goes to ptrace, said, when
+    // it was chosen by default; asked for, it is an error.)
+    let (m, stderr, code) = stat_json(
+        &dir,
+        &["-r", &range, "-e", "page-faults"],
+        &[exe.as_os_str()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("is probed with ptrace"), "{stderr}");
+    let (calls, ev) = &m[&range];
+    assert_eq!(*calls, 1);
+    assert!((9000.0..=10600.0).contains(&ev["page-faults"]), "{ev:?}");
+    for engine in ["uprobe", "ptrace"] {
         let (m, stderr, code) = stat_json(
             &dir,
             &on(engine, &["-r", &range, "-e", "page-faults"]),
@@ -258,7 +276,9 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
         superprof()
             .args(["stat", "--format", "json", "-o"])
             .arg(&out_file)
-            .args(["-r", "counted", "-r", "plain", "-e", "page-faults", "--"])
+            // (cpu-migrations: an event the in-process engine cannot read, so that the
+            // default engine is uprobe.)
+            .args(["-r", "counted", "-r", "plain", "-e", "cpu-migrations", "--"])
             .arg(&exe)
             .args(["200", "2"]),
     );
@@ -317,15 +337,16 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
 fn a_crash_inside_a_region_keeps_the_results_and_the_status() {
     let dir = TempDir::new("stat-crash");
     let exe = perforator(&dir, &[]);
-    for engine in ENGINES {
-        let (m, stderr, code) = stat_json(
-            &dir,
-            &on(
-                engine,
-                &["-r", "crashing", "-r", "tenfold", "-e", "page-faults"],
-            ),
-            &[exe.as_os_str(), "crash".as_ref()],
-        );
+    // (By default in-process; `crashing` ends at the end of .text, with no room for a jump at
+    // its return: it goes to ptrace.)
+    for engine in ["uprobe", "ptrace", "default"] {
+        let args = ["-r", "crashing", "-r", "tenfold", "-e", "page-faults"];
+        let args = if engine == "default" {
+            args.to_vec()
+        } else {
+            on(engine, &args)
+        };
+        let (m, stderr, code) = stat_json(&dir, &args, &[exe.as_os_str(), "crash".as_ref()]);
         assert_eq!(code, Some(128 + 11), "{stderr}");
         assert!(stderr.contains("SIGSEGV"), "{stderr}");
         assert_eq!(m["tenfold"].0, 1);
@@ -486,14 +507,21 @@ fn inlined_copies_are_sites_of_the_same_region() {
     let dir = TempDir::new("stat-inline");
     let exe = compile(&dir, "inlined_calls", &["inlined_calls.c"], &["-O2", "-g"]);
     // `mix` has no symbol at all (always inlined); two inlined copies run 300 times each.
-    for engine in ENGINES {
-        let (m, stderr, code) = stat_json(
-            &dir,
-            &on(engine, &["-r", "mix", "-e", "page-faults"]),
-            &[exe.as_os_str(), "300".as_ref()],
-        );
+    // (In-process, the default for page-faults, probes whole functions only: the region goes
+    // to ptrace, said.)
+    for engine in ["uprobe", "ptrace", "default"] {
+        let args = ["-r", "mix", "-e", "page-faults"];
+        let args = if engine == "default" {
+            args.to_vec()
+        } else {
+            on(engine, &args)
+        };
+        let (m, stderr, code) = stat_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
         assert_eq!(code, Some(0), "{stderr}");
-        assert_eq!(m["mix"].0, 600);
+        assert_eq!(m["mix"].0, 600, "{engine}");
+        if engine == "default" {
+            assert!(stderr.contains("is probed with ptrace"), "{stderr}");
+        }
     }
 }
 
@@ -574,10 +602,10 @@ fn per_call_figures_are_the_functions_own() {
     let dir = TempDir::new("stat-cost");
     let exe = compile(&dir, "stat_cost", &["stat_cost.c"], &["-O2", "-g"]);
     for engine in ENGINES {
-        let (calls, spin_us) = if engine == "uprobe" {
-            ("200", "200")
-        } else {
+        let (calls, spin_us) = if engine == "ptrace" {
             ("100", "3000")
+        } else {
+            ("200", "200")
         };
         let out_file = dir.path("cost.json");
         let out = run_ok(
@@ -623,14 +651,16 @@ fn per_call_figures_are_the_functions_own() {
                 "{engine}: work's {event} {ours:.0} ns a call, it measured {theirs:.0}: {doc}"
             );
         }
-        if engine == "uprobe" {
-            for event in ["time-elapsed-ns", "task-clock"] {
-                let ours = mean("tiny", event);
-                assert!(
-                    ours < 3000.0,
-                    "{engine}: tiny's {event} {ours:.0} ns: {doc}"
-                );
-            }
+        // A function of a few nanoseconds: well under a microsecond in-process (its cost per
+        // call is about 1 µs), under 3 on uprobes (about 28).
+        let most = match engine {
+            "uprobe" => 3000.0,
+            "in-process" => 1000.0,
+            _ => f64::INFINITY,
+        };
+        for event in ["time-elapsed-ns", "task-clock"] {
+            let ours = mean("tiny", event);
+            assert!(ours < most, "{engine}: tiny's {event} {ours:.0} ns: {doc}");
         }
     }
 }
@@ -671,8 +701,9 @@ fn exceptions_through_a_region_still_reach_their_handler() {
         let doc: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
         let calls = doc["regions"][0]["calls"].as_u64().unwrap();
-        if engine == "uprobe" {
-            assert_eq!(calls, 500, "{doc}");
+        // (ptrace counts some calls an exception left twice: a known fault of its own.)
+        if engine != "ptrace" {
+            assert_eq!(calls, 500, "{engine}: {doc}");
         } else {
             assert!(calls >= 500, "{doc}");
         }

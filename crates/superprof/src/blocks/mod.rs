@@ -116,7 +116,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
 }
 
 /// The mapped file that holds runtime address `addr`.
-fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
+pub(crate) fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
     let maps = superprof_unwind::maps::executable_mappings(pid).ok()?;
     let m = maps.iter().find(|m| (m.start..m.end).contains(&addr))?;
     superprof_trace::mapped_files(pid)

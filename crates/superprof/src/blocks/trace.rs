@@ -170,28 +170,24 @@ impl Session<'_> {
             .collect();
         let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
         let mut several: HashMap<u64, bool> = HashMap::new();
+        let lo = blocks.first().map_or(0, |b| b.start);
+        let hi = blocks.last().map_or(0, |b| b.end);
+        let boards = crate::inprocess::springboards(code, lo, hi, bias);
         for (k, b) in blocks.iter().enumerate() {
             // A block of two overlapping regions belongs to the first.
             let at = b.start.wrapping_add(bias);
             if self.probed_blocks.contains(&at) {
                 continue;
             }
-            let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
             // Several instructions may move only where no jump table could land between them.
             let f = code.function_at(b.start).map_or(b.start, |f| f.addr);
             let several = *several
                 .entry(f)
                 .or_insert_with(|| code.without_indirect_jumps(b.start));
-            // The filler after the block (up to the next block), which never runs.
+            // (The filler after the block, up to the next block, may take the jump too.)
             let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
-            let spare = code.filler_at(b.end, next);
+            let site = crate::inprocess::Site::of(code, b, next, bias, several, &boards);
             let inproc = self.inproc.as_mut().expect("made above");
-            let site = crate::inprocess::Site {
-                code: bytes,
-                start: at,
-                several,
-                spare,
-            };
             match inproc.count_block(tracer, tid, &site, &inside) {
                 Ok(c) => self.patched.push((i, k, c)),
                 Err(_) => {

@@ -286,7 +286,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     if let Some(out) = &args.output {
         superprof_resolve::check_text_output(out)?;
     }
-    let (engine, notice) = Engine::choose(args.engine)?;
+    let (engine, notice) = choose_engine(args.engine, &events)?;
     if let Some(n) = notice {
         eprintln!("{n}");
     }
@@ -347,6 +347,71 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     Ok(exit.map_or(0, |e| e.shell_code()))
 }
 
+/// What the in-process engine reads for an event (with system calls in the program): the
+/// thread's CPU time, or a count of its rusage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InProcessReading {
+    CpuTime,
+    Faults,
+    MinorFaults,
+    MajorFaults,
+    ContextSwitches,
+}
+
+impl InProcessReading {
+    /// How the in-process engine reads `e` (perf's software events it has an equal of).
+    fn of(e: &EventSpec) -> Option<InProcessReading> {
+        const PERF_TYPE_SOFTWARE: u32 = 1;
+        if e.type_ != PERF_TYPE_SOFTWARE {
+            return None;
+        }
+        Some(match e.config {
+            0 | 1 => InProcessReading::CpuTime, // cpu-clock, task-clock
+            2 => InProcessReading::Faults,
+            3 => InProcessReading::ContextSwitches,
+            5 => InProcessReading::MinorFaults,
+            6 => InProcessReading::MajorFaults,
+            _ => return None,
+        })
+    }
+
+    fn value(self, r: &crate::inprocess::Record) -> u64 {
+        match self {
+            InProcessReading::CpuTime => r.cputime,
+            InProcessReading::Faults => r.minflt.wrapping_add(r.majflt),
+            InProcessReading::MinorFaults => r.minflt,
+            InProcessReading::MajorFaults => r.majflt,
+            InProcessReading::ContextSwitches => r.nvcsw.wrapping_add(r.nivcsw),
+        }
+    }
+}
+
+/// The engine of a run: in-process where asked, or by default where it reads every event
+/// (x86_64); else a kernel engine ([`Engine::choose`]).
+fn choose_engine(
+    arg: Option<crate::cli::EngineArg>,
+    events: &[EventSpec],
+) -> Result<(Engine, Option<String>)> {
+    use crate::cli::EngineArg;
+    let unreadable = events.iter().find(|e| InProcessReading::of(e).is_none());
+    let x86 = cfg!(target_arch = "x86_64");
+    match arg {
+        Some(EngineArg::InProcess) if !x86 => bail!(
+            "the in-process engine is built for x86_64 only: use --engine uprobe or --engine ptrace"
+        ),
+        Some(EngineArg::InProcess) => match unreadable {
+            Some(e) => bail!(
+                "the in-process engine reads task-clock, cpu-clock, page-faults, minor-faults, \
+                 major-faults and context-switches, not '{}': use --engine uprobe or --engine ptrace",
+                e.name
+            ),
+            None => Ok((Engine::InProcess, None)),
+        },
+        None if x86 && unreadable.is_none() => Ok((Engine::InProcess, None)),
+        other => Engine::choose(other),
+    }
+}
+
 /// Takes each engine's cost (`costs`, by engine name) off every call it measured, and sums the
 /// calls into the regions' figures.
 fn tally(res: &mut Results, costs: &[EngineCost]) {
@@ -377,8 +442,8 @@ fn tally(res: &mut Results, costs: &[EngineCost]) {
 /// more on this VM) than in a run of back-to-back calls.
 fn calibration_calls(engine: Engine) -> (usize, u64) {
     match engine {
-        Engine::Uprobe(_) => (5000, 0),
-        Engine::Ptrace | Engine::InProcess => (300, 500),
+        Engine::Uprobe(_) | Engine::InProcess => (5000, 0),
+        Engine::Ptrace => (300, 500),
     }
 }
 
@@ -396,7 +461,11 @@ fn engine_cost(
 ) -> Result<Vec<f64>> {
     let exe = std::fs::read_link("/proc/self/exe").context("cannot find superprof's own file")?;
     let (calls, gap_us) = calibration_calls(engine);
-    let spec = RegionSpec::Function(kind.calibration_region().to_owned());
+    let (region, kind_arg) = match engine {
+        Engine::InProcess => (crate::engine::IN_PROCESS_CALIBRATION, "in-process"),
+        _ => (kind.calibration_region(), kind.name()),
+    };
+    let spec = RegionSpec::Function(region.to_owned());
     let mut s = Session::new(
         engine,
         events.to_vec(),
@@ -408,7 +477,7 @@ fn engine_cost(
         exe.to_string_lossy().into_owned(),
         "__stat-calibration".to_owned(),
         calls.to_string(),
-        kind.name().to_owned(),
+        kind_arg.to_owned(),
         gap_us.to_string(),
     ];
     s.calibrating = true;
@@ -467,6 +536,14 @@ struct Session {
     missing: HashMap<usize, String>,
     /// DWARF of the process's files, parsed once for every region that needs it.
     symbols: superprof_symbols::Symbolizer,
+    /// In-process engine: the program's trampolines and record ring, what each recording
+    /// probe means, the records read, a stopped thread to run system calls in (the others
+    /// held) while regions are placed, and the code of the files probed.
+    inproc: Option<crate::inprocess::InProcess>,
+    ip_roles: Vec<Role>,
+    records: Vec<crate::inprocess::Record>,
+    stopped: Option<u32>,
+    codes: HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
 }
 
 impl Session {
@@ -502,6 +579,11 @@ impl Session {
             specs,
             missing: HashMap::new(),
             symbols: superprof_symbols::Symbolizer::default(),
+            inproc: None,
+            ip_roles: Vec::new(),
+            records: Vec::new(),
+            stopped: None,
+            codes: HashMap::new(),
         }
     }
 
@@ -662,13 +744,12 @@ impl Session {
                                 format!("cannot place a breakpoint for region '{}'", region.name)
                             })?;
                         }
-                        // (stat never runs in-process: Engine::choose refuses it.)
-                        Engine::Ptrace | Engine::InProcess => {
+                        Engine::Ptrace => {
                             tracer.set_breakpoint(pid, at).with_context(|| {
                                 format!("cannot place a breakpoint for region '{}'", region.name)
                             })?;
                         }
-                        Engine::Uprobe(_) => self.new_sites.push((i, at, site)),
+                        Engine::Uprobe(_) | Engine::InProcess => self.new_sites.push((i, at, site)),
                     }
                     self.entries.entry(at).or_default().push((i, site));
                 }
@@ -695,11 +776,16 @@ impl Session {
         self.on_ptrace.clear();
         self.armed.clear();
         self.batches.clear();
+        self.inproc = None;
+        self.ip_roles.clear();
     }
 
     /// Opens the uprobes of the sites placed since the last call, in one group per thread of
     /// process `pid` (threads made later get theirs at their first stop).
     fn arm(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
+        if matches!(self.engine, Engine::InProcess) {
+            return self.arm_in_process(tracer, pid);
+        }
         if !matches!(self.engine, Engine::Uprobe(_)) {
             return Ok(());
         }
@@ -787,13 +873,181 @@ impl Session {
                 b.probes.clear();
                 b.roles.clear();
                 let sites = std::mem::take(&mut b.sites);
-                let why = format!("the kernel cannot put a uprobe on {what}");
+                let why = format!(
+                    "the kernel cannot put a uprobe on {what} (on x86, an instruction with a \
+                     lock prefix, say)"
+                );
                 for r in regions {
                     self.region_to_ptrace(tracer, pid, r, &why)?;
                 }
                 self.new_sites = sites;
                 return self.arm(tracer, pid);
             }
+        }
+        Ok(())
+    }
+
+    /// Puts recording probes on the sites placed since the last call (in-process engine), from
+    /// the stopped thread `self.stopped` (none: they wait). A region the engine cannot probe
+    /// goes to ptrace (see `region_to_ptrace`).
+    fn arm_in_process(&mut self, tracer: &mut Tracer, pid: u32) -> Result<()> {
+        let Some(tid) = self.stopped else {
+            return Ok(());
+        };
+        let sites = std::mem::take(&mut self.new_sites);
+        let mut regions: Vec<usize> = sites.iter().map(|s| s.0).collect();
+        regions.dedup();
+        if self.inproc.is_none() && !regions.is_empty() {
+            match crate::inprocess::InProcess::new(pid) {
+                Ok(ip) => self.inproc = Some(ip),
+                Err(why) => {
+                    for r in regions {
+                        self.region_to_ptrace(tracer, pid, r, &why)?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        for r in regions {
+            if self.on_ptrace.contains(&r) {
+                continue;
+            }
+            let mine: Vec<(u64, Site)> = sites
+                .iter()
+                .filter(|s| s.0 == r)
+                .map(|s| (s.1, s.2))
+                .collect();
+            let result = if mine
+                .iter()
+                .any(|(_, site)| site.end.is_some() || !site.ends_at_return)
+            {
+                Err(
+                    "the in-process engine probes whole functions only so far (not line or \
+                     address ranges, nor inlined copies)"
+                        .to_owned(),
+                )
+            } else {
+                mine.iter()
+                    .try_for_each(|&(at, site)| self.probe_function(tracer, tid, pid, r, at, site))
+            };
+            if let Err(why) = result {
+                // (Probes already placed for it stay, their records ignored.)
+                self.region_to_ptrace(tracer, pid, r, &why)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Recording probes at the entry of the function at `at` and at each of its exits (a
+    /// `ret` or a jump out, with the filler after it; else the start of its block, recording
+    /// the stack pointer the exit will have).
+    fn probe_function(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        pid: u32,
+        region: usize,
+        at: u64,
+        site: Site,
+    ) -> Result<(), String> {
+        use crate::inprocess::Site as Patched;
+        use superprof_analyze::patch::{self, Recording, SpAt};
+        let exits = function_exits(tracer, pid, at).ok_or("cannot find where it returns")?;
+        let file = crate::blocks::file_at(pid, at).ok_or("it is in no file")?;
+        let code = self
+            .codes
+            .entry(file.path.clone())
+            .or_insert_with(|| crate::blocks::ElfCode::open(&file.open_path))
+            .as_ref()
+            .ok_or("cannot read its file")?;
+        let bias = file.bias;
+        let start = at.wrapping_sub(bias);
+        let f = code
+            .function_at(start)
+            .filter(|f| f.addr == start)
+            .ok_or("no function symbol starts there")?;
+        let blocks = code.counted_blocks(f.addr, f.addr + f.size);
+        let several = code.without_indirect_jumps(start);
+        let pcs: Vec<u64> = superprof_sample::list_threads(pid)
+            .unwrap_or_else(|_| vec![pid])
+            .into_iter()
+            .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
+            .collect();
+        let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
+        let reads: Vec<InProcessReading> = self
+            .events
+            .iter()
+            .filter_map(InProcessReading::of)
+            .collect();
+        let cputime = reads.contains(&InProcessReading::CpuTime);
+        let rusage = reads.iter().any(|r| *r != InProcessReading::CpuTime);
+        let rec = |probe: usize, sp: SpAt| Recording {
+            probe: probe as u32,
+            sp,
+            cputime,
+            rusage,
+        };
+        let inproc = self.inproc.as_mut().ok_or("no in-process engine")?;
+        let next_of = |k: usize| blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
+        // The entry: its first instructions (nothing jumps into a function's first bytes).
+        let b0 = blocks
+            .first()
+            .filter(|b| b.start == start)
+            .ok_or("its code does not decode")?;
+        let boards = crate::inprocess::springboards(code, f.addr, f.addr + f.size, bias);
+        let entry = Patched::of(code, b0, next_of(0), bias, true, &boards);
+        let probe = self.ip_roles.len();
+        let first = inproc
+            .probe(
+                tracer,
+                tid,
+                &entry,
+                &inside,
+                &rec(probe, SpAt::Rsp(0)),
+                true,
+            )
+            .map_err(|e| format!("its entry: {e}"))?;
+        self.ip_roles.push(Role::Entry(region, site));
+        let mut patched = vec![first];
+        for x in exits {
+            let ex = x.wrapping_sub(bias);
+            let (k, b) = blocks
+                .iter()
+                .enumerate()
+                .find(|(_, b)| b.start <= ex && ex < b.end)
+                .ok_or_else(|| format!("a return at {x:#x} is in no block"))?;
+            let probe = self.ip_roles.len();
+            // At the exit itself (and the filler after it).
+            let last = superprof_analyze::Block {
+                start: ex,
+                end: b.end,
+                instructions: 1,
+                flow: b.flow,
+            };
+            let here = Patched::of(code, &last, next_of(k), bias, true, &boards);
+            let mut placed =
+                inproc.probe(tracer, tid, &here, &inside, &rec(probe, SpAt::Rsp(0)), true);
+            if placed.is_err() && several && b.start != start {
+                // At the start of its block, recording the stack pointer the exit will have.
+                let sp = code
+                    .bytes(b.start, b.end - b.start)
+                    .and_then(|bytes| patch::sp_at(bytes, b.start, ex));
+                if let Some(sp) = sp {
+                    let block = Patched::of(code, b, next_of(k), bias, true, &boards);
+                    placed = inproc.probe(tracer, tid, &block, &inside, &rec(probe, sp), true);
+                }
+            }
+            match placed {
+                Ok(at) => patched.push(at),
+                Err(e) => {
+                    // The region goes elsewhere: its probes come out.
+                    for at in patched {
+                        let _ = tracer.unpatch(pid, at);
+                    }
+                    return Err(format!("a return at {x:#x}: {e}"));
+                }
+            }
+            self.ip_roles.push(Role::Exit(region));
         }
         Ok(())
     }
@@ -823,7 +1077,7 @@ impl Session {
         why: &str,
     ) -> Result<()> {
         if !self.auto_engine {
-            bail!("{why} (on x86, an instruction with a lock prefix, say): use --engine ptrace");
+            bail!("{why}: use --engine ptrace");
         }
         let name = self
             .regions
@@ -925,8 +1179,42 @@ impl Session {
         self.events.clone()
     }
 
-    /// Reads the uprobe rings and turns their hits into calls (uprobe engine).
+    /// Reads the uprobe rings, or the in-process ring, and turns their hits into calls.
     fn drain_hits(&mut self, root: u32) {
+        if let Some(ip) = self.inproc.as_mut() {
+            let mut records = std::mem::take(&mut self.records);
+            records.clear();
+            self.lost_hits += ip.drain(&mut records);
+            let reads: Vec<Option<InProcessReading>> =
+                self.events.iter().map(InProcessReading::of).collect();
+            for r in &records {
+                let Some(&role) = self.ip_roles.get(r.probe as usize) else {
+                    continue;
+                };
+                // A region moved to ptrace after its probes went in: theirs are ignored.
+                if let Role::Entry(region, _) | Role::Exit(region) = role {
+                    if self.on_ptrace.contains(&region) {
+                        continue;
+                    }
+                }
+                let hit = superprof_sample::ProbeHit {
+                    probe: r.probe as usize,
+                    pid: root,
+                    tid: r.tid,
+                    time: r.time,
+                    sp: r.sp,
+                    values: reads
+                        .iter()
+                        .map(|x| Reading {
+                            value: x.map_or(0, |x| x.value(r)),
+                            ..Reading::default()
+                        })
+                        .collect(),
+                };
+                self.on_hit(role, &hit);
+            }
+            self.records = records;
+        }
         for a in 0..self.armed.len() {
             let mut hits = std::mem::take(&mut self.hits);
             hits.clear();
@@ -1152,13 +1440,22 @@ impl Session {
             per_call: Vec::new(),
         });
         let mut placement = Placement::default();
+        let in_process = matches!(self.engine, Engine::InProcess);
+        // Attached in-process: the regions are placed at the first stop of the interrupted
+        // main thread (system calls run in it, every other thread held).
+        let mut place_at_stop = false;
         if !launched {
             for tid in superprof_sample::list_threads(root).unwrap_or_default() {
                 self.open_counters(tid);
             }
+            if in_process {
+                place_at_stop = tracer.interrupt(root);
+                if !place_at_stop {
+                    bail!("cannot stop pid {root} to place the regions");
+                }
             // Stop everything while the breakpoints go in? Writing int3 is atomic per byte;
             // threads run on.
-            if !self.place(&mut tracer, root, true)? {
+            } else if !self.place(&mut tracer, root, true)? {
                 bail!("{}", self.first_missing());
             }
         }
@@ -1168,8 +1465,8 @@ impl Session {
         // The uprobe rings are read every 10 ms (16 MiB hold about 100 ms of hits at the
         // fastest rate a uprobe allows).
         let wait = match self.engine {
-            Engine::Uprobe(_) => Duration::from_millis(10),
-            Engine::Ptrace | Engine::InProcess => Duration::from_millis(50),
+            Engine::Uprobe(_) | Engine::InProcess => Duration::from_millis(10),
+            Engine::Ptrace => Duration::from_millis(50),
         };
         loop {
             self.drain_hits(root);
@@ -1183,13 +1480,30 @@ impl Session {
                 continue;
             };
             match ev {
+                TraceEvent::Stopped { tid, .. } if tid == root && place_at_stop => {
+                    place_at_stop = false;
+                    tracer.hold_others(tid);
+                    self.stopped = Some(tid);
+                    let all = self.place(&mut tracer, root, true);
+                    self.stopped = None;
+                    tracer.let_others_go();
+                    if !all? {
+                        bail!("{}", self.first_missing());
+                    }
+                    tracer.resume(tid);
+                }
                 TraceEvent::Exec { pid } if pid == root => {
                     if placement.exec() {
                         // The program ran another (a wrapper such as env): what was placed
-                        // went with its code; start over on the new program.
+                        // went with its code; start over on the new program (its last
+                        // records read first).
+                        self.drain_hits(root);
                         self.forget_placements();
                     }
                     self.open_counters(pid);
+                    // (Its only thread is stopped: the in-process engine runs its system
+                    // calls there.)
+                    self.stopped = Some(pid);
                     let all = self.place(&mut tracer, pid, false)?;
                     // Libraries are loaded by ld.so after exec: look again at the program's
                     // entry point, when they are all mapped; with no entry point to wait
@@ -1197,12 +1511,22 @@ impl Session {
                     if !placement.after_exec(&mut tracer, pid, all) && !all {
                         self.place(&mut tracer, pid, true)?;
                     }
+                    self.stopped = None;
                     tracer.resume(pid);
                 }
                 TraceEvent::Breakpoint { tid, pid, addr } if placement.is_control(addr) => {
                     // At the entry point every library ld.so maps at start is there: a region
                     // missing then gets its error (said at the end if dlopen never brings it).
-                    let all = self.place(&mut tracer, pid, placement.is_entry(addr))?;
+                    if in_process {
+                        tracer.hold_others(tid);
+                        self.stopped = Some(tid);
+                    }
+                    let all = self.place(&mut tracer, pid, placement.is_entry(addr));
+                    if in_process {
+                        self.stopped = None;
+                        tracer.let_others_go();
+                    }
+                    let all = all?;
                     let probed =
                         self.entries.contains_key(&addr) || self.returns.contains_key(&addr);
                     placement.after_control(&mut tracer, pid, addr, all, probed)?;
