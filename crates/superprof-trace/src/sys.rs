@@ -427,18 +427,50 @@ pub const BREAKPOINT: &[u8] = &[0x00, 0x00, 0x20, 0xd4]; // brk #0; the pc stays
 #[cfg(target_arch = "aarch64")]
 pub const PC_AFTER_BREAKPOINT: u64 = 0;
 
-/// The system call instruction, and the registers that run system call `nr` with `args` at
-/// `pc` from a thread's registers `r` (x86_64: `syscall`; `orig_rax` -1 so that the kernel
-/// does not take the stop for an interrupted call to restart).
+/// The system call instruction (x86_64: `syscall`).
 #[cfg(target_arch = "x86_64")]
 pub const SYSCALL_INSN: &[u8] = &[0x0f, 0x05];
 
+/// A stub in the program's memory that runs system calls for superprof without ever leaving
+/// the thread in a state it could not go on from if superprof died: the thread enters it with
+/// only its pc changed; the stub saves every register and the flags below the red zone, and
+/// makes a system call at `point`: getpid, unless superprof, stopped at its entry
+/// (PTRACE_SYSCALL, never a single step: a step's trap flag would outlive a dead tracer and
+/// kill the thread with SIGTRAP), makes it another; then it puts everything back and jumps
+/// to the address in its last 8 bytes (where the thread was). Superprof may send the thread
+/// back to `point` for more calls, and sets its registers back itself at the end; if
+/// superprof dies at any moment, the thread finishes the stub by itself and goes on.
 #[cfg(target_arch = "x86_64")]
-pub fn syscall_regs(r: &RawRegs, pc: u64, nr: u64, args: [u64; 6]) -> RawRegs {
+pub const STUB: &[u8] = &[
+    0x48, 0x8d, 0x64, 0x24, 0x80, // lea -0x80(%rsp),%rsp
+    0x9c, // pushfq
+    0x50, 0x51, 0x52, 0x56, 0x57, // push rax, rcx, rdx, rsi, rdi
+    0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53, // push r8, r9, r10, r11
+    0xb8, 0x27, 0x00, 0x00, 0x00, // mov $39,%eax (getpid)
+    0x0f, 0x05, // point: syscall
+    0x41, 0x5b, 0x41, 0x5a, 0x41, 0x59, 0x41, 0x58, // pop r11, r10, r9, r8
+    0x5f, 0x5e, 0x5a, 0x59, 0x58, // pop rdi, rsi, rdx, rcx, rax
+    0x9d, // popfq
+    0x48, 0x8d, 0xa4, 0x24, 0x80, 0x00, 0x00, 0x00, // lea 0x80(%rsp),%rsp
+    0xff, 0x25, 0x00, 0x00, 0x00, 0x00, // jmp *0(%rip): the 8 bytes that follow
+    0, 0, 0, 0, 0, 0, 0, 0, // where to go on
+];
+/// (No stub on other architectures yet.)
+#[cfg(not(target_arch = "x86_64"))]
+pub const STUB: &[u8] = &[];
+/// Where the stub's `syscall` is.
+#[cfg(target_arch = "x86_64")]
+pub const STUB_POINT: u64 = 24;
+/// A harmless system call, what an injected `syscall` runs when superprof is not there to
+/// choose (getpid).
+#[cfg(target_arch = "x86_64")]
+pub const HARMLESS_SYSCALL: u64 = 39;
+
+/// Sets the call and arguments of a thread at a syscall-entry stop: what the kernel runs.
+#[cfg(target_arch = "x86_64")]
+pub fn entry_regs(r: &RawRegs, nr: u64, args: [u64; 6]) -> RawRegs {
     let mut n = *r;
-    n.rip = pc;
-    n.rax = nr;
-    n.orig_rax = u64::MAX;
+    n.orig_rax = nr;
     n.rdi = args[0];
     n.rsi = args[1];
     n.rdx = args[2];
@@ -448,7 +480,21 @@ pub fn syscall_regs(r: &RawRegs, pc: u64, nr: u64, args: [u64; 6]) -> RawRegs {
     n
 }
 
-/// The return value of a system call run with [`syscall_regs`] (a negative errno on failure).
+/// Where a thread stopped at `r` goes on when it leaves the stub by itself, and with what rax:
+/// right where it was, or, stopped in a system call the kernel would restart (orig_rax a call,
+/// rax -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK), at that
+/// call's `syscall` again, as the kernel's restart does.
+#[cfg(target_arch = "x86_64")]
+pub fn resume_point(r: &RawRegs) -> (u64, u64) {
+    const RESTART_SYSCALL: u64 = 219;
+    match r.rax as i64 {
+        -514..=-512 if (r.orig_rax as i64) >= 0 => (r.rip.wrapping_sub(2), r.orig_rax),
+        -516 if (r.orig_rax as i64) >= 0 => (r.rip.wrapping_sub(2), RESTART_SYSCALL),
+        _ => (r.rip, r.rax),
+    }
+}
+
+/// The return value of a system call, at its exit stop (a negative errno on failure).
 #[cfg(target_arch = "x86_64")]
 pub fn syscall_result(r: &RawRegs) -> i64 {
     r.rax as i64

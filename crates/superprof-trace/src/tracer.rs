@@ -478,17 +478,14 @@ impl Tracer {
 
     /// Runs system call `nr` with `args` in stopped thread `tid` (x86_64), the other threads
     /// of its memory held stopped by the caller ([`Tracer::hold_others`]); returns what it
-    /// returned (a negative errno on failure). The thread's registers and code are as they
-    /// were afterwards: a `syscall` instruction is written at its pc for one step. For calls
-    /// that do not block (mmap, memfd_create, close...).
+    /// returned (a negative errno on failure). A `syscall` instruction is written at the
+    /// thread's pc for the call, which runs between two system call stops; the code and the
+    /// registers are put back afterwards. If superprof died in between, the thread would go
+    /// on with changed registers: the caller uses it once, to map the memory of a stub
+    /// ([`Tracer::inject_syscall_via`]) that runs the rest safely. For calls that do not block.
     #[cfg(target_arch = "x86_64")]
     pub fn inject_syscall(&mut self, tid: u32, nr: i64, args: [u64; 6]) -> io::Result<i64> {
-        let (pid, space) = self
-            .threads
-            .get(&tid)
-            .filter(|t| t.state == State::Stopped)
-            .map(|t| (t.pid, t.space()))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "thread not stopped"))?;
+        let (pid, _) = self.stopped_thread(tid)?;
         let saved = sys::raw_regs(tid)?;
         let pc = saved.rip;
         let mut code = vec![0u8; sys::SYSCALL_INSN.len()];
@@ -496,42 +493,161 @@ impl Tracer {
             return Err(io::Error::other(format!("cannot read the code at {pc:#x}")));
         }
         sys::write_memory(pid, pc, sys::SYSCALL_INSN)?;
-        // A thread stopped inside a system call (at exec, say) first finishes it: that step
-        // ends at once without running the instruction (the pc stays), and is taken again.
-        let mut end = StepEnd::Failed;
-        let mut result = None;
-        for _ in 0..3 {
-            let run = sys::set_raw_regs(tid, &sys::syscall_regs(&saved, pc, nr as u64, args));
-            end = match run {
-                Ok(()) => self.step_wait(tid, space, Duration::from_secs(5)),
-                Err(_) => StepEnd::Failed,
-            };
-            if end != StepEnd::Done {
-                break;
-            }
-            match sys::raw_regs(tid) {
-                Ok(r) if r.rip == pc + sys::SYSCALL_INSN.len() as u64 => {
-                    result = Some(Ok(sys::syscall_result(&r)));
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    result = Some(Err(e));
-                    break;
-                }
-            }
-        }
+        let mut entry = saved;
+        entry.rax = sys::HARMLESS_SYSCALL;
+        entry.orig_rax = u64::MAX;
+        let result =
+            sys::set_raw_regs(tid, &entry).and_then(|()| self.syscall_at(tid, pc, nr, args, false));
         let _ = sys::write_memory(pid, pc, &code);
-        if end != StepEnd::Ended {
-            let _ = sys::set_raw_regs(tid, &saved);
+        if !matches!(result, Err(ref e) if e.raw_os_error() == Some(libc::ESRCH)) {
+            // At a system call stop now: a call it was stopped in goes again, as the kernel
+            // would have restarted it.
+            let (resume, rax) = sys::resume_point(&saved);
+            let mut back = saved;
+            back.rip = resume;
+            back.rax = rax;
+            back.orig_rax = u64::MAX;
+            let _ = sys::set_raw_regs(tid, &back);
         }
-        match (end, result) {
-            (_, Some(r)) => r,
-            (StepEnd::Ended, _) => Err(io::Error::from_raw_os_error(libc::ESRCH)),
-            (e, _) => Err(io::Error::other(format!(
-                "the injected system call did not run ({e:?})"
-            ))),
+        result
+    }
+
+    /// Runs system call `nr` with `args` in stopped thread `tid` through a stub (bytes
+    /// [`sys::STUB`], written by the caller at `stub`, in memory the program may execute), the
+    /// other threads of its memory held: the only register superprof changes before the stub
+    /// has saved them all is the pc, and the thread only ever stops at system calls (no single
+    /// step), so that if superprof dies at any moment the thread finishes the stub by itself
+    /// and goes on where it was. Returns what the call returned. The thread's registers are
+    /// as they were afterwards (a system call it was stopped in is restarted, as the kernel
+    /// would have).
+    #[cfg(target_arch = "x86_64")]
+    pub fn inject_syscall_via(
+        &mut self,
+        tid: u32,
+        stub: u64,
+        nr: i64,
+        args: [u64; 6],
+    ) -> io::Result<i64> {
+        let (pid, _) = self.stopped_thread(tid)?;
+        let saved = sys::raw_regs(tid)?;
+        let (resume, rax) = sys::resume_point(&saved);
+        let slot = stub + sys::STUB.len() as u64 - 8;
+        sys::write_memory(pid, slot, &resume.to_le_bytes())?;
+        let mut entry = saved;
+        entry.rip = stub;
+        entry.rax = rax;
+        entry.orig_rax = u64::MAX;
+        sys::set_raw_regs(tid, &entry)?;
+        let point = stub + sys::STUB_POINT;
+        let result = self.syscall_at(tid, point, nr, args, true);
+        if !matches!(result, Err(ref e) if e.raw_os_error() == Some(libc::ESRCH)) {
+            // Back where it was; a call it was stopped in goes again, as the kernel would
+            // have restarted it.
+            let mut back = saved;
+            back.rip = resume;
+            back.rax = rax;
+            back.orig_rax = u64::MAX;
+            let _ = sys::set_raw_regs(tid, &back);
         }
+        result
+    }
+
+    /// The process and memory of `tid`, if it is stopped for us.
+    fn stopped_thread(&self, tid: u32) -> io::Result<(u32, u32)> {
+        self.threads
+            .get(&tid)
+            .filter(|t| t.state == State::Stopped)
+            .map(|t| (t.pid, t.space()))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "thread not stopped"))
+    }
+
+    /// Lets `tid` run (PTRACE_SYSCALL) to the entry of the system call whose instruction is at
+    /// `at`, makes that call `nr` with `args`, and returns its result at the exit stop. Other
+    /// system call stops on the way (the end of the one it was stopped in) are passed.
+    #[cfg(target_arch = "x86_64")]
+    /// (`stubbed`: through a stub: where the tests may make superprof die.)
+    fn syscall_at(
+        &mut self,
+        tid: u32,
+        at: u64,
+        nr: i64,
+        args: [u64; 6],
+        stubbed: bool,
+    ) -> io::Result<i64> {
+        let after = at + sys::SYSCALL_INSN.len() as u64;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut entered = false;
+        loop {
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::other("the injected system call did not run"));
+            }
+            if stubbed {
+                die_here_for_a_test(0);
+            }
+            self.syscall_stop(tid)?;
+            let r = sys::raw_regs(tid)?;
+            match sys::syscall_info(tid)? {
+                sys::SyscallInfo::Entry { .. } if !entered && r.rip == after => {
+                    if stubbed {
+                        die_here_for_a_test(1);
+                    }
+                    sys::set_raw_regs(tid, &sys::entry_regs(&r, nr as u64, args))?;
+                    entered = true;
+                }
+                sys::SyscallInfo::Exit { .. } if entered && r.rip == after => {
+                    if stubbed {
+                        die_here_for_a_test(2);
+                    }
+                    return Ok(sys::syscall_result(&r));
+                }
+                // Another call's stop (the exec it was stopped in ends first): on.
+                _ => {}
+            }
+        }
+    }
+
+    /// Resumes stopped thread `tid` with PTRACE_SYSCALL and waits for its next system call
+    /// stop. Signals from elsewhere meanwhile are kept for later; the other threads' events
+    /// are handled as during a hold.
+    fn syscall_stop(&mut self, tid: u32) -> io::Result<()> {
+        let space = self.threads.get(&tid).map_or(tid, |t| t.space());
+        sys::cont_syscall(tid, 0)?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            match sys::wait_any_nohang() {
+                Ok(Some((t2, st))) if t2 == tid => {
+                    if st.exited().is_some() || st.signaled().is_some() {
+                        self.handle(t2, st);
+                        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                    }
+                    match st.stop_sig() {
+                        Some(sig) if sig == (libc::SIGTRAP | 0x80) => return Ok(()),
+                        Some(sig) => {
+                            if st.event() == 0 {
+                                self.defer_signal(tid, sig);
+                            }
+                            sys::cont_syscall(tid, 0)?;
+                        }
+                        None => {}
+                    }
+                }
+                Ok(Some((t2, st))) => self.handle_while_holding(space, t2, st),
+                _ => sys::wait_sigchld(Duration::from_millis(10)),
+            }
+        }
+        Err(io::Error::other("no system call stop"))
+    }
+
+    /// See the x86_64 version: no other architecture has it yet.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn inject_syscall_via(
+        &mut self,
+        _tid: u32,
+        _stub: u64,
+        _nr: i64,
+        _args: [u64; 6],
+    ) -> io::Result<i64> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 
     /// See the x86_64 version: no other architecture has it yet.
@@ -1694,6 +1810,23 @@ impl Tracer {
         }
         let _ = sys::detach(tid, forward);
         true
+    }
+}
+
+/// Fault injection for the tests of what superprof leaves behind when it dies: with
+/// SUPERPROF_TEST_DIE_IN_STUB=N in its environment, superprof kills itself (SIGKILL) at point
+/// N of running a system call in the program (0: before resuming the thread, 1: at the entry
+/// stop, 2: at the exit stop).
+fn die_here_for_a_test(step: usize) {
+    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        std::env::var("SUPERPROF_TEST_DIE_IN_STUB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if *at == Some(step) {
+        let me = std::process::id();
+        sys::kill_thread(me, me, libc::SIGKILL);
     }
 }
 

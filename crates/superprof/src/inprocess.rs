@@ -162,6 +162,9 @@ pub struct InProcess {
     pid: u32,
     areas: Vec<Area>,
     ring: Option<RecordRing>,
+    /// The system call stub ([`superprof_trace::SYSCALL_STUB`]) at the start of the first
+    /// area: every system call after the first mmap goes through it.
+    stub: Option<u64>,
     /// Springboards written (their 5 bytes from each address).
     springboards_used: Vec<u64>,
     /// Direct calls may be displaced (emulated with a push and a jump): no shadow stack.
@@ -194,6 +197,7 @@ impl InProcess {
             pid,
             areas: Vec::new(),
             ring: None,
+            stub: None,
             springboards_used: Vec::new(),
             calls: !shadow_stack,
         })
@@ -238,8 +242,9 @@ impl InProcess {
         if at_start && p.at != b.start {
             return Err("its first instructions cannot be displaced".to_owned());
         }
-        let ring = self.ring(tracer, tid)?;
+        // (The area first: the ring is mapped through the stub at the start of the first one.)
         let a = self.area_near(tracer, tid, p.at, patch::MAX_RECORD_TRAMPOLINE)?;
+        let ring = self.ring(tracer, tid)?;
         let bytes = patch::record_trampoline(&p, self.areas[a].next, &ring, recording)
             .map_err(|e| e.to_string())?;
         self.install(
@@ -446,9 +451,11 @@ impl InProcess {
         let at = place_area(&maps, addr, TRAMPOLINES + COUNTERS)
             .ok_or("no free address range near the code")?;
         let (at, shared) = self.map(tracer, tid, Some(at), TRAMPOLINES, COUNTERS)?;
+        // The first area starts with the system call stub.
+        let next = if self.stub == Some(at) { at + 128 } else { at };
         self.areas.push(Area {
             tramp: at,
-            next: at,
+            next,
             counters: at + TRAMPOLINES,
             used: 0,
             shared,
@@ -468,15 +475,22 @@ impl InProcess {
         len: u64,
     ) -> Result<(u64, SharedMemory), String> {
         let pid = self.pid;
-        let call = |tracer: &mut Tracer, nr: i64, args: [u64; 6], what: &str| match tracer
-            .inject_syscall(tid, nr, args)
-        {
-            Ok(r) if r < 0 => Err(format!(
-                "{what} in the program failed: {}",
-                std::io::Error::from_raw_os_error(-r as i32)
-            )),
-            Ok(r) => Ok(r as u64),
-            Err(e) => Err(format!("cannot make the program run {what}: {e}")),
+        // Through the stub once there is one; the very first mmap (the area that will hold
+        // it) is run at the thread's pc, its registers changed for one step.
+        let stub = std::cell::Cell::new(self.stub);
+        let call = |tracer: &mut Tracer, nr: i64, args: [u64; 6], what: &str| {
+            let r = match stub.get() {
+                Some(s) => tracer.inject_syscall_via(tid, s, nr, args),
+                None => tracer.inject_syscall(tid, nr, args),
+            };
+            match r {
+                Ok(r) if r < 0 => Err(format!(
+                    "{what} in the program failed: {}",
+                    std::io::Error::from_raw_os_error(-r as i32)
+                )),
+                Ok(r) => Ok(r as u64),
+                Err(e) => Err(format!("cannot make the program run {what}: {e}")),
+            }
         };
         let size = exec + len;
         let prot = if exec > 0 {
@@ -503,13 +517,21 @@ impl InProcess {
         let at = got;
         let name = b"superprof-counters\0";
         let result = (|| {
+            if stub.get().is_none() && exec > 0 {
+                tracer
+                    .write_memory(pid, at, superprof_trace::SYSCALL_STUB)
+                    .map_err(|e| format!("cannot write into the program: {e}"))?;
+                stub.set(Some(at));
+            }
+            // (The name after the stub, in the part that holds trampolines later.)
+            let name_at = if exec > 0 { at + 64 + 8 } else { at };
             tracer
-                .write_memory(pid, at, name)
+                .write_memory(pid, name_at, name)
                 .map_err(|e| format!("cannot write into the program: {e}"))?;
             let fd = call(
                 tracer,
                 SYS_MEMFD_CREATE,
-                [at, MFD_CLOEXEC, 0, 0, 0, 0],
+                [name_at, MFD_CLOEXEC, 0, 0, 0, 0],
                 "memfd_create",
             )?;
             let shared = (|| {
@@ -531,13 +553,17 @@ impl InProcess {
             })();
             let _ = call(tracer, SYS_CLOSE, [fd, 0, 0, 0, 0, 0], "close");
             if exec > 0 {
-                let _ = tracer.write_memory(pid, at, &[0u8; 19]);
+                let _ = tracer.write_memory(pid, name_at, &[0u8; 19]);
             }
             shared
         })();
         match result {
-            Ok(shared) => Ok((at, shared)),
+            Ok(shared) => {
+                self.stub = stub.get();
+                Ok((at, shared))
+            }
             Err(e) => {
+                // (Not through a stub in the area being unmapped.)
                 let _ = tracer.inject_syscall(tid, SYS_MUNMAP, [at, size, 0, 0, 0, 0]);
                 Err(e)
             }

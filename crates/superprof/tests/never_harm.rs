@@ -670,3 +670,75 @@ fn uprobes_go_with_superprof_whatever_ends_it() {
         let _ = child.wait();
     }
 }
+
+/// The in-process engine makes the program run system calls (mmap, memfd_create...) through a
+/// stub that saves and restores every register itself, stopping only at system calls: killed
+/// at any point of that (SUPERPROF_TEST_DIE_IN_STUB: before resuming the thread, at the call's
+/// entry stop, at its exit stop), superprof leaves a thread that finishes the stub alone and
+/// goes on where it was, its interrupted nanosleep restarted whole (before, a single step's
+/// trap flag outlived the dead tracer and the program died of SIGTRAP, 5 times in 5).
+#[test]
+fn superprof_killed_inside_its_system_call_stub_leaves_the_program_whole() {
+    let dir = TempDir::new("harm-stub");
+    let exe = compile(
+        &dir,
+        "sleeper",
+        &["sleeper.c"],
+        &["-O1", "-falign-functions=16", "-g"],
+    );
+    let args = [
+        "stat",
+        "--engine",
+        "in-process",
+        "-e",
+        "task-clock",
+        "-r",
+        "tick",
+    ];
+    for point in ["0", "1", "2"] {
+        // Attached to a program asleep in nanosleep (the main thread, the one that runs the
+        // system calls).
+        let (mut child, lines) = spawn_ready(&exe, &["20"]);
+        let pid = child.id();
+        let before = code_bytes(pid, &exe);
+        let out = superprof()
+            .env("SUPERPROF_TEST_DIE_IN_STUB", point)
+            .args(args)
+            .args(["-p", &pid.to_string()])
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGKILL), "point {point}");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_running_untraced(pid);
+        assert_eq!(code_bytes(pid, &exe), before, "point {point}");
+        let status = child.wait().unwrap();
+        let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+        assert!(status.success(), "point {point}: {status:?} {rest:?}");
+        assert_eq!(rest.last().map(String::as_str), Some("done 20"), "{rest:?}");
+        assert!(
+            !rest
+                .iter()
+                .any(|l| l.contains("short") || l.contains("failed")),
+            "{rest:?}"
+        );
+        // Launched: at exec and at the entry point.
+        let out = superprof()
+            .env("SUPERPROF_TEST_DIE_IN_STUB", point)
+            .args(args)
+            .arg("--")
+            .arg(&exe)
+            .arg("5")
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(libc::SIGKILL), "point {point}");
+        // (The program inherited superprof's stdout: reading it to the end waited for it.)
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.ends_with("done 5\n"), "point {point}: {text}");
+        assert!(
+            !text.contains("short") && !text.contains("failed"),
+            "{text}"
+        );
+    }
+}
