@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Cost per call of `superprof stat` on a tiny function called 100,000 times, per probe engine,
+"""Cost per call of `superprof stat` on a tiny function called 100,000 times, per probe engine
+(in-process, uprobe, ptrace),
 beside `perf stat` counting the same function's entry and return uprobes (perf probe): (wall time
 - bare wall time) / calls, medians of ROUNDS alternating runs. Also what stat reports for the
 function (its per-call time-elapsed and task-clock, after taking off the engine's own cost).
@@ -51,6 +52,7 @@ def main():
 
     cmds = {
         "bare": lambda n: [exe, str(n)],
+        "in-process": lambda n: stat("in-process", n),
         "uprobe": lambda n: stat("uprobe", n),
         "ptrace": lambda n: stat("ptrace", n),
         "perf stat (uprobes)": lambda n: ["perf", "stat", "-e", "probe_tiny:tiny,probe_tiny:tiny__return",
@@ -64,7 +66,7 @@ def main():
             n = CALLS if k != "ptrace" else CALLS // 10
             fixed[k].append(timed(c(0)))
             per_call[k].append((timed(c(n)), n))
-            if k in ("uprobe", "ptrace"):
+            if k in ("in-process", "uprobe", "ptrace"):
                 d = json.load(open(report))
                 ev = d["regions"][0]["events"]
                 figures.setdefault(k, []).append((ev["time-elapsed-ns"]["mean"], ev["task-clock"]["mean"]))

@@ -247,6 +247,23 @@ impl Placement {
         Some(addr) == self.entry_bp
     }
 
+    /// At its breakpoint `addr`, before placing (which can take a while): the breakpoint comes
+    /// out of the code (unless the caller probes that address too, `probed`), so that the
+    /// stopped thread sits on the original instruction, not on an int3 that would kill it
+    /// with SIGTRAP if superprof died meanwhile (the janitor may not have put the byte back
+    /// before the kernel lets the thread go). `after_control` puts back what is still needed.
+    pub fn lift(
+        &mut self,
+        tracer: &mut superprof_trace::Tracer,
+        pid: u32,
+        addr: u64,
+        probed: bool,
+    ) {
+        if self.is_control(addr) && !probed {
+            let _ = tracer.remove_breakpoint(pid, addr);
+        }
+    }
+
     /// At its breakpoint `addr`, after placing (`all`: every region placed now; `probed`:
     /// the caller probes that address too): done with the entry point, it waits at ld.so's
     /// `_dl_debug_state` for libraries opened later; done with every region, it stops.
@@ -271,10 +288,15 @@ impl Placement {
                     }
                 }
             }
-        } else if Some(addr) == self.dl_bp && all {
-            self.dl_bp = None;
-            if !probed {
-                let _ = tracer.remove_breakpoint(pid, addr);
+        } else if Some(addr) == self.dl_bp {
+            if all {
+                self.dl_bp = None;
+                if !probed {
+                    let _ = tracer.remove_breakpoint(pid, addr);
+                }
+            } else {
+                // Lifted while placing: back for the next change of the link map.
+                let _ = tracer.set_breakpoint(pid, addr);
             }
         }
         Ok(())

@@ -376,6 +376,10 @@ impl Session<'_> {
 
     /// Our own breakpoint at the entry point or in ld.so: place what can be placed now.
     fn on_control(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> Result<()> {
+        let probe = self.counts.has_bp(addr)
+            || self.cover.contains_key(&addr)
+            || self.counting_bps.contains_key(&addr);
+        self.placement.lift(tracer, pid, addr, probe);
         let all = self.place_holding(tracer, tid, pid)?;
         let counted = self.counts.has_bp(addr)
             || self.cover.contains_key(&addr)

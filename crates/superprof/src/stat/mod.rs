@@ -1517,6 +1517,9 @@ impl Session {
                 TraceEvent::Breakpoint { tid, pid, addr } if placement.is_control(addr) => {
                     // At the entry point every library ld.so maps at start is there: a region
                     // missing then gets its error (said at the end if dlopen never brings it).
+                    let probe =
+                        self.entries.contains_key(&addr) || self.returns.contains_key(&addr);
+                    placement.lift(&mut tracer, pid, addr, probe);
                     if in_process {
                         tracer.hold_others(tid);
                         self.stopped = Some(tid);
