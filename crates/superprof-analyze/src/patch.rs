@@ -305,6 +305,46 @@ pub fn sp_at(code: &[u8], from: u64, to: u64) -> Option<SpAt> {
     (d.ip() == to).then_some(at)
 }
 
+/// Where a probe may stand before the instruction at `to` (a function's return) and still see
+/// the call as it ends: the starts of the instructions of `code` (the bytes from `from` on,
+/// straight code) after which nothing can fault up to `to` (no memory access but the stack's
+/// pushes and pops, no division), latest first; `to` itself first of all. A probe there does
+/// not record a call as ended that a fault in its last instructions would end otherwise.
+pub fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
+    use iced_x86::{Mnemonic, OpKind};
+    let mut insns = Vec::new();
+    let mut d = Decoder::with_ip(64, code, from, DecoderOptions::NONE);
+    while d.can_decode() && d.ip() < to {
+        let i = d.decode();
+        if i.is_invalid() {
+            return vec![to];
+        }
+        insns.push(i);
+    }
+    if d.ip() != to {
+        return Vec::new();
+    }
+    let quiet = |i: &Instruction| {
+        let stack = matches!(
+            i.mnemonic(),
+            Mnemonic::Push | Mnemonic::Pop | Mnemonic::Leave
+        ) && (0..i.op_count()).all(|k| i.op_kind(k) != OpKind::Memory);
+        let touches = (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory)
+            && i.mnemonic() != Mnemonic::Lea
+            && i.mnemonic() != Mnemonic::Nop;
+        let divides = matches!(i.mnemonic(), Mnemonic::Div | Mnemonic::Idiv);
+        stack || (!touches && !divides && i.flow_control() == FlowControl::Next)
+    };
+    let mut out = vec![to];
+    for i in insns.iter().rev() {
+        if !quiet(i) {
+            break;
+        }
+        out.push(i.ip());
+    }
+    out
+}
+
 /// One record's size and layout: `commit` (its index + 1, written last), probe (u32), tid
 /// (u32), sp, CLOCK_MONOTONIC (timespec), CLOCK_THREAD_CPUTIME_ID (timespec), a struct rusage.
 pub const RECORD: u64 = 256;
@@ -697,6 +737,23 @@ mod tests {
             plan_for(&[0xc3], 0x1000, true, 0, true, SHORT_JUMP_LEN).unwrap_err(),
             Refusal::TooShort
         );
+    }
+
+    #[test]
+    fn a_return_may_be_probed_before_instructions_that_cannot_fault() {
+        // mov 0x2e99(%rip),%rax; add %rdi,%rax; mov %rax,0x2e8f(%rip); lea 0x1(%rdi),%rax;
+        // pop %rbx; ret
+        let code = [
+            0x48, 0x8b, 0x05, 0x99, 0x2e, 0x00, 0x00, 0x48, 0x01, 0xf8, 0x48, 0x89, 0x05, 0x8f,
+            0x2e, 0x00, 0x00, 0x48, 0x8d, 0x47, 0x01, 0x5b, 0xc3,
+        ];
+        // The ret, the pop, the lea; not the store before them.
+        assert_eq!(quiet_tail(&code, 0x1180, 0x1196), [0x1196, 0x1195, 0x1191]);
+        // A division may fault.
+        let code = [0x48, 0xf7, 0xf1, 0xc3]; // div %rcx; ret
+        assert_eq!(quiet_tail(&code, 0x1000, 0x1003), [0x1003]);
+        // Not on an instruction boundary: nowhere.
+        assert!(quiet_tail(&code, 0x1000, 0x1002).is_empty());
     }
 
     #[test]

@@ -1017,24 +1017,26 @@ impl Session {
                 .find(|(_, b)| b.start <= ex && ex < b.end)
                 .ok_or_else(|| format!("a return at {x:#x} is in no block"))?;
             let probe = self.ip_roles.len();
-            // At the exit itself (and the filler after it).
-            let last = superprof_analyze::Block {
-                start: ex,
-                end: b.end,
-                instructions: 1,
-                flow: b.flow,
-            };
-            let here = Patched::of(code, &last, next_of(k), bias, true, &boards);
-            let mut placed =
-                inproc.probe(tracer, tid, &here, &inside, &rec(probe, SpAt::Rsp(0)), true);
-            if placed.is_err() && several && b.start != start {
-                // At the start of its block, recording the stack pointer the exit will have.
-                let sp = code
-                    .bytes(b.start, b.end - b.start)
-                    .and_then(|bytes| patch::sp_at(bytes, b.start, ex));
-                if let Some(sp) = sp {
-                    let block = Patched::of(code, b, next_of(k), bias, true, &boards);
-                    placed = inproc.probe(tracer, tid, &block, &inside, &rec(probe, sp), true);
+            // At the exit itself (and the filler after it), else before it where nothing in
+            // between can fault (a call that faults there must not be counted as ended),
+            // recording the stack pointer the exit will have. Several instructions move only
+            // where no jump table could land between them.
+            let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
+            let mut placed = Err("no room for a jump".to_owned());
+            for q in patch::quiet_tail(bytes, b.start, ex) {
+                let Some(sp) = patch::sp_at(&bytes[(q - b.start) as usize..], q, ex) else {
+                    continue;
+                };
+                let from = superprof_analyze::Block {
+                    start: q,
+                    end: b.end,
+                    instructions: 1,
+                    flow: b.flow,
+                };
+                let site = Patched::of(code, &from, next_of(k), bias, several || q == ex, &boards);
+                placed = inproc.probe(tracer, tid, &site, &inside, &rec(probe, sp), true);
+                if placed.is_ok() {
+                    break;
                 }
             }
             match placed {
