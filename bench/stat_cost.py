@@ -5,8 +5,9 @@ beside `perf stat` counting the same function's entry and return uprobes (perf p
 - bare wall time) / calls, medians of ROUNDS alternating runs. Also what stat reports for the
 function (its per-call time-elapsed and task-clock, after taking off the engine's own cost).
 
-The fixed cost of a run (launch, measuring the engine's own cost on an empty region: about
-0.3 s) is in the wall time too; it is measured apart with CALLS=0 and taken off.
+The fixed cost of a run (launch, measuring the engine's own cost on an empty region when calls
+were measured, removing probes) is in the wall time too: the cost per call is the slope between
+a run of CALLS calls and one of CALLS/10.
 
 Usage: bench/stat_cost.py [ROUNDS]   (root: uprobes and perf probe need it)
 """
@@ -64,18 +65,21 @@ def main():
     for _ in range(ROUNDS):
         for k, c in cmds.items():
             n = CALLS if k != "ptrace" else CALLS // 10
-            fixed[k].append(timed(c(0)))
+            fixed[k].append((timed(c(n // 10)), n // 10))
             per_call[k].append((timed(c(n)), n))
             if k in ("in-process", "uprobe", "ptrace"):
                 d = json.load(open(report))
                 ev = d["regions"][0]["events"]
                 figures.setdefault(k, []).append((ev["time-elapsed-ns"]["mean"], ev["task-clock"]["mean"]))
     subprocess.run(["perf", "probe", "-q", "-d", "probe_tiny:*"], stderr=subprocess.DEVNULL)
-    bare = statistics.median(t / n for t, n in per_call["bare"])
+    def slope(k):
+        return [(t - t0) / (n - n0) for (t, n), (t0, n0) in zip(per_call[k], fixed[k])]
+
+    bare = statistics.median(slope("bare"))
     print(f"{CALLS} calls of tiny (ptrace: {CALLS // 10}), {ROUNDS} rounds, medians")
     for k in cmds:
-        f = statistics.median(fixed[k])
-        us = statistics.median((t - f) / n - bare for t, n in per_call[k]) * 1e6
+        us = statistics.median(x - bare for x in slope(k)) * 1e6
+        f = statistics.median(t0 - s * n0 for (t0, n0), s in zip(fixed[k], slope(k)))
         line = f"  {k:<22} {us:8.2f} us per call (fixed cost of a run {f:.2f} s)"
         if k in figures:
             el = statistics.median(x[0] for x in figures[k])
