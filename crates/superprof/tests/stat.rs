@@ -82,6 +82,7 @@ fn perforator(dir: &TempDir, flags: &[&str]) -> std::path::PathBuf {
 
 #[test]
 fn page_faults_of_fill_and_sum_as_in_perforators_readme() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-readme");
     for flags in [&["-pie", "-fPIE"][..], &["-no-pie", "-fno-pie"][..]] {
         let exe = perforator(&dir, flags);
@@ -108,6 +109,7 @@ fn page_faults_of_fill_and_sum_as_in_perforators_readme() {
 
 #[test]
 fn exact_calls_from_four_threads() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-threads");
     let exe = perforator(&dir, &[]);
     for engine in ENGINES {
@@ -128,6 +130,7 @@ fn exact_calls_from_four_threads() {
 
 #[test]
 fn recursion_counts_each_outermost_call_once() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-rec");
     let exe = perforator(&dir, &[]);
     for engine in ENGINES {
@@ -143,6 +146,7 @@ fn recursion_counts_each_outermost_call_once() {
 
 #[test]
 fn a_function_in_a_shared_library() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-lib");
     let exe = perforator(&dir, &[]);
     // pthread_create lives in libc, mapped by ld.so after exec.
@@ -164,6 +168,7 @@ fn a_function_in_a_shared_library() {
 
 #[test]
 fn an_address_range_counts_the_code_between() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-range");
     let exe = perforator(&dir, &["-no-pie", "-fno-pie"]);
     // The range from main's call of fill to the instruction after it.
@@ -208,6 +213,7 @@ fn an_address_range_counts_the_code_between() {
 
 #[test]
 fn attach_then_the_process_runs_on_without_breakpoints() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-attach");
     let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
     // With uprobes (the kernel removes them when superprof closes them) and breakpoints.
@@ -269,6 +275,7 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
 /// uprobes, it refuses in one line.
 #[test]
 fn a_region_uprobes_refuse_falls_back_to_ptrace() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-fallback");
     let exe = compile(&dir, "bp", &["bp.c"], &["-O2", "-g", "-pthread"]);
     let out_file = dir.path("mixed.json");
@@ -335,6 +342,7 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
 
 #[test]
 fn a_crash_inside_a_region_keeps_the_results_and_the_status() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-crash");
     let exe = perforator(&dir, &[]);
     // (By default in-process; `crashing` ends at the end of .text, with no room for a jump at
@@ -356,6 +364,7 @@ fn a_crash_inside_a_region_keeps_the_results_and_the_status() {
 
 #[test]
 fn list_says_what_this_machine_supports() {
+    let _cpu = cpu_share();
     let out = run_ok(superprof().args(["stat", "--list"]));
     let text = String::from_utf8_lossy(&out.stdout);
     let line = |e: &str| {
@@ -380,6 +389,7 @@ fn list_says_what_this_machine_supports() {
 
 #[test]
 fn bad_input_is_refused_with_one_line() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-bad");
     let exe = perforator(&dir, &[]);
     let run = |args: &[&str]| {
@@ -417,6 +427,7 @@ fn bad_input_is_refused_with_one_line() {
 
 #[test]
 fn a_function_in_a_library_loaded_later_with_dlopen() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-dlopen");
     let lib = compile(
         &dir,
@@ -451,6 +462,7 @@ fn a_function_in_a_library_loaded_later_with_dlopen() {
 
 #[test]
 fn source_line_ranges() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-lines");
     let exe = perforator(&dir, &[]);
     let src = std::fs::read_to_string(fixtures_dir().join("perforator.c")).unwrap();
@@ -504,6 +516,7 @@ fn source_line_ranges() {
 
 #[test]
 fn inlined_copies_are_sites_of_the_same_region() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-inline");
     let exe = compile(&dir, "inlined_calls", &["inlined_calls.c"], &["-O2", "-g"]);
     // `mix` has no symbol at all (always inlined); two inlined copies run 300 times each.
@@ -527,6 +540,7 @@ fn inlined_copies_are_sites_of_the_same_region() {
 
 #[test]
 fn per_call_prints_every_invocation() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-percall");
     let exe = perforator(&dir, &[]);
     let out = run_ok(
@@ -557,6 +571,7 @@ fn per_call_prints_every_invocation() {
 
 #[test]
 fn signals_the_target_sends_itself_all_arrive_while_a_region_is_counted() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-signals");
     let sig = compile(&dir, "signals", &["signals.c"], &["-O2", "-g"]);
     // `usr1` sends itself SIGUSR1 100 times, each followed by a call of `burn`, and counts
@@ -670,6 +685,7 @@ fn per_call_figures_are_the_functions_own() {
 /// find no caller and terminate the program); the calls that returned are counted.
 #[test]
 fn exceptions_through_a_region_still_reach_their_handler() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-exceptions");
     let src = dir.path("exc.cpp");
     std::fs::write(
@@ -714,6 +730,7 @@ fn exceptions_through_a_region_still_reach_their_handler() {
 /// as blocks does (one placement logic for both).
 #[test]
 fn a_wrapper_that_execs_the_program() {
+    let _cpu = cpu_share();
     let dir = TempDir::new("stat-wrapper");
     let exe = perforator(&dir, &[]);
     for engine in ENGINES {

@@ -6,13 +6,20 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-static CPU: Mutex<()> = Mutex::new(());
+static CPU: RwLock<()> = RwLock::new(());
 
-/// Serializes CPU-heavy tests.
-pub fn cpu_lock() -> MutexGuard<'static, ()> {
-    CPU.lock().unwrap_or_else(|e| e.into_inner())
+/// Serializes CPU-heavy tests: one at a time, and none beside a test that holds
+/// [`cpu_share`].
+pub fn cpu_lock() -> RwLockWriteGuard<'static, ()> {
+    CPU.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Taken by the lighter tests of a file whose timing tests must run alone: they run side by
+/// side, never beside a test holding [`cpu_lock`].
+pub fn cpu_share() -> RwLockReadGuard<'static, ()> {
+    CPU.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The superprof binary, run in a scratch folder of this test process (record writes
