@@ -186,19 +186,7 @@ fn an_address_range_counts_the_code_between() {
         .unwrap();
     let addr = |l: &str| u64::from_str_radix(l.trim().split(':').next().unwrap(), 16).unwrap();
     let range = format!("{:#x}-{:#x}", addr(lines[i]), addr(lines[i + 1]));
-    // (The in-process engine probes whole functions only: a range goes to ptrace, said, when
-    // it was chosen by default; asked for, it is an error.)
-    let (m, stderr, code) = stat_json(
-        &dir,
-        &["-r", &range, "-e", "page-faults"],
-        &[exe.as_os_str()],
-    );
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(stderr.contains("is probed with ptrace"), "{stderr}");
-    let (calls, ev) = &m[&range];
-    assert_eq!(*calls, 1);
-    assert!((9000.0..=10600.0).contains(&ev["page-faults"]), "{ev:?}");
-    for engine in ["uprobe", "ptrace"] {
+    for engine in ENGINES {
         let (m, stderr, code) = stat_json(
             &dir,
             &on(engine, &["-r", &range, "-e", "page-faults"]),
@@ -519,22 +507,16 @@ fn inlined_copies_are_sites_of_the_same_region() {
     let _cpu = cpu_share();
     let dir = TempDir::new("stat-inline");
     let exe = compile(&dir, "inlined_calls", &["inlined_calls.c"], &["-O2", "-g"]);
-    // `mix` has no symbol at all (always inlined); two inlined copies run 300 times each.
-    // (In-process, the default for page-faults, probes whole functions only: the region goes
-    // to ptrace, said.)
-    for engine in ["uprobe", "ptrace", "default"] {
-        let args = ["-r", "mix", "-e", "page-faults"];
-        let args = if engine == "default" {
-            args.to_vec()
-        } else {
-            on(engine, &args)
-        };
-        let (m, stderr, code) = stat_json(&dir, &args, &[exe.as_os_str(), "300".as_ref()]);
+    // `mix` has no symbol at all (always inlined); two inlined copies run 300 times each
+    // (in-process: a probe at each copy's start and one at its end).
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "mix", "-e", "page-faults"]),
+            &[exe.as_os_str(), "300".as_ref()],
+        );
         assert_eq!(code, Some(0), "{stderr}");
         assert_eq!(m["mix"].0, 600, "{engine}");
-        if engine == "default" {
-            assert!(stderr.contains("is probed with ptrace"), "{stderr}");
-        }
     }
 }
 

@@ -541,6 +541,8 @@ struct Session {
     /// held) while regions are placed, and the code of the files probed.
     inproc: Option<crate::inprocess::InProcess>,
     ip_roles: Vec<Role>,
+    /// The ends probed (one probe per address, whatever regions end there).
+    ip_ends: std::collections::HashSet<u64>,
     records: Vec<crate::inprocess::Record>,
     stopped: Option<u32>,
     codes: HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
@@ -581,6 +583,7 @@ impl Session {
             symbols: superprof_symbols::Symbolizer::default(),
             inproc: None,
             ip_roles: Vec::new(),
+            ip_ends: Default::default(),
             records: Vec::new(),
             stopped: None,
             codes: HashMap::new(),
@@ -778,6 +781,7 @@ impl Session {
         self.batches.clear();
         self.inproc = None;
         self.ip_roles.clear();
+        self.ip_ends.clear();
     }
 
     /// Opens the uprobes of the sites placed since the last call, in one group per thread of
@@ -917,30 +921,124 @@ impl Session {
                 .filter(|s| s.0 == r)
                 .map(|s| (s.1, s.2))
                 .collect();
-            let result = if mine
-                .iter()
-                .any(|(_, site)| site.end.is_some() || !site.ends_at_return)
-            {
-                Err(
-                    "the in-process engine probes whole functions only so far (not line or \
-                     address ranges, nor inlined copies)"
-                        .to_owned(),
-                )
-            } else {
-                mine.iter()
-                    .try_for_each(|&(at, site)| self.probe_function(tracer, tid, pid, r, at, site))
-            };
+            let mut patched = Vec::new();
+            let result = mine.iter().try_for_each(|&(at, site)| {
+                self.probe_site(tracer, tid, pid, r, at, site, &mut patched)
+            });
             if let Err(why) = result {
-                // (Probes already placed for it stay, their records ignored.)
+                // The region goes to ptrace: its probes come out.
+                for at in patched {
+                    let _ = tracer.unpatch(pid, at);
+                }
                 self.region_to_ptrace(tracer, pid, r, &why)?;
             }
         }
         Ok(())
     }
 
+    /// Recording probes for one site of region `region` (in-process engine): a function's
+    /// entry and exits, or a start (a range, an inlined copy), and its end. Every patch made is
+    /// added to `patched` (taken out by the caller if the region cannot be probed in the end).
+    #[allow(clippy::too_many_arguments)]
+    fn probe_site(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        pid: u32,
+        region: usize,
+        at: u64,
+        site: Site,
+        patched: &mut Vec<u64>,
+    ) -> Result<(), String> {
+        if site.ends_at_return {
+            self.probe_function(tracer, tid, pid, region, at, site, patched)?;
+        } else {
+            self.probe_point(tracer, tid, pid, at, Role::Entry(region, site), patched)
+                .map_err(|e| format!("its start: {e}"))?;
+        }
+        if let Some(end) = site.end {
+            // (One probe per end, whatever regions end there.)
+            if self.ip_ends.insert(end) {
+                let placed = self.probe_point(tracer, tid, pid, end, Role::End(end), patched);
+                if let Err(e) = placed {
+                    self.ip_ends.remove(&end);
+                    return Err(format!("its end: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A recording probe with role `role` at `addr`, an instruction anywhere in a function:
+    /// the instructions from there to the end of its block move (where no jump table could
+    /// land between them), else one long one must start there.
+    fn probe_point(
+        &mut self,
+        tracer: &mut Tracer,
+        tid: u32,
+        pid: u32,
+        addr: u64,
+        role: Role,
+        patched: &mut Vec<u64>,
+    ) -> Result<(), String> {
+        use superprof_analyze::patch::{Recording, SpAt};
+        let file = crate::blocks::file_at(pid, addr).ok_or("it is in no file")?;
+        let code = self
+            .codes
+            .entry(file.path.clone())
+            .or_insert_with(|| crate::blocks::ElfCode::open(&file.open_path))
+            .as_ref()
+            .ok_or("cannot read its file")?;
+        let bias = file.bias;
+        let at = addr.wrapping_sub(bias);
+        let f = code.function_at(at).ok_or("no function symbol holds it")?;
+        if !code.is_instruction_start(at) {
+            return Err(format!("{addr:#x} is not the start of an instruction"));
+        }
+        let blocks = code.counted_blocks(f.addr, f.addr + f.size);
+        let (k, b) = blocks
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.start <= at && at < b.end)
+            .ok_or("its code does not decode")?;
+        let several = at == f.addr || code.without_indirect_jumps(at);
+        let from = superprof_analyze::Block {
+            start: at,
+            end: b.end,
+            instructions: 1,
+            flow: b.flow,
+        };
+        let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
+        let boards = crate::inprocess::springboards(code, f.addr, f.addr + f.size, bias);
+        let site = crate::inprocess::Site::of(code, &from, next, bias, several, &boards);
+        let pcs: Vec<u64> = superprof_sample::list_threads(pid)
+            .unwrap_or_else(|_| vec![pid])
+            .into_iter()
+            .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
+            .collect();
+        let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
+        let reads: Vec<InProcessReading> = self
+            .events
+            .iter()
+            .filter_map(InProcessReading::of)
+            .collect();
+        let recording = Recording {
+            probe: self.ip_roles.len() as u32,
+            sp: SpAt::Rsp(0),
+            cputime: reads.contains(&InProcessReading::CpuTime),
+            rusage: reads.iter().any(|r| *r != InProcessReading::CpuTime),
+        };
+        let inproc = self.inproc.as_mut().ok_or("no in-process engine")?;
+        let at = inproc.probe(tracer, tid, &site, &inside, &recording, true)?;
+        patched.push(at);
+        self.ip_roles.push(role);
+        Ok(())
+    }
+
     /// Recording probes at the entry of the function at `at` and at each of its exits (a
-    /// `ret` or a jump out, with the filler after it; else the start of its block, recording
-    /// the stack pointer the exit will have).
+    /// `ret` or a jump out, with the filler after it; else before it, recording the stack
+    /// pointer the exit will have).
+    #[allow(clippy::too_many_arguments)]
     fn probe_function(
         &mut self,
         tracer: &mut Tracer,
@@ -949,6 +1047,7 @@ impl Session {
         region: usize,
         at: u64,
         site: Site,
+        patched: &mut Vec<u64>,
     ) -> Result<(), String> {
         use crate::inprocess::Site as Patched;
         use superprof_analyze::patch::{self, Recording, SpAt};
@@ -1008,7 +1107,7 @@ impl Session {
             )
             .map_err(|e| format!("its entry: {e}"))?;
         self.ip_roles.push(Role::Entry(region, site));
-        let mut patched = vec![first];
+        patched.push(first);
         for x in exits {
             let ex = x.wrapping_sub(bias);
             let (k, b) = blocks
@@ -1041,13 +1140,7 @@ impl Session {
             }
             match placed {
                 Ok(at) => patched.push(at),
-                Err(e) => {
-                    // The region goes elsewhere: its probes come out.
-                    for at in patched {
-                        let _ = tracer.unpatch(pid, at);
-                    }
-                    return Err(format!("a return at {x:#x}: {e}"));
-                }
+                Err(e) => return Err(format!("a return at {x:#x}: {e}")),
             }
             self.ip_roles.push(Role::Exit(region));
         }
@@ -1193,10 +1286,23 @@ impl Session {
                 let Some(&role) = self.ip_roles.get(r.probe as usize) else {
                     continue;
                 };
-                // A region moved to ptrace after its probes went in: theirs are ignored.
-                if let Role::Entry(region, _) | Role::Exit(region) = role {
-                    if self.on_ptrace.contains(&region) {
-                        continue;
+                // A region moved to ptrace after its probes went in: theirs are ignored (an
+                // end shared with one on ptrace too: its breakpoint closes those frames).
+                match role {
+                    Role::Entry(region, _) | Role::Exit(region) => {
+                        if self.on_ptrace.contains(&region) {
+                            continue;
+                        }
+                    }
+                    Role::End(addr) => {
+                        let on_ptrace = self.on_ptrace.iter().any(|&r| {
+                            self.regions
+                                .get(r)
+                                .is_some_and(|g| g.sites.iter().any(|(_, s)| s.end == Some(addr)))
+                        });
+                        if on_ptrace {
+                            continue;
+                        }
                     }
                 }
                 let hit = superprof_sample::ProbeHit {
