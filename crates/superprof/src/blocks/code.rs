@@ -18,6 +18,9 @@ pub struct Function {
 pub struct ElfCode {
     /// (address, bytes) of each executable section.
     sections: Vec<(u64, Vec<u8>)>,
+    /// Every direct branch in the executable sections, as (target, source), sorted (made at
+    /// first use).
+    targets: std::sync::OnceLock<Vec<(u64, u64)>>,
     /// Sorted by address.
     pub functions: Vec<Function>,
     pub arch: Arch,
@@ -60,6 +63,7 @@ impl ElfCode {
         functions.dedup_by_key(|f| f.addr);
         Some(ElfCode {
             sections,
+            targets: std::sync::OnceLock::new(),
             functions,
             arch,
             is_64: obj.is_64(),
@@ -106,31 +110,129 @@ impl ElfCode {
     }
 
     /// The basic blocks of [lo, hi), decoded function by function (so that block boundaries
-    /// are those of the whole function), cut at lo and hi.
+    /// are those of the whole function), cut at lo and hi. Code that no function symbol covers
+    /// (a stripped program, a compiler's `.cold` parts with no symbol) is decoded as it comes,
+    /// padding left out.
     pub fn static_blocks(&self, lo: u64, hi: u64) -> Vec<Block> {
         let mut out: Vec<Block> = Vec::new();
-        for f in self.functions_in(lo, hi) {
-            let Some(bytes) = self.bytes(f.addr, f.size) else {
-                continue;
-            };
-            for b in blocks_for(self.arch, bytes, f.addr) {
-                if b.end <= lo || b.start >= hi {
-                    continue;
+        let push = |out: &mut Vec<Block>, b: Block| {
+            if b.end <= lo || b.start >= hi {
+                return;
+            }
+            if out.last().is_some_and(|l| l.end > b.start) {
+                return; // overlapping symbols (aliases of one function)
+            }
+            let mut b = b;
+            if b.start < lo || b.end > hi {
+                let (s, e) = (b.start.max(lo), b.end.min(hi));
+                b.instructions = self.instructions(s, e);
+                b.start = s;
+                b.end = e;
+            }
+            out.push(b);
+        };
+        let mut pos = lo;
+        let functions: Vec<&Function> = self.functions_in(lo, hi).collect();
+        for f in functions {
+            if f.addr > pos {
+                for b in self.raw_blocks(pos, f.addr.min(hi)) {
+                    push(&mut out, b);
                 }
-                if out.last().is_some_and(|l| l.end > b.start) {
-                    continue; // overlapping symbols (aliases of one function)
+            }
+            if let Some(bytes) = self.bytes(f.addr, f.size) {
+                for b in blocks_for(self.arch, bytes, f.addr) {
+                    push(&mut out, b);
                 }
-                let mut b = b;
-                if b.start < lo || b.end > hi {
-                    let (s, e) = (b.start.max(lo), b.end.min(hi));
-                    b.instructions = self.instructions(s, e);
-                    b.start = s;
-                    b.end = e;
-                }
-                out.push(b);
+            }
+            pos = pos.max(f.addr.saturating_add(f.size));
+        }
+        if pos < hi {
+            for b in self.raw_blocks(pos, hi) {
+                push(&mut out, b);
             }
         }
         out
+    }
+
+    /// The blocks of [lo, hi), code no function symbol covers, padding at its start left out
+    /// (what follows a function's end: padding within, after a return or a jump, is left out
+    /// by the decoder).
+    fn raw_blocks(&self, lo: u64, hi: u64) -> Vec<Block> {
+        let mut lo = lo;
+        loop {
+            let n = self.filler_at(lo, hi);
+            if n == 0 {
+                break;
+            }
+            lo += n as u64;
+        }
+        let Some(bytes) = self.bytes(lo, hi.saturating_sub(lo)) else {
+            return Vec::new();
+        };
+        blocks_for(self.arch, bytes, lo)
+    }
+
+    /// Every direct branch (jump, conditional jump, call) in the executable sections, as
+    /// (target, source), sorted: a linear sweep of all the code, which sees the jumps of parts
+    /// that no symbol covers (gcc's `.cold` parts in a program with dynamic symbols only) back
+    /// into a function's middle.
+    fn branches(&self) -> &[(u64, u64)] {
+        self.targets.get_or_init(|| {
+            let mut out = Vec::new();
+            for (base, data) in &self.sections {
+                let mut off = 0usize;
+                while off < data.len() {
+                    let run = superprof_analyze::decode_all_for(
+                        self.arch,
+                        &data[off..],
+                        base + off as u64,
+                    );
+                    out.extend(run.iter().filter_map(|i| Some((i.flow.target()?, i.addr))));
+                    let end = run
+                        .last()
+                        .map_or(off, |i| (i.addr + i.len as u64 - base) as usize);
+                    // Past an undecodable byte, on.
+                    off = if end > off { end } else { off + 1 };
+                }
+            }
+            out.sort_unstable();
+            out
+        })
+    }
+
+    /// The direct branch targets in [lo, hi), sorted, each once.
+    pub fn targets_in(&self, lo: u64, hi: u64) -> Vec<u64> {
+        let b = self.branches();
+        let from = b.partition_point(|&(t, _)| t < lo);
+        let mut out: Vec<u64> = b[from..]
+            .iter()
+            .take_while(|&&(t, _)| t < hi)
+            .map(|&(t, _)| t)
+            .collect();
+        out.dedup();
+        out
+    }
+
+    /// Where direct branches from outside [lo, hi) land inside it (an instruction's start
+    /// there), sorted.
+    pub fn entries_from_outside(&self, lo: u64, hi: u64) -> Vec<u64> {
+        let b = self.branches();
+        let from = b.partition_point(|&(t, _)| t < lo);
+        let mut out: Vec<u64> = b[from..]
+            .iter()
+            .take_while(|&&(t, _)| t < hi)
+            .filter(|&&(_, src)| !(lo..hi).contains(&src))
+            .map(|&(t, _)| t)
+            .collect();
+        out.dedup();
+        out
+    }
+
+    /// Whether a direct branch anywhere in the file lands in [lo, hi).
+    pub fn targeted(&self, lo: u64, hi: u64) -> bool {
+        let b = self.branches();
+        let i = b.partition_point(|&(t, _)| t < lo);
+        b.get(i).is_some_and(|&(t, _)| t < hi)
     }
 
     /// The blocks of [lo, hi) for probes that count each block once at one place (uprobes,
@@ -138,7 +240,10 @@ impl ElfCode {
     /// back in ([`ElfCode::reentries`]), so that each part is counted as it runs.
     pub fn counted_blocks(&self, lo: u64, hi: u64) -> Vec<Block> {
         let mut at: Vec<u64> = self.reentries(lo, hi);
+        // Any direct branch from anywhere (code with no symbol included).
+        at.extend(self.targets_in(lo, hi));
         at.sort_unstable();
+        at.dedup();
         let mut out = Vec::new();
         for b in self.static_blocks(lo, hi) {
             let mut start = b.start;
@@ -176,7 +281,8 @@ impl ElfCode {
         };
         let mut n = 0u32;
         for i in superprof_analyze::decode_all_for(self.arch, bytes, addr) {
-            if !i.filler || i.addr != addr + n as u64 {
+            // (A branch target is never filler: something runs it.)
+            if !i.filler || i.addr != addr + n as u64 || self.targeted(i.addr, i.addr + 1) {
                 break;
             }
             n += i.len;

@@ -331,10 +331,19 @@ impl Session<'_> {
             self.cover_blocks[i] = blocks;
         } else {
             self.counts.add_region(tracer, pid, p.lo, p.hi);
-            // Code outside the region that jumps back into it (f.cold parts).
+            // Code outside the region that jumps into it elsewhere than at its start (f.cold
+            // parts, another function's jump into its middle).
             if let Some(c) = code {
-                for at in c.reentries(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias)) {
-                    self.counts.add_start(tracer, pid, at.wrapping_add(bias));
+                let (lo, hi) = (p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
+                let mut at = c.reentries(lo, hi);
+                at.extend(c.entries_from_outside(lo, hi));
+                at.sort_unstable();
+                at.dedup();
+                for a in at
+                    .into_iter()
+                    .filter(|&a| a != lo && c.is_instruction_start(a))
+                {
+                    self.counts.add_start(tracer, pid, a.wrapping_add(bias));
                 }
             }
         }
@@ -410,6 +419,10 @@ impl Session<'_> {
         if let Some(&at) = self.counting_bps.get(&addr) {
             self.counts.stops += 1;
             *self.bp_hits.entry(at).or_default() += 1;
+            // Coverage: its first hit is all it needs to know.
+            if self.coverage {
+                let _ = tracer.remove_breakpoint(pid, addr);
+            }
             tracer.resume(tid);
         } else if let Some(at) = self.cover.remove(&addr) {
             self.counts.stops += 1;
