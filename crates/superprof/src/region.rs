@@ -130,8 +130,18 @@ pub fn exe_bias(pid: u32) -> Option<u64> {
 
 /// The one function a region name means (exact, else a unique substring of one of the
 /// program's own functions): None when there is none, an error naming them when several.
-pub fn unique_function(pid: u32, name: &str) -> Result<Option<superprof_trace::FunctionAddress>> {
-    let found = superprof_trace::find_functions_matching(pid, name)?;
+/// `substrings`: substrings may be tried (not before ld.so has mapped the libraries: `malloc`
+/// would be a program's `xmalloc` while libc's is still to come).
+pub fn unique_function(
+    pid: u32,
+    name: &str,
+    substrings: bool,
+) -> Result<Option<superprof_trace::FunctionAddress>> {
+    let found = if substrings {
+        superprof_trace::find_functions_matching(pid, name)?
+    } else {
+        superprof_trace::find_function(pid, name)?
+    };
     let mut names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
     names.sort();
     names.dedup();
@@ -201,6 +211,8 @@ pub struct Placement {
     entry_bp: Option<u64>,
     dl_bp: Option<u64>,
     execs: u32,
+    /// Between an exec and the entry point: the libraries are not mapped yet.
+    early: bool,
 }
 
 impl Placement {
@@ -211,6 +223,7 @@ impl Placement {
         // The old image's breakpoints went with it.
         self.entry_bp = None;
         self.dl_bp = None;
+        self.early = true;
         self.execs > 1
     }
 
@@ -224,16 +237,25 @@ impl Placement {
         all: bool,
     ) -> bool {
         if all {
+            self.early = false;
             return false;
         }
         let Some(e) = superprof_trace::entry_point(pid) else {
+            self.early = false;
             return false;
         };
         if tracer.set_breakpoint(pid, e).is_ok() {
             self.entry_bp = Some(e);
             return true;
         }
+        self.early = false;
         false
+    }
+
+    /// Whether the libraries the program links are mapped (not between its exec and its entry
+    /// point): a region name may then be matched as a substring.
+    pub fn libraries_mapped(&self) -> bool {
+        !self.early
     }
 
     /// Whether `addr` is one of its breakpoints.
@@ -259,6 +281,9 @@ impl Placement {
         addr: u64,
         probed: bool,
     ) {
+        if self.is_entry(addr) {
+            self.early = false;
+        }
         if self.is_control(addr) && !probed {
             let _ = tracer.remove_breakpoint(pid, addr);
         }

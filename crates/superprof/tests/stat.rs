@@ -166,6 +166,32 @@ fn a_function_in_a_shared_library() {
     }
 }
 
+/// A library's function named exactly beats a substring of one of the program's own: at exec,
+/// before ld.so has mapped libc, `getpid` is not yet found, and must not become the program's
+/// `xgetpid` (Debian's bash: `-r malloc` became its `xmalloc`, found by a helper).
+#[test]
+fn an_exact_name_in_a_library_beats_a_substring_in_the_program() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-exact");
+    let exe = compile(&dir, "xgetpid", &["xgetpid.c"], &["-O2", "-g"]);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "getpid", "-e", "page-faults"]),
+            &[exe.as_os_str(), "10".as_ref(), "5".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(m.get("getpid").map(|r| r.0), Some(15), "{engine}: {m:?}");
+    }
+    // The program's own still matches as a substring where no exact name exists.
+    let (m, stderr, _) = stat_json(
+        &dir,
+        &["-r", "xgetp", "-e", "page-faults"],
+        &[exe.as_os_str(), "10".as_ref(), "5".as_ref()],
+    );
+    assert_eq!(m.get("xgetpid").map(|r| r.0), Some(10), "{stderr} {m:?}");
+}
+
 #[test]
 fn an_address_range_counts_the_code_between() {
     let _cpu = cpu_share();

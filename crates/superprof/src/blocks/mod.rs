@@ -135,15 +135,17 @@ fn exe_file(pid: u32) -> Result<MappedFile> {
         .ok_or_else(|| anyhow!("cannot find the executable's load address"))
 }
 
-/// Places region `spec` in `pid`. Ok(None): a function not found (yet).
+/// Places region `spec` in `pid`. Ok(None): a function not found (yet). `substrings`: a
+/// function name may match a substring (the libraries are mapped).
 fn place(
     pid: u32,
     spec: &RegionSpec,
     symbols: &mut superprof_symbols::Symbolizer,
+    substrings: bool,
 ) -> Result<Option<Placed>> {
     Ok(match spec {
         RegionSpec::Function(name) => {
-            let Some(f) = unique_function(pid, name)? else {
+            let Some(f) = unique_function(pid, name, substrings)? else {
                 return Ok(None);
             };
             if f.size == 0 {

@@ -84,7 +84,8 @@ impl Session<'_> {
             let placed = if self.specs.is_empty() {
                 Some(whole_executable(pid)?)
             } else {
-                place(pid, &self.specs[i], &mut self.symbols)?
+                let substrings = self.placement.libraries_mapped();
+                place(pid, &self.specs[i], &mut self.symbols, substrings)?
             };
             let Some(p) = placed else {
                 all = false;

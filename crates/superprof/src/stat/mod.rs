@@ -546,6 +546,9 @@ struct Session {
     records: Vec<crate::inprocess::Record>,
     stopped: Option<u32>,
     codes: HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
+    /// The program's libraries are mapped (a region name may match a substring): not between
+    /// an exec and the entry point.
+    libraries_mapped: bool,
 }
 
 impl Session {
@@ -587,6 +590,7 @@ impl Session {
             records: Vec::new(),
             stopped: None,
             codes: HashMap::new(),
+            libraries_mapped: true,
         }
     }
 
@@ -646,7 +650,7 @@ impl Session {
             }
             let region = match spec {
                 RegionSpec::Function(name) => {
-                    let found = unique_function(pid, name)?;
+                    let found = unique_function(pid, name, self.libraries_mapped)?;
                     let mut sites: Vec<(u64, Site)> = found
                         .as_ref()
                         .map(|f| {
@@ -1612,11 +1616,13 @@ impl Session {
                     // (Its only thread is stopped: the in-process engine runs its system
                     // calls there.)
                     self.stopped = Some(pid);
+                    self.libraries_mapped = placement.libraries_mapped();
                     let all = self.place(&mut tracer, pid, false)?;
                     // Libraries are loaded by ld.so after exec: look again at the program's
                     // entry point, when they are all mapped; with no entry point to wait
                     // for, what is missing is said at the end (the command runs on).
                     if !placement.after_exec(&mut tracer, pid, all) && !all {
+                        self.libraries_mapped = placement.libraries_mapped();
                         self.place(&mut tracer, pid, true)?;
                     }
                     self.stopped = None;
@@ -1628,6 +1634,7 @@ impl Session {
                     let probe =
                         self.entries.contains_key(&addr) || self.returns.contains_key(&addr);
                     placement.lift(&mut tracer, pid, addr, probe);
+                    self.libraries_mapped = placement.libraries_mapped();
                     if in_process {
                         tracer.hold_others(tid);
                         self.stopped = Some(tid);
