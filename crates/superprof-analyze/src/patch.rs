@@ -345,6 +345,22 @@ pub fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
     out
 }
 
+/// Whether the instruction at the start of `code` is an indirect jump through a RIP-relative
+/// slot (`jmp *disp(%rip)`: through the GOT, a call's tail to another function, never a jump
+/// table's dispatch, which indexes its table with a register).
+pub fn jumps_through_slot(code: &[u8], addr: u64) -> bool {
+    use iced_x86::OpKind;
+    let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    if !d.can_decode() {
+        return false;
+    }
+    let i = d.decode();
+    i.flow_control() == FlowControl::IndirectBranch
+        && i.op_count() == 1
+        && i.op_kind(0) == OpKind::Memory
+        && i.memory_base() == Register::RIP
+}
+
 /// One record's size and layout: `commit` (its index + 1, written last), probe (u32), tid
 /// (u32), sp, CLOCK_MONOTONIC (timespec), CLOCK_THREAD_CPUTIME_ID (timespec), a struct rusage.
 pub const RECORD: u64 = 256;
@@ -754,6 +770,14 @@ mod tests {
         assert_eq!(quiet_tail(&code, 0x1000, 0x1003), [0x1003]);
         // Not on an instruction boundary: nowhere.
         assert!(quiet_tail(&code, 0x1000, 0x1002).is_empty());
+    }
+
+    #[test]
+    fn a_tail_jump_through_the_got() {
+        // jmp *0x2e33(%rip); jmp *(%rdx,%rax,8); jmp *%rax
+        assert!(jumps_through_slot(&[0xff, 0x25, 0x33, 0x2e, 0, 0], 0x1000));
+        assert!(!jumps_through_slot(&[0xff, 0x24, 0xc2], 0x1000));
+        assert!(!jumps_through_slot(&[0xff, 0xe0], 0x1000));
     }
 
     #[test]

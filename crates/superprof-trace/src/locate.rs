@@ -22,7 +22,24 @@ pub struct FunctionAddress {
 /// The functions of process `pid` named `name` (the exact symbol name, or its demangled form),
 /// in every executable file it maps.
 pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddress>> {
-    scan(pid, |raw, demangled, _| raw == name || demangled == name)
+    let exact = scan(pid, |raw, demangled, _| raw == name || demangled == name)?;
+    if !exact.is_empty() {
+        return Ok(exact);
+    }
+    // A C++ function by its name without its parameters (`f` for `f(int)`), as perf users
+    // write it.
+    scan(pid, |_, demangled, _| base_name(demangled) == Some(name))
+}
+
+/// A demangled C++ name without its parameter list (and what follows it: `const`): `ns::f`
+/// for `ns::f(int) const`; None for a name with no parameters, and for a compiler's clone
+/// (`g(int) [clone .cold]`: a part of `g`, not another `g`).
+fn base_name(demangled: &str) -> Option<&str> {
+    if demangled.contains("[clone ") {
+        return None;
+    }
+    let open = demangled.find('(')?;
+    (open > 0).then(|| &demangled[..open])
 }
 
 /// The program's entry point (AT_ENTRY of /proc/PID/auxv): where it starts once ld.so has
@@ -144,4 +161,19 @@ fn scan(pid: u32, want: impl Fn(&str, &str, u64) -> bool) -> std::io::Result<Vec
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod base_name_tests {
+    #[test]
+    fn a_cxx_name_without_its_parameters() {
+        assert_eq!(super::base_name("f(int)"), Some("f"));
+        assert_eq!(
+            super::base_name("ns::C::g(int, char const*) const"),
+            Some("ns::C::g")
+        );
+        assert_eq!(super::base_name("g(int) [clone .cold]"), None);
+        assert_eq!(super::base_name("malloc"), None);
+        assert_eq!(super::base_name("(anonymous)"), None);
+    }
 }

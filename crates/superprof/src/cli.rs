@@ -210,7 +210,8 @@ pub struct StatArgs {
         conflicts_with = "command"
     )]
     pub pid: Option<u32>,
-    /// How regions are probed (default: uprobe where allowed, else ptrace)
+    /// How regions are probed (default: in-process where it reads every event asked, else
+    /// uprobe where allowed, else ptrace)
     #[arg(long, value_enum, value_name = "ENGINE")]
     pub engine: Option<EngineArg>,
     /// The command to launch (after `--`)
@@ -220,8 +221,8 @@ pub struct StatArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EngineArg {
-    /// Counting code mapped into the program: a jump to a trampoline per block (blocks only;
-    /// x86_64)
+    /// Code mapped into the program, reached by jumps that replace the probed instructions:
+    /// counting (blocks) or recording with system calls (stat); x86_64
     InProcess,
     /// Kernel uprobes reading the counters at each hit, without stopping the program (root)
     Uprobe,

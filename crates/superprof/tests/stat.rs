@@ -192,6 +192,34 @@ fn an_exact_name_in_a_library_beats_a_substring_in_the_program() {
     assert_eq!(m.get("xgetpid").map(|r| r.0), Some(10), "{stderr} {m:?}");
 }
 
+/// A function that leaves by a tail jump through memory (`jmp *slot(%rip)`, as CPython's
+/// PyObject_Malloc does): that jump is an exit too (before: 0 calls on in-process and uprobe,
+/// found by a helper).
+#[test]
+fn a_tail_jump_through_memory_ends_a_call() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-tail");
+    let exe = compile(&dir, "tailjump", &["tailjump.c"], &["-O2", "-g"]);
+    let dis = Command::new("objdump")
+        .args(["-d"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dis.stdout);
+    let body = &text[text.find("<via_pointer>:").unwrap()..];
+    let body = &body[..body.find("\n\n").unwrap_or(body.len())];
+    assert!(body.contains("jmp    *"), "no indirect tail jump: {body}");
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "via_pointer", "-e", "page-faults"]),
+            &[exe.as_os_str(), "1000".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(m["via_pointer"].0, 1000, "{engine}");
+    }
+}
+
 #[test]
 fn an_address_range_counts_the_code_between() {
     let _cpu = cpu_share();

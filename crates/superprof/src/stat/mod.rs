@@ -1423,14 +1423,25 @@ impl Session {
         let mut sites = self.entries.get(&addr).cloned().unwrap_or_default();
         sites.retain(|(r, _)| self.by_ptrace(*r));
         for (region, site) in sites {
-            let inside = self
+            let Ok(regs) = tracer.regs(tid) else { return };
+            // Inside already: recursion (the outermost call counts), unless it is entered
+            // again at the same depth or above, which means the open call was left without a
+            // return (an exception, a longjmp, an inlined copy left by a path that skips its
+            // end): that one is dropped, as on the other engines.
+            let open = self
                 .frames
                 .get(&tid)
-                .is_some_and(|f| f.iter().any(|f| f.region == region));
-            if inside {
-                continue;
+                .and_then(|f| f.iter().position(|f| f.region == region));
+            if let Some(p) = open {
+                let frame_sp = self.frames[&tid][p].sp;
+                if !site.ends_at_return || regs.sp < frame_sp {
+                    continue;
+                }
+                let frame = self.frames.get_mut(&tid).expect("open").remove(p);
+                for &(exit, _) in &frame.exits {
+                    self.release_exit(tracer, pid, exit);
+                }
             }
-            let Ok(regs) = tracer.regs(tid) else { return };
             let mut exits = Vec::new();
             if let Some(end) = site.end {
                 exits.push((end, false));
@@ -1754,6 +1765,12 @@ fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<u64>> {
         .filter(|i| match i.flow {
             superprof_analyze::Flow::Return => true,
             superprof_analyze::Flow::Jump { target } => !(at..end).contains(&target),
+            // A tail call through the GOT (`jmp *slot(%rip)`; a jump table's dispatch goes
+            // through a register).
+            superprof_analyze::Flow::IndirectJump => {
+                let off = (i.addr - at) as usize;
+                superprof_analyze::patch::jumps_through_slot(&code[off..], i.addr)
+            }
             _ => false,
         })
         .map(|i| i.addr)
