@@ -42,5 +42,7 @@ pub use locate::{
     entry_point, find_function, find_functions_matching, function_at, function_names, mapped_files,
     FunctionAddress, MappedFile,
 };
-pub use sys::{block_sigchld, read_memory, write_memory, RawRegs, STUB as SYSCALL_STUB};
+pub use sys::{
+    block_sigchld, monotonic_ns, read_memory, write_memory, CpuTime, RawRegs, STUB as SYSCALL_STUB,
+};
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

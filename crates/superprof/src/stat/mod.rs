@@ -543,6 +543,9 @@ struct Session {
     ip_roles: Vec<Role>,
     /// The ends probed (one probe per address, whatever regions end there).
     ip_ends: std::collections::HashSet<u64>,
+    /// In-process points with no room for a jump (a short `ret` in a cold part), probed with a
+    /// breakpoint instead: address -> role and region. Rare paths: one stop each time.
+    ip_bp: HashMap<u64, (Role, usize)>,
     records: Vec<crate::inprocess::Record>,
     stopped: Option<u32>,
     codes: HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
@@ -587,6 +590,7 @@ impl Session {
             inproc: None,
             ip_roles: Vec::new(),
             ip_ends: Default::default(),
+            ip_bp: HashMap::new(),
             records: Vec::new(),
             stopped: None,
             codes: HashMap::new(),
@@ -786,6 +790,7 @@ impl Session {
         self.inproc = None;
         self.ip_roles.clear();
         self.ip_ends.clear();
+        self.ip_bp.clear();
     }
 
     /// Opens the uprobes of the sites placed since the last call, in one group per thread of
@@ -816,9 +821,9 @@ impl Session {
             // Its returns and tail calls, not a return probe: a uretprobe replaces the return
             // address on the stack, and a C++ exception unwinding through that frame then
             // finds no caller and terminates the program.
-            let exits = if site.ends_at_return {
+            let exits: Vec<u64> = if site.ends_at_return {
                 match function_exits(tracer, pid, at) {
-                    Some(exits) => exits,
+                    Some(exits) => exits.into_iter().map(|(x, _)| x).collect(),
                     None => {
                         let why = format!(
                             "cannot find where region '{name}' returns (no size in its symbol, \
@@ -933,6 +938,16 @@ impl Session {
                 // The region goes to ptrace: its probes come out.
                 for at in patched {
                     let _ = tracer.unpatch(pid, at);
+                }
+                let mine: Vec<u64> = self
+                    .ip_bp
+                    .iter()
+                    .filter(|(_, &(_, g))| g == r)
+                    .map(|(&a, _)| a)
+                    .collect();
+                for a in mine {
+                    self.ip_bp.remove(&a);
+                    let _ = tracer.remove_breakpoint(pid, a);
                 }
                 self.region_to_ptrace(tracer, pid, r, &why)?;
             }
@@ -1112,13 +1127,39 @@ impl Session {
             .map_err(|e| format!("its entry: {e}"))?;
         self.ip_roles.push(Role::Entry(region, site));
         patched.push(first);
-        for x in exits {
+        // The blocks of the function's parts placed elsewhere (f.cold), as they come.
+        let mut parts: HashMap<(u64, u64), Vec<superprof_analyze::Block>> = HashMap::new();
+        for (x, (plo, phi)) in exits {
             let ex = x.wrapping_sub(bias);
-            let (k, b) = blocks
+            let part = if plo == at {
+                &blocks
+            } else {
+                parts.entry((plo, phi)).or_insert_with(|| {
+                    code.counted_blocks(plo.wrapping_sub(bias), phi.wrapping_sub(bias))
+                })
+            };
+            let next_of = |k: usize| part.get(k + 1).map_or(u64::MAX, |n| n.start);
+            let (k, b) = part
                 .iter()
                 .enumerate()
                 .find(|(_, b)| b.start <= ex && ex < b.end)
                 .ok_or_else(|| format!("a return at {x:#x} is in no block"))?;
+            // A part elsewhere: several instructions may move where it has no indirect jump.
+            let (several, part_boards) = if plo == at {
+                (several, None)
+            } else {
+                let (lo, hi) = (plo.wrapping_sub(bias), phi.wrapping_sub(bias));
+                let direct_only = code.bytes(lo, hi - lo).is_some_and(|c| {
+                    !superprof_analyze::decode_all_for(code.arch, c, lo)
+                        .iter()
+                        .any(|i| i.flow == superprof_analyze::Flow::IndirectJump)
+                });
+                (
+                    direct_only,
+                    Some(crate::inprocess::springboards(code, lo, hi, bias)),
+                )
+            };
+            let boards = part_boards.as_deref().unwrap_or(&boards);
             let probe = self.ip_roles.len();
             // At the exit itself (and the filler after it), else before it where nothing in
             // between can fault (a call that faults there must not be counted as ended),
@@ -1136,17 +1177,28 @@ impl Session {
                     instructions: 1,
                     flow: b.flow,
                 };
-                let site = Patched::of(code, &from, next_of(k), bias, several || q == ex, &boards);
+                let site = Patched::of(code, &from, next_of(k), bias, several || q == ex, boards);
                 placed = inproc.probe(tracer, tid, &site, &inside, &rec(probe, sp), true);
                 if placed.is_ok() {
                     break;
                 }
             }
             match placed {
-                Ok(at) => patched.push(at),
-                Err(e) => return Err(format!("a return at {x:#x}: {e}")),
+                Ok(at) => {
+                    patched.push(at);
+                    self.ip_roles.push(Role::Exit(region));
+                }
+                Err(e) if plo == at => return Err(format!("a return at {x:#x}: {e}")),
+                // No room for a jump in a part placed elsewhere (a cold path, which the
+                // compiler expects rare): a breakpoint there, which reads the thread's counters
+                // from /proc when a call leaves that way (its stop is in that call's figures).
+                Err(e) => {
+                    tracer
+                        .set_breakpoint(pid, x)
+                        .map_err(|b| format!("a return at {x:#x}: {e}, and no breakpoint: {b}"))?;
+                    self.ip_bp.insert(x, (Role::Exit(region), region));
+                }
             }
-            self.ip_roles.push(Role::Exit(region));
         }
         Ok(())
     }
@@ -1401,7 +1453,75 @@ impl Session {
         }
     }
 
+    /// What an in-process record would say, for thread `tid` stopped at a breakpoint: the time,
+    /// its stack pointer, and its counters read from /proc (CPU time from schedstat, faults
+    /// from stat, context switches from status).
+    fn hit_from_proc(
+        &self,
+        tracer: &Tracer,
+        tid: u32,
+        pid: u32,
+    ) -> Option<superprof_sample::ProbeHit> {
+        let sp = tracer.regs(tid).ok()?.sp;
+        let time = superprof_trace::monotonic_ns();
+        let cputime = superprof_trace::CpuTime::open(pid, tid)
+            .and_then(|c| c.read())
+            .unwrap_or(0);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+        // After the command's closing parenthesis: state is field 3; minflt 10, majflt 12.
+        let rest = stat.rsplit_once(')')?.1;
+        let field = |n: usize| -> u64 {
+            rest.split_whitespace()
+                .nth(n - 3)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+        let count = |key: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let r = crate::inprocess::Record {
+            probe: 0,
+            tid,
+            sp,
+            time,
+            cputime,
+            minflt: field(10),
+            majflt: field(12),
+            nvcsw: count("voluntary_ctxt_switches:"),
+            nivcsw: count("nonvoluntary_ctxt_switches:"),
+        };
+        Some(superprof_sample::ProbeHit {
+            probe: 0,
+            pid,
+            tid,
+            time,
+            sp,
+            values: self
+                .events
+                .iter()
+                .map(|e| Reading {
+                    value: InProcessReading::of(e).map_or(0, |x| x.value(&r)),
+                    ..Reading::default()
+                })
+                .collect(),
+        })
+    }
+
     fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
+        if let Some(&(role, region)) = self.ip_bp.get(&addr) {
+            if !self.on_ptrace.contains(&region) {
+                // The ring's records first: this thread's entry is among them.
+                self.drain_hits(pid);
+                if let Some(hit) = self.hit_from_proc(tracer, tid, pid) {
+                    self.on_hit(role, &hit);
+                }
+            }
+        }
         // A return (or range end) first: a thread leaving one region may enter another at once.
         if self.returns.contains_key(&addr) {
             let sp = tracer.regs(tid).map(|r| r.sp).unwrap_or(0);
@@ -1747,35 +1867,85 @@ impl Session {
     }
 }
 
-/// Where the function that starts at `at` in process `pid` leaves: its returns, and its jumps
-/// out of itself (tail calls), from its code (its size from the symbol table). None when that
-/// cannot be told.
-fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<u64>> {
+/// Where the function that starts at `at` in process `pid` leaves: its returns, its jumps out
+/// of itself to other functions (tail calls) and through memory (`jmp *slot(%rip)`), from its
+/// code (its size from the symbol table); and those of its parts placed elsewhere (gcc's
+/// `f.cold`, with a symbol of that name or none), which it jumps to. Each exit with the code
+/// range it lies in. None when that cannot be told.
+fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<(u64, (u64, u64))>> {
+    use superprof_analyze::Flow;
     let f = superprof_trace::function_at(pid, at).ok()??;
-    let size = usize::try_from(f.size)
-        .ok()
-        .filter(|&s| s > 0 && s <= 1 << 20)?;
-    let mut code = vec![0u8; size];
-    if tracer.read_code(pid, at, &mut code) != size {
-        return None;
-    }
     let end = at.checked_add(f.size)?;
-    let exits: Vec<u64> = superprof_analyze::decode_all(&code, at)
-        .into_iter()
-        .filter(|i| match i.flow {
-            superprof_analyze::Flow::Return => true,
-            superprof_analyze::Flow::Jump { target } => !(at..end).contains(&target),
-            // A tail call through the GOT (`jmp *slot(%rip)`; a jump table's dispatch goes
-            // through a register).
-            superprof_analyze::Flow::IndirectJump => {
-                let off = (i.addr - at) as usize;
-                superprof_analyze::patch::jumps_through_slot(&code[off..], i.addr)
+    let read = |lo: u64, hi: u64| -> Option<Vec<u8>> {
+        let size = usize::try_from(hi.checked_sub(lo)?)
+            .ok()
+            .filter(|&s| s > 0 && s <= 1 << 20)?;
+        let mut code = vec![0u8; size];
+        (tracer.read_code(pid, lo, &mut code) == size).then_some(code)
+    };
+    // A jump out of the function: to another function's start (a tail call), or to a part of
+    // this one (a symbol named after it, or code no symbol starts).
+    let part_of_it = |target: u64| match superprof_trace::function_at(pid, target).ok().flatten() {
+        Some(g) => {
+            g.name.starts_with(&format!("{}.", f.name))
+                || g.name.starts_with(&format!("{} [clone .", f.name))
+                || g.name.contains("[clone .cold")
+        }
+        None => true,
+    };
+    let mut exits = Vec::new();
+    // (part start, part end): the function, then its parts as found.
+    let mut parts: Vec<(u64, u64)> = vec![(at, end)];
+    let mut k = 0;
+    while k < parts.len() && k < 16 {
+        let (lo, hi) = parts[k];
+        k += 1;
+        let Some(code) = read(lo, hi) else {
+            continue;
+        };
+        for i in superprof_analyze::decode_all(&code, lo) {
+            let inside = |t: u64| parts.iter().any(|&(a, b)| (a..b).contains(&t));
+            match i.flow {
+                Flow::Return => exits.push((i.addr, (lo, hi))),
+                Flow::IndirectJump => {
+                    let off = (i.addr - lo) as usize;
+                    if superprof_analyze::patch::jumps_through_slot(&code[off..], i.addr) {
+                        exits.push((i.addr, (lo, hi)));
+                    }
+                }
+                Flow::Jump { target } | Flow::Conditional { target } if !inside(target) => {
+                    if part_of_it(target) {
+                        // Its range: the symbol's, else up to the next function's start.
+                        let part_end =
+                            match superprof_trace::function_at(pid, target).ok().flatten() {
+                                Some(g) if g.size > 0 => target.checked_add(g.size)?,
+                                _ => next_function_start(pid, target)
+                                    .unwrap_or(target + 4096)
+                                    .min(target + (1 << 16)),
+                            };
+                        if !parts.iter().any(|&(a, _)| a == target) {
+                            parts.push((target, part_end));
+                        }
+                    } else if matches!(i.flow, Flow::Jump { .. }) {
+                        exits.push((i.addr, (lo, hi)));
+                    }
+                }
+                _ => {}
             }
-            _ => false,
-        })
-        .map(|i| i.addr)
-        .collect();
+        }
+    }
+    exits.sort_unstable();
+    exits.dedup();
     (!exits.is_empty()).then_some(exits)
+}
+
+/// The start of the first function after `addr` in the file that holds it (runtime address).
+fn next_function_start(pid: u32, addr: u64) -> Option<u64> {
+    let file = crate::blocks::file_at(pid, addr)?;
+    let code = crate::blocks::ElfCode::open(&file.open_path)?;
+    let a = addr.wrapping_sub(file.bias);
+    let i = code.functions.partition_point(|f| f.addr <= a);
+    Some(code.functions.get(i)?.addr.wrapping_add(file.bias))
 }
 
 /// Whether a thread whose stack pointer is `sp` has returned from the call entered with `entry`
