@@ -17,6 +17,9 @@ pub struct FunctionAddress {
     pub addr: u64,
     /// Its size in bytes (0 when the symbol table does not say).
     pub size: u64,
+    /// An indirect function (STT_GNU_IFUNC, as glibc's memcpy): the address is its resolver,
+    /// run once at load time; calls go to the implementation it chose.
+    pub ifunc: bool,
 }
 
 /// The functions of process `pid` named `name` (the exact symbol name, or its demangled form),
@@ -148,11 +151,17 @@ fn scan(pid: u32, want: impl Fn(&str, &str, u64) -> bool) -> std::io::Result<Vec
             let addr = sym.address().wrapping_add(file.bias);
             let demangled = superprof_symbols::demangle(raw);
             if want(raw, &demangled, addr) {
+                const STT_GNU_IFUNC: u8 = 10;
+                let ifunc = matches!(
+                    sym.flags(),
+                    object::SymbolFlags::Elf { st_info, .. } if st_info.0 & 0xf == STT_GNU_IFUNC
+                );
                 let f = FunctionAddress {
                     name: demangled,
                     module: file.path.clone(),
                     addr,
                     size: sym.size(),
+                    ifunc,
                 };
                 if !found.contains(&f) {
                     found.push(f);

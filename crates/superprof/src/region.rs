@@ -151,7 +151,18 @@ pub fn unique_function(
             names[..names.len().min(10)].join(", ")
         );
     }
-    Ok(found.into_iter().next())
+    // (glibc's memcpy is two symbols: a compatibility version nobody calls, and the default,
+    // an ifunc.)
+    match found.iter().find(|f| f.ifunc).or(found.first()).cloned() {
+        Some(f) if f.ifunc => bail!(
+            "'{}' is an indirect function (GNU ifunc): its symbol is the resolver, which the \
+             dynamic loader runs once to choose an implementation; give the implementation's \
+             name where the symbol table has it (`superprof record` shows it, e.g. \
+             __memmove_avx_unaligned_erms for memcpy), or its address range",
+            f.name
+        ),
+        other => Ok(other),
+    }
 }
 
 /// The message for a function never found, with near names.

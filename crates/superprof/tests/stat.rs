@@ -252,6 +252,26 @@ fn returns_from_a_functions_cold_part_end_its_calls() {
     }
 }
 
+/// glibc's memcpy is an ifunc (and a compatibility symbol nobody calls): its symbol is not
+/// where calls go. Said, not counted as 0 calls (found by a helper on xz).
+#[test]
+fn an_indirect_function_is_refused_with_why() {
+    let _cpu = cpu_share();
+    let out = superprof()
+        .args([
+            "stat",
+            "-r",
+            "memcpy",
+            "-e",
+            "page-faults",
+            "--",
+            "/bin/true",
+        ])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "indirect function (GNU ifunc)");
+}
+
 #[test]
 fn an_address_range_counts_the_code_between() {
     let _cpu = cpu_share();
