@@ -426,6 +426,17 @@ impl InProcess {
         lost
     }
 
+    /// Frees the pages of the counters and of the ring (read them first): the program keeps
+    /// the mappings (a thread may still be inside a trampoline), not the memory.
+    pub fn release(&self) {
+        for a in &self.areas {
+            a.shared.release();
+        }
+        if let Some(r) = &self.ring {
+            r.shared.release();
+        }
+    }
+
     /// How many times a counted block ran so far.
     pub fn count(&self, c: Counter) -> u64 {
         self.areas.get(c.area).map_or(0, |a| a.shared.word(c.slot))

@@ -213,13 +213,18 @@ impl Drop for IgnoreInterrupts {
 pub struct SharedMemory {
     ptr: *const u64,
     words: usize,
+    /// The memfd, kept to free its pages at the end ([`SharedMemory::release`]).
+    file: std::fs::File,
 }
 
 impl SharedMemory {
     /// Maps the first `len` bytes (a multiple of 8) of the memfd at `path`.
     pub fn open(path: &std::path::Path, len: usize) -> std::io::Result<SharedMemory> {
         use std::os::fd::AsRawFd;
-        let file = std::fs::OpenOptions::new().read(true).open(path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
         if len == 0 || !len.is_multiple_of(8) || file.metadata()?.len() < len as u64 {
             return Err(std::io::Error::other(
                 "the shared file is shorter than asked",
@@ -243,7 +248,24 @@ impl SharedMemory {
         Ok(SharedMemory {
             ptr: ptr.cast(),
             words: len / 8,
+            file,
         })
+    }
+
+    /// Frees the memory's pages (the program that shares it keeps a mapping, which a late write
+    /// would simply fill again): what an attached program is left holding after superprof.
+    pub fn release(&self) {
+        use std::os::fd::AsRawFd;
+        let len = (self.words * 8) as libc::off_t;
+        // SAFETY: fallocate on our own descriptor of the memfd; no memory is touched.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                len,
+            )
+        };
     }
 
     /// The 8-byte word `i` (0 beyond the end).

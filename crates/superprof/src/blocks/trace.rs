@@ -662,6 +662,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         .flatten()
         .collect();
     let blocks = s.results(&regions);
+    // In-process: the counters' pages freed (an attached program keeps only the mappings).
+    if let Some(ip) = &s.inproc {
+        ip.release();
+    }
     // The probes closed (about 75 ms each here: the kernel waits a grace period per probe,
     // one after another, however many threads close them).
     s.block_probes.clear();

@@ -1838,6 +1838,12 @@ impl Session {
         }
         // Every breakpoint is removed and an attached process let go here.
         let killed = tracer.finish();
+        // In-process: the records that came in meanwhile, then the shared memory's pages freed
+        // (an attached program keeps only the mappings).
+        self.drain_hits(root);
+        if let Some(ip) = &self.inproc {
+            ip.release();
+        }
         if !self.missing.is_empty() {
             match exit.or(killed) {
                 // A region never found: said, and the command's status is superprof's.
