@@ -321,6 +321,15 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
         let (mut child, _stdout) = spawn_ready(&exe, &["0", "2"]);
         let pid = child.id();
         let before = code_bytes(pid, &exe);
+        let rss = |pid: u32| -> u64 {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap()
+        };
+        let rss_before = rss(pid);
         let out_file = dir.path("a.json");
         let out = superprof()
             .args([
@@ -346,9 +355,13 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
             );
         }
         assert_running_untraced(pid);
+        // In-process: the 16 MiB ring and the counters are freed, only their mappings stay
+        // (checked once the process is gone).
+        let grown = rss(pid).saturating_sub(rss_before);
         let after = code_bytes(pid, &exe);
         let _ = child.kill();
         let _ = child.wait();
+        assert!(grown < 4096, "{engine}: {grown} KiB more resident after detach");
         assert!(
             out.status.success(),
             "{}",
