@@ -361,7 +361,10 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
         let after = code_bytes(pid, &exe);
         let _ = child.kill();
         let _ = child.wait();
-        assert!(grown < 4096, "{engine}: {grown} KiB more resident after detach");
+        assert!(
+            grown < 4096,
+            "{engine}: {grown} KiB more resident after detach"
+        );
         assert!(
             out.status.success(),
             "{}",
