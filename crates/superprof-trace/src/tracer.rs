@@ -436,6 +436,20 @@ impl Tracer {
                 format!("the code at {addr:#x} is already changed"),
             ));
         }
+        self.write_saved(pid, space, addr, bytes, true)
+    }
+
+    /// Writes `bytes` over the code at `addr` (a breakpoint, or a patch), the original bytes
+    /// kept in the table, and in the janitor's before the code changes: superprof may die at
+    /// any moment.
+    fn write_saved(
+        &mut self,
+        pid: u32,
+        space: u32,
+        addr: u64,
+        bytes: &[u8],
+        patch: bool,
+    ) -> io::Result<()> {
         let mut orig = vec![0u8; bytes.len()];
         if sys::read_memory(pid, addr, &mut orig) != orig.len() {
             return Err(io::Error::new(
@@ -446,7 +460,6 @@ impl Tracer {
         if self.janitor.is_none() {
             self.janitor = crate::janitor::Janitor::start();
         }
-        // In the janitor's table before the code changes: superprof may die at any moment.
         if let Some(j) = self.janitor.as_mut() {
             j.add(space, addr, &orig);
         }
@@ -456,7 +469,7 @@ impl Tracer {
             }
             return Err(e);
         }
-        self.bp_insert(space, addr, Saved { orig, patch: true });
+        self.bp_insert(space, addr, Saved { orig, patch });
         Ok(())
     }
 
@@ -824,27 +837,7 @@ impl Tracer {
                 format!("the code at {addr:#x} is patched"),
             ));
         }
-        let mut orig = vec![0u8; sys::BREAKPOINT.len()];
-        if sys::read_memory(pid, addr, &mut orig) != orig.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot read the code at {addr:#x} of pid {pid}"),
-            ));
-        }
-        if self.janitor.is_none() {
-            self.janitor = crate::janitor::Janitor::start();
-        }
-        // In the janitor's table before the code changes: superprof may die at any moment.
-        if let Some(j) = self.janitor.as_mut() {
-            j.add(space, addr, &orig);
-        }
-        if let Err(e) = sys::write_memory(pid, addr, sys::BREAKPOINT) {
-            if let Some(j) = self.janitor.as_mut() {
-                j.remove(space, addr);
-            }
-            return Err(e);
-        }
-        self.bp_insert(space, addr, Saved { orig, patch: false });
+        self.write_saved(pid, space, addr, sys::BREAKPOINT, false)?;
         self.tombstones.remove(&(space, addr));
         Ok(())
     }

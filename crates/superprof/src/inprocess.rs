@@ -91,6 +91,16 @@ impl<'a> Site<'a> {
     }
 }
 
+/// Where the threads of `pid` are (every one stopped): no jump may replace bytes a thread is
+/// inside of.
+pub fn thread_pcs(tracer: &Tracer, pid: u32) -> Vec<u64> {
+    superprof_sample::list_threads(pid)
+        .unwrap_or_else(|_| vec![pid])
+        .into_iter()
+        .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
+        .collect()
+}
+
 /// The filler that never runs in the functions of `code` within a short jump of [lo, hi)
 /// (ELF addresses): the gaps between their blocks that hold only no-ops or int3, and the
 /// padding after each function's last one, as runtime addresses (`bias` added), 5 bytes or
@@ -416,11 +426,14 @@ impl InProcess {
                 nvcsw: at(ru + 128),
                 nivcsw: at(ru + 136),
             };
-            // Still the same record (not overwritten while it was read)?
-            if at(patch::REC_COMMIT) != r.tail + 1 {
-                continue;
+            // Still the same record (not overwritten while it was read)? Else it is lost: the
+            // ring is the program's memory, and a record that keeps changing must not hold the
+            // reader here.
+            if at(patch::REC_COMMIT) == r.tail + 1 {
+                out.push(rec);
+            } else {
+                lost += 1;
             }
-            out.push(rec);
             r.tail += 1;
         }
         lost

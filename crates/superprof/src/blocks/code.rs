@@ -236,14 +236,11 @@ impl ElfCode {
     }
 
     /// The blocks of [lo, hi) for probes that count each block once at one place (uprobes,
-    /// in-process patches): [`ElfCode::static_blocks`] also split where code outside jumps
-    /// back in ([`ElfCode::reentries`]), so that each part is counted as it runs.
+    /// in-process patches): [`ElfCode::static_blocks`] also split wherever a direct branch
+    /// from anywhere in the file lands ([`ElfCode::targets_in`]: a `.cold` part jumping back,
+    /// another function jumping into the middle), so that each part is counted as it runs.
     pub fn counted_blocks(&self, lo: u64, hi: u64) -> Vec<Block> {
-        let mut at: Vec<u64> = self.reentries(lo, hi);
-        // Any direct branch from anywhere (code with no symbol included).
-        at.extend(self.targets_in(lo, hi));
-        at.sort_unstable();
-        at.dedup();
+        let at = self.targets_in(lo, hi);
         let mut out = Vec::new();
         for b in self.static_blocks(lo, hi) {
             let mut start = b.start;
@@ -304,53 +301,6 @@ impl ElfCode {
             .any(|i| i.flow == superprof_analyze::Flow::IndirectJump)
     }
 
-    /// Where code outside [lo, hi) jumps back into it: the direct jump targets in [lo, hi) of
-    /// the functions that [lo, hi) itself jumps out to (a compiler's `f.cold` part that
-    /// rejoins `f`, say). Entries there are not seen by following branches from the region.
-    pub fn reentries(&self, lo: u64, hi: u64) -> Vec<u64> {
-        use superprof_analyze::{decode_all_for, Flow};
-        let jump_target = |f: Flow| match f {
-            Flow::Jump { target } | Flow::Conditional { target } => Some(target),
-            _ => None,
-        };
-        let mut outside: Vec<u64> = Vec::new();
-        for f in self.functions_in(lo, hi) {
-            let Some(bytes) = self.bytes(f.addr, f.size) else {
-                continue;
-            };
-            for i in decode_all_for(self.arch, bytes, f.addr) {
-                if !(lo..hi).contains(&i.addr) {
-                    continue;
-                }
-                if let Some(t) = jump_target(i.flow).filter(|t| !(lo..hi).contains(t)) {
-                    if let Some(g) = self.function_at(t) {
-                        if !outside.contains(&g.addr) {
-                            outside.push(g.addr);
-                        }
-                    }
-                }
-            }
-        }
-        let mut back: Vec<u64> = Vec::new();
-        for start in outside {
-            let Some(g) = self.function_at(start) else {
-                continue;
-            };
-            let Some(bytes) = self.bytes(g.addr, g.size) else {
-                continue;
-            };
-            for i in decode_all_for(self.arch, bytes, g.addr) {
-                if let Some(t) = jump_target(i.flow).filter(|t| (lo..hi).contains(t)) {
-                    // Only where an instruction of the region starts.
-                    if !back.contains(&t) && self.is_instruction_start(t) {
-                        back.push(t);
-                    }
-                }
-            }
-        }
-        back
-    }
-
     /// How many instructions [start, end) holds.
     pub fn instructions(&self, start: u64, end: u64) -> u32 {
         self.bytes(start, end.saturating_sub(start)).map_or(0, |b| {
@@ -393,7 +343,8 @@ mod tests {
                 for f in code.functions.iter().take(64) {
                     let hi = f.addr.saturating_add(f.size.min(1 << 16));
                     let _ = code.static_blocks(f.addr, hi);
-                    let _ = code.reentries(f.addr, hi);
+                    let _ = code.entries_from_outside(f.addr, hi);
+                    let _ = code.counted_blocks(f.addr, hi);
                     let _ = code.is_instruction_start(f.addr.wrapping_add(1));
                 }
                 for a in [0, work, u64::MAX - 1, u64::MAX] {

@@ -164,11 +164,7 @@ impl Session<'_> {
         }
         let blocks = code.counted_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
         // Where the threads are: none may be inside bytes a jump replaces.
-        let pcs: Vec<u64> = superprof_sample::list_threads(pid)
-            .unwrap_or_else(|_| vec![pid])
-            .into_iter()
-            .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
-            .collect();
+        let pcs = crate::inprocess::thread_pcs(tracer, pid);
         let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
         let mut several: HashMap<u64, bool> = HashMap::new();
         let lo = blocks.first().map_or(0, |b| b.start);
@@ -336,11 +332,8 @@ impl Session<'_> {
             // parts, another function's jump into its middle).
             if let Some(c) = code {
                 let (lo, hi) = (p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
-                let mut at = c.reentries(lo, hi);
-                at.extend(c.entries_from_outside(lo, hi));
-                at.sort_unstable();
-                at.dedup();
-                for a in at
+                for a in c
+                    .entries_from_outside(lo, hi)
                     .into_iter()
                     .filter(|&a| a != lo && c.is_instruction_start(a))
                 {

@@ -375,6 +375,15 @@ impl InProcessReading {
         })
     }
 
+    /// What the recording probes must read for `events`: the thread's CPU time, its rusage.
+    fn needs(events: &[EventSpec]) -> (bool, bool) {
+        let reads: Vec<InProcessReading> = events.iter().filter_map(Self::of).collect();
+        (
+            reads.contains(&InProcessReading::CpuTime),
+            reads.iter().any(|r| *r != InProcessReading::CpuTime),
+        )
+    }
+
     fn value(self, r: &crate::inprocess::Record) -> u64 {
         match self {
             InProcessReading::CpuTime => r.cputime,
@@ -822,7 +831,7 @@ impl Session {
             // address on the stack, and a C++ exception unwinding through that frame then
             // finds no caller and terminates the program.
             let exits: Vec<u64> = if site.ends_at_return {
-                match function_exits(tracer, pid, at) {
+                match function_exits(tracer, pid, at, &mut self.codes) {
                     Some(exits) => exits.into_iter().map(|(x, _)| x).collect(),
                     None => {
                         let why = format!(
@@ -1001,14 +1010,7 @@ impl Session {
         patched: &mut Vec<u64>,
     ) -> Result<(), String> {
         use superprof_analyze::patch::{Recording, SpAt};
-        let file = crate::blocks::file_at(pid, addr).ok_or("it is in no file")?;
-        let code = self
-            .codes
-            .entry(file.path.clone())
-            .or_insert_with(|| crate::blocks::ElfCode::open(&file.open_path))
-            .as_ref()
-            .ok_or("cannot read its file")?;
-        let bias = file.bias;
+        let (code, bias) = code_at(&mut self.codes, pid, addr)?;
         let at = addr.wrapping_sub(bias);
         let f = code.function_at(at).ok_or("no function symbol holds it")?;
         if !code.is_instruction_start(at) {
@@ -1030,22 +1032,14 @@ impl Session {
         let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
         let boards = crate::inprocess::springboards(code, f.addr, f.addr + f.size, bias);
         let site = crate::inprocess::Site::of(code, &from, next, bias, several, &boards);
-        let pcs: Vec<u64> = superprof_sample::list_threads(pid)
-            .unwrap_or_else(|_| vec![pid])
-            .into_iter()
-            .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
-            .collect();
+        let pcs = crate::inprocess::thread_pcs(tracer, pid);
         let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
-        let reads: Vec<InProcessReading> = self
-            .events
-            .iter()
-            .filter_map(InProcessReading::of)
-            .collect();
+        let (cputime, rusage) = InProcessReading::needs(&self.events);
         let recording = Recording {
             probe: self.ip_roles.len() as u32,
             sp: SpAt::Rsp(0),
-            cputime: reads.contains(&InProcessReading::CpuTime),
-            rusage: reads.iter().any(|r| *r != InProcessReading::CpuTime),
+            cputime,
+            rusage,
         };
         let inproc = self.inproc.as_mut().ok_or("no in-process engine")?;
         let at = inproc.probe(tracer, tid, &site, &inside, &recording, true)?;
@@ -1070,15 +1064,9 @@ impl Session {
     ) -> Result<(), String> {
         use crate::inprocess::Site as Patched;
         use superprof_analyze::patch::{self, Recording, SpAt};
-        let exits = function_exits(tracer, pid, at).ok_or("cannot find where it returns")?;
-        let file = crate::blocks::file_at(pid, at).ok_or("it is in no file")?;
-        let code = self
-            .codes
-            .entry(file.path.clone())
-            .or_insert_with(|| crate::blocks::ElfCode::open(&file.open_path))
-            .as_ref()
-            .ok_or("cannot read its file")?;
-        let bias = file.bias;
+        let exits = function_exits(tracer, pid, at, &mut self.codes)
+            .ok_or("cannot find where it returns")?;
+        let (code, bias) = code_at(&mut self.codes, pid, at)?;
         let start = at.wrapping_sub(bias);
         let f = code
             .function_at(start)
@@ -1086,19 +1074,9 @@ impl Session {
             .ok_or("no function symbol starts there")?;
         let blocks = code.counted_blocks(f.addr, f.addr + f.size);
         let several = code.without_indirect_jumps(start);
-        let pcs: Vec<u64> = superprof_sample::list_threads(pid)
-            .unwrap_or_else(|_| vec![pid])
-            .into_iter()
-            .filter_map(|t| tracer.regs(t).ok().map(|r| r.pc))
-            .collect();
+        let pcs = crate::inprocess::thread_pcs(tracer, pid);
         let inside = |from: u64, len: u64| pcs.iter().any(|pc| (from..from + len).contains(pc));
-        let reads: Vec<InProcessReading> = self
-            .events
-            .iter()
-            .filter_map(InProcessReading::of)
-            .collect();
-        let cputime = reads.contains(&InProcessReading::CpuTime);
-        let rusage = reads.iter().any(|r| *r != InProcessReading::CpuTime);
+        let (cputime, rusage) = InProcessReading::needs(&self.events);
         let rec = |probe: usize, sp: SpAt| Recording {
             probe: probe as u32,
             sp,
@@ -1878,7 +1856,12 @@ impl Session {
 /// code (its size from the symbol table); and those of its parts placed elsewhere (gcc's
 /// `f.cold`, with a symbol of that name or none), which it jumps to. Each exit with the code
 /// range it lies in. None when that cannot be told.
-fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<(u64, (u64, u64))>> {
+fn function_exits(
+    tracer: &Tracer,
+    pid: u32,
+    at: u64,
+    codes: &mut HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
+) -> Option<Vec<(u64, (u64, u64))>> {
     use superprof_analyze::Flow;
     let f = superprof_trace::function_at(pid, at).ok()??;
     let end = at.checked_add(f.size)?;
@@ -1925,7 +1908,7 @@ fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<(u64, (u64, 
                         let part_end =
                             match superprof_trace::function_at(pid, target).ok().flatten() {
                                 Some(g) if g.size > 0 => target.checked_add(g.size)?,
-                                _ => next_function_start(pid, target)
+                                _ => next_function_start(codes, pid, target)
                                     .unwrap_or(target + 4096)
                                     .min(target + (1 << 16)),
                             };
@@ -1945,13 +1928,32 @@ fn function_exits(tracer: &Tracer, pid: u32, at: u64) -> Option<Vec<(u64, (u64, 
     (!exits.is_empty()).then_some(exits)
 }
 
+/// The code of the file that holds runtime address `addr` of `pid` (opened once per file and
+/// kept in `codes`), and its load bias.
+fn code_at(
+    codes: &mut HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
+    pid: u32,
+    addr: u64,
+) -> Result<(&crate::blocks::ElfCode, u64), String> {
+    let file = crate::blocks::file_at(pid, addr).ok_or("it is in no file")?;
+    let code = codes
+        .entry(file.path.clone())
+        .or_insert_with(|| crate::blocks::ElfCode::open(&file.open_path))
+        .as_ref()
+        .ok_or("cannot read its file")?;
+    Ok((code, file.bias))
+}
+
 /// The start of the first function after `addr` in the file that holds it (runtime address).
-fn next_function_start(pid: u32, addr: u64) -> Option<u64> {
-    let file = crate::blocks::file_at(pid, addr)?;
-    let code = crate::blocks::ElfCode::open(&file.open_path)?;
-    let a = addr.wrapping_sub(file.bias);
+fn next_function_start(
+    codes: &mut HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
+    pid: u32,
+    addr: u64,
+) -> Option<u64> {
+    let (code, bias) = code_at(codes, pid, addr).ok()?;
+    let a = addr.wrapping_sub(bias);
     let i = code.functions.partition_point(|f| f.addr <= a);
-    Some(code.functions.get(i)?.addr.wrapping_add(file.bias))
+    Some(code.functions.get(i)?.addr.wrapping_add(bias))
 }
 
 /// Whether a thread whose stack pointer is `sp` has returned from the call entered with `entry`
