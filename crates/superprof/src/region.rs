@@ -213,9 +213,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// When the regions of a program are looked for, the same for `stat` and `blocks`: at exec
-/// (the executable is mapped), at the program's entry point (ld.so has mapped the libraries it
-/// links), then at each change of ld.so's link map (`_dl_debug_state`: dlopen) until every
-/// region is placed. Its breakpoints are its own ("control"); one at an address the caller
+/// (the executable is mapped), at each change of ld.so's link map (`_dl_debug_state`: the
+/// libraries it maps at start, before their constructors run; dlopen) and at the program's
+/// entry point, until every region is placed. Its breakpoints are its own ("control"); one at an address the caller
 /// probes too stays in place.
 #[derive(Debug, Default)]
 pub struct Placement {
@@ -257,10 +257,27 @@ impl Placement {
         };
         if tracer.set_breakpoint(pid, e).is_ok() {
             self.entry_bp = Some(e);
+            // And at ld.so's link map changes from now on: the libraries it maps at start are
+            // announced there before their constructors run (which call malloc and more:
+            // bash's 16 calls before its entry point were missed).
+            self.arm_link_map(tracer, pid);
             return true;
         }
         self.early = false;
         false
+    }
+
+    /// A breakpoint at ld.so's `_dl_debug_state`, if there is an ld.so.
+    fn arm_link_map(&mut self, tracer: &mut superprof_trace::Tracer, pid: u32) {
+        if self.dl_bp.is_some() {
+            return;
+        }
+        let found = superprof_trace::find_function(pid, "_dl_debug_state").unwrap_or_default();
+        if let Some(f) = found.first() {
+            if tracer.set_breakpoint(pid, f.addr).is_ok() {
+                self.dl_bp = Some(f.addr);
+            }
+        }
     }
 
     /// Whether the libraries the program links are mapped (not between its exec and its entry
@@ -316,13 +333,13 @@ impl Placement {
             if !probed {
                 let _ = tracer.remove_breakpoint(pid, addr);
             }
-            if !all {
-                // (Without ld.so, never: what is missing is said at the end.)
-                if let Some(f) = superprof_trace::find_function(pid, "_dl_debug_state")?.first() {
-                    if tracer.set_breakpoint(pid, f.addr).is_ok() {
-                        self.dl_bp = Some(f.addr);
-                    }
+            if all {
+                if let Some(dl) = self.dl_bp.take() {
+                    let _ = tracer.remove_breakpoint(pid, dl);
                 }
+            } else {
+                // (Without ld.so, never: what is missing is said at the end.)
+                self.arm_link_map(tracer, pid);
             }
         } else if Some(addr) == self.dl_bp {
             if all {
