@@ -25,13 +25,18 @@ pub struct FunctionAddress {
 /// The functions of process `pid` named `name` (the exact symbol name, or its demangled form),
 /// in every executable file it maps.
 pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddress>> {
-    let exact = scan(pid, |raw, demangled, _| raw == name || demangled == name)?;
+    // A demangled name has a parameter list (C++) or a path (Rust): a plain name such as
+    // `malloc` is compared with the raw names only.
+    let plain = !name.contains('(') && !name.contains("::");
+    let exact = scan(pid, |raw, demangled, _| {
+        raw == name || (!plain && demangled() == name)
+    })?;
     if !exact.is_empty() {
         return Ok(exact);
     }
     // A C++ function by its name without its parameters (`f` for `f(int)`), as perf users
     // write it.
-    scan(pid, |_, demangled, _| base_name(demangled) == Some(name))
+    scan(pid, |_, demangled, _| base_name(&demangled()) == Some(name))
 }
 
 /// A demangled C++ name without its parameter list (and what follows it: `const`): `ns::f`
@@ -70,7 +75,7 @@ pub fn find_functions_matching(pid: u32, pattern: &str) -> std::io::Result<Vec<F
         return Ok(exact);
     }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    Ok(scan(pid, |_, demangled, _| demangled.contains(pattern))?
+    Ok(scan(pid, |_, demangled, _| demangled().contains(pattern))?
         .into_iter()
         .filter(|f| Some(&f.module) == exe.as_ref())
         .collect())
@@ -132,7 +137,14 @@ pub fn mapped_files(pid: u32) -> std::io::Result<Vec<MappedFile>> {
     Ok(out)
 }
 
-fn scan(pid: u32, want: impl Fn(&str, &str, u64) -> bool) -> std::io::Result<Vec<FunctionAddress>> {
+/// The function symbols of every file `pid` maps for which `want(raw name, demangled name,
+/// runtime address)` holds. The demangled name is made only when `want` asks for it (a C++
+/// program has a hundred thousand symbols: demangling them all for a lookup by address cost
+/// seconds with node mapped).
+fn scan(
+    pid: u32,
+    want: impl Fn(&str, &dyn Fn() -> String, u64) -> bool,
+) -> std::io::Result<Vec<FunctionAddress>> {
     let mut found = Vec::new();
     for file in mapped_files(pid)? {
         // Mapped, not read: a program built with debug info is mostly DWARF this never
@@ -144,12 +156,14 @@ fn scan(pid: u32, want: impl Fn(&str, &str, u64) -> bool) -> std::io::Result<Vec
             continue;
         };
         for sym in obj.symbols().chain(obj.dynamic_symbols()) {
-            if sym.kind() != object::SymbolKind::Text || sym.address() == 0 {
+            // (An undefined function of a non-PIE program has an address too: its PLT entry,
+            // which makes its address the same everywhere. The function is elsewhere.)
+            if sym.kind() != object::SymbolKind::Text || sym.address() == 0 || sym.is_undefined() {
                 continue;
             }
             let Ok(raw) = sym.name() else { continue };
             let addr = sym.address().wrapping_add(file.bias);
-            let demangled = superprof_symbols::demangle(raw);
+            let demangled = || superprof_symbols::demangle(raw);
             if want(raw, &demangled, addr) {
                 const STT_GNU_IFUNC: u8 = 10;
                 let ifunc = matches!(
@@ -157,7 +171,7 @@ fn scan(pid: u32, want: impl Fn(&str, &str, u64) -> bool) -> std::io::Result<Vec
                     object::SymbolFlags::Elf { st_info, .. } if st_info.0 & 0xf == STT_GNU_IFUNC
                 );
                 let f = FunctionAddress {
-                    name: demangled,
+                    name: demangled(),
                     module: file.path.clone(),
                     addr,
                     size: sym.size(),
