@@ -8,38 +8,14 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::guest::*;
 use common::*;
 
 fn debs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-deps/linux-guest")
-}
-
-/// The package file in `dir` whose name `wanted` accepts.
-fn find_deb(dir: &Path, what: &str, wanted: impl Fn(&str) -> bool) -> PathBuf {
-    std::fs::read_dir(dir)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (scripts/test downloads the packages)",
-                dir.display()
-            )
-        })
-        .filter_map(|e| Some(e.ok()?.path()))
-        .find(|p| {
-            let n = p.file_name().unwrap().to_string_lossy();
-            n.ends_with(".deb") && wanted(&n)
-        })
-        .unwrap_or_else(|| panic!("no {what} in {} (run scripts/test)", dir.display()))
-}
-
-/// The kernel image package: `linux-image-` and a version (not the meta package).
-fn kernel_deb(dir: &Path) -> PathBuf {
-    find_deb(dir, "linux-image-VERSION*.deb", |n| {
-        n.strip_prefix("linux-image-")
-            .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
-    })
 }
 
 /// The kernel ELF inside a bzImage: the compressed payload (where the boot header says) run
@@ -67,17 +43,6 @@ fn vmlinux_from_bzimage(bz: &Path, out: &Path) {
     assert!(xz.wait().unwrap().success());
 }
 
-struct Guest {
-    child: Child,
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn debian_kernel_processes_kaslr_and_symbols() {
     let _cpu = cpu_lock();
@@ -86,30 +51,14 @@ fn debian_kernel_processes_kaslr_and_symbols() {
     // The kernel package and busybox, unpacked.
     let pkg = dir.path("pkg");
     // (linux-image-6.1.0-56-amd64_...deb: the versioned package, not the meta one.)
-    run_ok(
-        Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(kernel_deb(&debs))
-            .arg(&pkg),
+    unpack(&kernel_deb(&debs), &pkg);
+    unpack(
+        &find_deb(&debs, "busybox-static*.deb", |n| {
+            n.starts_with("busybox-static")
+        }),
+        &pkg,
     );
-    run_ok(
-        Command::new("dpkg-deb")
-            .arg("-x")
-            .arg(find_deb(&debs, "busybox-static*.deb", |n| {
-                n.starts_with("busybox-static")
-            }))
-            .arg(&pkg),
-    );
-    let vmlinuz = std::fs::read_dir(pkg.join("boot"))
-        .expect("a kernel package (linux-image-N.N...)")
-        .filter_map(|e| Some(e.ok()?.path()))
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("vmlinuz-")
-        })
-        .expect("vmlinuz in the kernel package");
+    let vmlinuz = vmlinuz(&pkg);
     let vmlinux = dir.path("vmlinux");
     vmlinux_from_bzimage(&vmlinuz, &vmlinux);
     // The programs, and the initramfs (busybox's own cpio).

@@ -3,6 +3,8 @@
 //! do not compete for this machine's two cores.
 #![allow(dead_code)]
 
+pub mod guest;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,0 +1,368 @@
+//! superprof on AArch64 (issues 15 and 20): the superprof that scripts/aarch64-build
+//! cross-builds, run in Debian's own arm64 kernel under `qemu-system-aarch64 -M virt -cpu max`
+//! (TCG) with a busybox initramfs holding it and fixtures built with aarch64-linux-gnu-gcc. The
+//! guest boots once for all the tests of this file; each test reads the sections of the console
+//! its commands printed, and checks them against what the fixtures know of themselves (the
+//! same truths as the x86_64 tests).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::guest::*;
+use common::*;
+use serde_json::Value;
+
+fn root_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The cross-built superprof.
+fn cross_superprof() -> PathBuf {
+    let p = root_dir().join("target/aarch64/aarch64-unknown-linux-gnu/release/superprof");
+    assert!(
+        p.exists(),
+        "{} is missing: scripts/aarch64-build makes it (scripts/test runs it)",
+        p.display()
+    );
+    p
+}
+
+/// The stat engines that run on AArch64.
+const ENGINES: [&str; 2] = ["uprobe", "ptrace"];
+
+/// What the guest runs: (section, shell command); each command's output, exit status and the
+/// JSON it writes to $J come back in its section.
+fn commands() -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    let stat = "superprof stat --format json -o $J";
+    for e in ENGINES {
+        let on = format!("{stat} --engine {e}");
+        v.push((
+            format!("stat-threads-{e}"),
+            format!("{on} -r tenfold -e task-clock -- ./perforator threads"),
+        ));
+        v.push((
+            format!("stat-faults-{e}"),
+            format!("{on} -r fill -r sum -r main -e page-faults -- ./perforator"),
+        ));
+        v.push((
+            format!("stat-rec-{e}"),
+            format!("{on} -r rec -e page-faults -- ./perforator recurse"),
+        ));
+        v.push((
+            format!("stat-lib-{e}"),
+            format!("{on} -r pthread_create -e page-faults -- ./perforator threads"),
+        ));
+    }
+    for (analyzer, engine) in [
+        ("decode", "ptrace"),
+        ("learn", "ptrace"),
+        ("decode", "uprobe"),
+    ] {
+        v.push((
+            format!("blocks-{analyzer}-{engine}"),
+            format!(
+                "superprof blocks --format json -o $J -r classify --analyzer {analyzer} \
+                 --engine {engine} -- ./blocks_mt 250"
+            ),
+        ));
+    }
+    v
+}
+
+/// One command's section of the console: its exit status, what it printed, its JSON.
+struct Section {
+    rc: i32,
+    output: String,
+    json: Option<Value>,
+}
+
+/// Boots the guest once, runs every command, and returns the sections by name.
+fn guest() -> &'static BTreeMap<String, Section> {
+    static RUN: OnceLock<BTreeMap<String, Section>> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let _cpu = cpu_lock();
+        let console = boot_and_run();
+        parse_sections(&console)
+    })
+}
+
+fn boot_and_run() -> String {
+    let superprof = cross_superprof();
+    let dir = TempDir::new("aarch64");
+    let debs = root_dir().join("target/test-deps/aarch64");
+    let pkg = dir.path("pkg");
+    unpack(&kernel_deb(&debs), &pkg);
+    unpack(
+        &find_deb(&debs, "busybox-static*.deb", |n| {
+            n.starts_with("busybox-static")
+        }),
+        &pkg,
+    );
+    let root = dir.path("root");
+    for d in ["bin", "lib", "proc", "sys", "dev", "tmp", "t"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy(pkg.join("bin/busybox"), root.join("bin/busybox")).unwrap();
+    // The C library of the cross toolchain, where the programs' interpreter looks.
+    for lib in [
+        "ld-linux-aarch64.so.1",
+        "libc.so.6",
+        "libm.so.6",
+        "libgcc_s.so.1",
+    ] {
+        std::fs::copy(
+            Path::new("/usr/aarch64-linux-gnu/lib").join(lib),
+            root.join("lib").join(lib),
+        )
+        .unwrap_or_else(|e| panic!("{lib}: {e} (scripts/aarch64-build installs it)"));
+    }
+    // superprof without its DWARF (the symbols stay: its calibration regions are found by name).
+    run_ok(
+        Command::new("aarch64-linux-gnu-strip")
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(root.join("bin/superprof"))
+            .arg(&superprof),
+    );
+    let fx = fixtures_dir();
+    for (out, src, flags) in [
+        ("perforator", "perforator.c", &["-O2", "-g", "-pthread"][..]),
+        ("blocks_mt", "blocks_mt.c", &["-O1", "-g", "-pthread"][..]),
+    ] {
+        run_ok(
+            Command::new("aarch64-linux-gnu-gcc")
+                .args(flags)
+                .arg("-I")
+                .arg(&fx)
+                .arg("-o")
+                .arg(root.join("t").join(out))
+                .arg(fx.join(src)),
+        );
+    }
+    let mut script = String::from("cd /t\n");
+    for (name, cmd) in commands() {
+        script.push_str(&format!(
+            "J=/tmp/{name}.json\necho '<<< {name}'\n{cmd} >/tmp/out 2>&1\necho \"rc=$?\"\n\
+             cat /tmp/out\necho '<<json'\n[ -f $J ] && cat $J\necho\necho '>>> {name}'\n"
+        ));
+    }
+    std::fs::write(root.join("t/run.sh"), script).unwrap();
+    let init = "#!/bin/busybox sh\n/bin/busybox --install -s /bin\n\
+                mount -t proc proc /proc\nmount -t sysfs sys /sys\nmount -t devtmpfs dev /dev\n\
+                mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null\n\
+                echo '== guest up'\nsh /t/run.sh\necho '== guest done'\npoweroff -f\n";
+    std::fs::write(root.join("init"), init).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cpio = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd {} && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 2>/dev/null | gzip -1",
+            root.display()
+        ))
+        .output()
+        .expect("cpio (scripts/aarch64-build installs it)");
+    assert!(cpio.status.success() && cpio.stdout.len() > 1000);
+    let initrd = dir.path("initrd.gz");
+    std::fs::write(&initrd, &cpio.stdout).unwrap();
+    let console = dir.path("console.txt");
+    let mut guest = Guest {
+        child: Command::new("qemu-system-aarch64")
+            .args(["-M", "virt", "-cpu", "max", "-smp", "2", "-m", "1G"])
+            .args([
+                "-display",
+                "none",
+                "-no-reboot",
+                "-monitor",
+                "none",
+                "-serial",
+            ])
+            .arg(format!("file:{}", console.display()))
+            .arg("-kernel")
+            .arg(vmlinuz(&pkg))
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", "console=ttyAMA0 quiet panic=-1"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("qemu-system-aarch64 (scripts/test installs qemu-system-arm)"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if guest.child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not finish in 600 s: {}",
+            std::fs::read_to_string(&console).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = std::fs::read_to_string(&console).unwrap();
+    assert!(
+        text.contains("== guest done"),
+        "the guest stopped early: {text}"
+    );
+    text
+}
+
+fn parse_sections(console: &str) -> BTreeMap<String, Section> {
+    let mut out = BTreeMap::new();
+    let mut rest = console;
+    while let Some(i) = rest.find("<<< ") {
+        let after = &rest[i + 4..];
+        let name_end = after.find(['\r', '\n']).unwrap_or(after.len());
+        let name = after[..name_end].trim().to_owned();
+        let end_mark = format!(">>> {name}");
+        let Some(j) = after.find(&end_mark) else {
+            break;
+        };
+        let body = after[name_end..j].replace('\r', "");
+        rest = &after[j + end_mark.len()..];
+        let (head, json) = body.split_once("<<json").unwrap_or((&body, ""));
+        let head = head.trim_start();
+        let rc = head
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("rc="))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(-1);
+        let output = head.lines().skip(1).collect::<Vec<_>>().join("\n");
+        let json = serde_json::from_str(json.trim()).ok();
+        out.insert(name, Section { rc, output, json });
+    }
+    out
+}
+
+/// The section of `name`, which must have exited 0 with its JSON.
+fn ok(name: &str) -> (&'static Section, &'static Value) {
+    let s = guest()
+        .get(name)
+        .unwrap_or_else(|| panic!("no section {name} on the guest's console"));
+    assert_eq!(s.rc, 0, "{name}: {}", s.output);
+    let json = s
+        .json
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: no JSON; it printed: {}", s.output));
+    (s, json)
+}
+
+/// stat's JSON: region -> (calls, event -> total).
+fn regions(doc: &Value) -> BTreeMap<String, (u64, BTreeMap<String, f64>)> {
+    doc["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let events = r["events"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v["total"].as_f64().unwrap()))
+                .collect();
+            (
+                r["region"].as_str().unwrap().to_owned(),
+                (r["calls"].as_u64().unwrap(), events),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn stat_counts_exact_calls_from_four_threads() {
+    for e in ENGINES {
+        let (s, doc) = ok(&format!("stat-threads-{e}"));
+        assert_eq!(doc["engine"], e, "{}", s.output);
+        let m = regions(doc);
+        assert_eq!(m["tenfold"].0, 40, "{e}: {}", s.output);
+        assert!(m["tenfold"].1["task-clock"] > 0.0, "{e}");
+        // The engine's own cost was measured (and taken off).
+        assert!(!s.output.contains("cannot measure"), "{e}: {}", s.output);
+    }
+}
+
+#[test]
+fn stat_page_faults_of_fill_and_sum() {
+    for e in ENGINES {
+        let (s, doc) = ok(&format!("stat-faults-{e}"));
+        let m = regions(doc);
+        // 40 MB of fresh 4 KiB pages: 9766 faults; a few more or less for the runtime.
+        let (fill, sum, main) = (
+            m["fill"].1["page-faults"],
+            m["sum"].1["page-faults"],
+            m["main"].1["page-faults"],
+        );
+        assert!((9000.0..=10600.0).contains(&fill), "{e}: fill {fill}");
+        assert!(sum < 50.0, "{e}: sum {sum}");
+        assert!(main >= fill + sum, "{e}: main {main}");
+        assert_eq!(
+            (m["fill"].0, m["sum"].0, m["main"].0),
+            (1, 1, 1),
+            "{}",
+            s.output
+        );
+    }
+}
+
+#[test]
+fn stat_counts_each_outermost_recursive_call_once() {
+    for e in ENGINES {
+        let (s, doc) = ok(&format!("stat-rec-{e}"));
+        assert_eq!(regions(doc)["rec"].0, 5, "{e}: {}", s.output);
+    }
+}
+
+#[test]
+fn stat_a_function_of_libc_mapped_after_exec() {
+    for e in ENGINES {
+        let (s, doc) = ok(&format!("stat-lib-{e}"));
+        let m = regions(doc);
+        let calls = m
+            .iter()
+            .find(|(k, _)| k.contains("pthread_create"))
+            .map(|(_, v)| v.0);
+        assert_eq!(calls, Some(4), "{e}: {}", s.output);
+    }
+}
+
+#[test]
+fn blocks_count_the_same_on_every_engine_and_analyzer() {
+    // block start -> count, per run; `classify` runs 1,000 times (4 threads, 250 calls), and
+    // x & 3 takes each value 250 times.
+    let mut runs = Vec::new();
+    for (analyzer, engine) in [
+        ("decode", "ptrace"),
+        ("learn", "ptrace"),
+        ("decode", "uprobe"),
+    ] {
+        let (s, doc) = ok(&format!("blocks-{analyzer}-{engine}"));
+        assert_eq!(doc["engine"], engine, "{}", s.output);
+        let blocks: BTreeMap<String, u64> = doc["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["start"].as_str().unwrap_or_default().to_owned(),
+                    b["count"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            blocks.values().max(),
+            Some(&1000),
+            "{analyzer} {engine}: {blocks:?}"
+        );
+        runs.push(((analyzer, engine), blocks));
+    }
+    for (what, b) in &runs[1..] {
+        assert_eq!(b, &runs[0].1, "{what:?} against {:?}", runs[0].0);
+    }
+}
