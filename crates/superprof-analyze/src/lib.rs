@@ -30,6 +30,7 @@ mod analyzer;
 mod emulate;
 mod learn;
 pub mod patch;
+pub mod patch_a64;
 mod x86;
 
 pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode};

@@ -35,6 +35,9 @@ pub enum Refusal {
     Call,
     /// The relocated code cannot reach its targets from the trampoline.
     OutOfReach,
+    /// Between a load-exclusive and its store-exclusive (AArch64), where the trampoline's own
+    /// memory accesses would make the store fail every time.
+    Exclusive,
 }
 
 impl std::fmt::Display for Refusal {
@@ -44,6 +47,7 @@ impl std::fmt::Display for Refusal {
             Refusal::Undecodable => "does not decode",
             Refusal::Call => "a call would be displaced",
             Refusal::OutOfReach => "its relocated code cannot reach its targets",
+            Refusal::Exclusive => "it is inside a load-exclusive/store-exclusive sequence",
         })
     }
 }
@@ -55,6 +59,14 @@ pub struct Patch {
     pub at: u64,
     pub len: u32,
     displaced: Vec<Instruction>,
+}
+
+impl Patch {
+    /// Whether the patch fires at every entry of a function starting at `start`: at its very
+    /// first instruction.
+    pub fn at_entry_of(&self, start: u64) -> bool {
+        self.at == start
+    }
 }
 
 /// Plans the patch that counts the block whose bytes `code` start at `start`.

@@ -112,6 +112,7 @@ pub fn same_memory(a: u32, b: u32) -> Option<bool> {
 }
 
 const CLONE_VM: u64 = 0x100;
+#[cfg(target_arch = "x86_64")]
 const CLONE_VFORK: u64 = 0x4000;
 
 /// Whether the clone, clone3, fork or vfork that thread `tid` is stopped in (at its ptrace
@@ -427,19 +428,22 @@ pub const BREAKPOINT: &[u8] = &[0x00, 0x00, 0x20, 0xd4]; // brk #0; the pc stays
 #[cfg(target_arch = "aarch64")]
 pub const PC_AFTER_BREAKPOINT: u64 = 0;
 
-/// The system call instruction (x86_64: `syscall`).
+/// The system call instruction (x86_64: `syscall`; AArch64: `svc #0`).
 #[cfg(target_arch = "x86_64")]
 pub const SYSCALL_INSN: &[u8] = &[0x0f, 0x05];
+#[cfg(target_arch = "aarch64")]
+pub const SYSCALL_INSN: &[u8] = &[0x01, 0x00, 0x00, 0xd4];
 
 /// A stub in the program's memory that runs system calls for superprof without ever leaving
 /// the thread in a state it could not go on from if superprof died: the thread enters it with
-/// only its pc changed; the stub saves every register and the flags below the red zone, and
-/// makes a system call at `point`: getpid, unless superprof, stopped at its entry
-/// (PTRACE_SYSCALL, never a single step: a step's trap flag would outlive a dead tracer and
-/// kill the thread with SIGTRAP), makes it another; then it puts everything back and jumps
-/// to the address in its last 8 bytes (where the thread was). Superprof may send the thread
-/// back to `point` for more calls, and sets its registers back itself at the end; if
-/// superprof dies at any moment, the thread finishes the stub by itself and goes on.
+/// only its pc changed; the stub saves every register the call changes (x86_64: below the red
+/// zone, with the flags; AArch64, which has no red zone: x0-x5 and x8 below the stack
+/// pointer), and makes a system call at `point`: getpid, unless superprof, stopped at its
+/// entry (PTRACE_SYSCALL, never a single step: a step's trap flag would outlive a dead tracer
+/// and kill the thread with SIGTRAP), makes it another; then it puts everything back and goes
+/// to where the thread was ([`stub_tail`]). Superprof may send the thread back to `point` for
+/// more calls, and sets its registers back itself at the end; if superprof dies at any
+/// moment, the thread finishes the stub by itself and goes on.
 #[cfg(target_arch = "x86_64")]
 pub const STUB: &[u8] = &[
     0x48, 0x8d, 0x64, 0x24, 0x80, // lea -0x80(%rsp),%rsp
@@ -455,49 +459,169 @@ pub const STUB: &[u8] = &[
     0xff, 0x25, 0x00, 0x00, 0x00, 0x00, // jmp *0(%rip): the 8 bytes that follow
     0, 0, 0, 0, 0, 0, 0, 0, // where to go on
 ];
-/// (No stub on other architectures yet.)
-#[cfg(not(target_arch = "x86_64"))]
-pub const STUB: &[u8] = &[];
-/// Where the stub's `syscall` is.
+#[cfg(target_arch = "aarch64")]
+pub const STUB: &[u8] = &[
+    0xe0, 0x07, 0xbc, 0xa9, // stp x0, x1, [sp, #-64]!
+    0xe2, 0x0f, 0x01, 0xa9, // stp x2, x3, [sp, #16]
+    0xe4, 0x17, 0x02, 0xa9, // stp x4, x5, [sp, #32]
+    0xe8, 0x1b, 0x00, 0xf9, // str x8, [sp, #48]
+    0x88, 0x15, 0x80, 0xd2, // mov x8, #172 (getpid)
+    0x01, 0x00, 0x00, 0xd4, // point: svc #0
+    0xe2, 0x0f, 0x41, 0xa9, // ldp x2, x3, [sp, #16]
+    0xe4, 0x17, 0x42, 0xa9, // ldp x4, x5, [sp, #32]
+    0xe8, 0x1b, 0x40, 0xf9, // ldr x8, [sp, #48]
+    0xe0, 0x07, 0xc4, 0xa8, // ldp x0, x1, [sp], #64
+    // The tail (stub_tail): `b` where the thread was, or `ldr x16, 8; br x16` and the address.
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+];
+/// Where the stub's system call instruction is.
 #[cfg(target_arch = "x86_64")]
 pub const STUB_POINT: u64 = 24;
-/// A harmless system call, what an injected `syscall` runs when superprof is not there to
-/// choose (getpid).
-#[cfg(target_arch = "x86_64")]
-pub const HARMLESS_SYSCALL: u64 = 39;
+#[cfg(target_arch = "aarch64")]
+pub const STUB_POINT: u64 = 20;
 
-/// Sets the call and arguments of a thread at a syscall-entry stop: what the kernel runs.
-#[cfg(target_arch = "x86_64")]
-pub fn entry_regs(r: &RawRegs, nr: u64, args: [u64; 6]) -> RawRegs {
-    let mut n = *r;
-    n.orig_rax = nr;
-    n.rdi = args[0];
-    n.rsi = args[1];
-    n.rdx = args[2];
-    n.r10 = args[3];
-    n.r8 = args[4];
-    n.r9 = args[5];
-    n
-}
-
-/// Where a thread stopped at `r` goes on when it leaves the stub by itself, and with what rax:
-/// right where it was, or, stopped in a system call the kernel would restart (orig_rax a call,
-/// rax -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK), at that
-/// call's `syscall` again, as the kernel's restart does.
-#[cfg(target_arch = "x86_64")]
-pub fn resume_point(r: &RawRegs) -> (u64, u64) {
-    const RESTART_SYSCALL: u64 = 219;
-    match r.rax as i64 {
-        -514..=-512 if (r.orig_rax as i64) >= 0 => (r.rip.wrapping_sub(2), r.orig_rax),
-        -516 if (r.orig_rax as i64) >= 0 => (r.rip.wrapping_sub(2), RESTART_SYSCALL),
-        _ => (r.rip, r.rax),
+/// The stub's tail for a thread that goes on at `resume` when it leaves the stub at `stub`:
+/// (offset in the stub, bytes). x86_64: the address an indirect jump reads. AArch64: a `b`
+/// where it reaches (±128 MiB), else a load of the address into x16 and `br x16`: x16 (IP0,
+/// which linkers' veneers use freely) is then the one register a thread left in the stub by
+/// a superprof that died does not get back.
+pub fn stub_tail(stub: u64, resume: u64) -> (u64, Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let _ = stub;
+        (STUB.len() as u64 - 8, resume.to_le_bytes().to_vec())
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let at = 40;
+        let off = (resume as i64).wrapping_sub(stub.wrapping_add(at) as i64);
+        if off % 4 == 0 && (-(1i64 << 27)..(1i64 << 27)).contains(&off) {
+            let b = 0x1400_0000u32 | ((off >> 2) as u32 & 0x03ff_ffff);
+            return (at, b.to_le_bytes().to_vec());
+        }
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&0x5800_0050u32.to_le_bytes()); // ldr x16, 8
+        v.extend_from_slice(&0xd61f_0200u32.to_le_bytes()); // br x16
+        v.extend_from_slice(&resume.to_le_bytes());
+        (at, v)
     }
 }
 
-/// The return value of a system call, at its exit stop (a negative errno on failure).
+/// A harmless system call, what an injected system call instruction runs when superprof is
+/// not there to choose (getpid).
 #[cfg(target_arch = "x86_64")]
+pub const HARMLESS_SYSCALL: u64 = 39;
+#[cfg(target_arch = "aarch64")]
+pub const HARMLESS_SYSCALL: u64 = 172;
+
+/// The pc of registers `r`.
+pub fn pc_of(r: &RawRegs) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    return r.rip;
+    #[cfg(target_arch = "aarch64")]
+    return r.pc;
+}
+
+/// Registers `r` with the pc at `pc`, the return value register `ret` and, for the injected
+/// system call instruction, the harmless call's number (x86_64: in rax; AArch64: x8), not in
+/// a system call (x86_64: orig_rax -1, so that the kernel restarts nothing).
+pub fn regs_at(r: &RawRegs, pc: u64, ret: u64, harmless: bool) -> RawRegs {
+    let mut n = *r;
+    #[cfg(target_arch = "x86_64")]
+    {
+        n.rip = pc;
+        n.rax = if harmless { HARMLESS_SYSCALL } else { ret };
+        n.orig_rax = u64::MAX;
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        n.pc = pc;
+        n.regs[0] = ret;
+        if harmless {
+            n.regs[8] = HARMLESS_SYSCALL;
+        }
+    }
+    n
+}
+
+/// Sets registers `r` of a stopped thread, leaving it outside any system call (AArch64: its
+/// system call number -1 through NT_ARM_SYSTEM_CALL, so that the kernel restarts nothing).
+pub fn set_regs_outside_syscall(tid: u32, r: &RawRegs) -> io::Result<()> {
+    set_raw_regs(tid, r)?;
+    #[cfg(target_arch = "aarch64")]
+    set_syscall_number(tid, -1)?;
+    Ok(())
+}
+
+/// The system call number the kernel runs, at a syscall-entry stop (AArch64: not x8, which
+/// the kernel read already, but NT_ARM_SYSTEM_CALL).
+#[cfg(target_arch = "aarch64")]
+fn set_syscall_number(tid: u32, nr: i32) -> io::Result<()> {
+    const NT_ARM_SYSTEM_CALL: usize = 0x404;
+    let mut n = nr;
+    let mut iov = libc::iovec {
+        iov_base: &mut n as *mut i32 as *mut libc::c_void,
+        iov_len: 4,
+    };
+    // `data` is an iovec over the int that NT_ARM_SYSTEM_CALL reads.
+    ptrace(
+        libc::PTRACE_SETREGSET,
+        tid,
+        NT_ARM_SYSTEM_CALL,
+        &mut iov as *mut _ as usize,
+    )
+    .map(drop)
+}
+
+/// Makes thread `tid`, at a syscall-entry stop with registers `r`, run call `nr` with `args`.
+pub fn set_syscall_entry(tid: u32, r: &RawRegs, nr: u64, args: [u64; 6]) -> io::Result<()> {
+    let mut n = *r;
+    #[cfg(target_arch = "x86_64")]
+    {
+        n.orig_rax = nr;
+        n.rdi = args[0];
+        n.rsi = args[1];
+        n.rdx = args[2];
+        n.r10 = args[3];
+        n.r8 = args[4];
+        n.r9 = args[5];
+        set_raw_regs(tid, &n)
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        n.regs[..6].copy_from_slice(&args);
+        n.regs[8] = nr;
+        set_raw_regs(tid, &n)?;
+        set_syscall_number(tid, nr as i32)
+    }
+}
+
+/// Where a thread stopped at `r` goes on when it leaves the stub by itself, and with what in
+/// the return value register. x86_64: right where it was, or, stopped in a system call the
+/// kernel would restart (orig_rax a call, rax -ERESTARTSYS, -ERESTARTNOINTR, -ERESTARTNOHAND
+/// or -ERESTART_RESTARTBLOCK), at that call's `syscall` again, as the kernel's restart does.
+/// AArch64: where it was: the kernel rewinds a call to restart (pc on the `svc`, x0 its first
+/// argument) before the stops superprof injects calls at.
+pub fn resume_point(r: &RawRegs) -> (u64, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const RESTART_SYSCALL: u64 = 219;
+        match r.rax as i64 {
+            -514..=-512 if (r.orig_rax as i64) >= 0 => (r.rip.wrapping_sub(2), r.orig_rax),
+            -516 if (r.orig_rax as i64) >= 0 => (r.rip.wrapping_sub(2), RESTART_SYSCALL),
+            _ => (r.rip, r.rax),
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    (r.pc, r.regs[0])
+}
+
+/// The return value of a system call, at its exit stop (a negative errno on failure).
 pub fn syscall_result(r: &RawRegs) -> i64 {
-    r.rax as i64
+    #[cfg(target_arch = "x86_64")]
+    return r.rax as i64;
+    #[cfg(target_arch = "aarch64")]
+    return r.regs[0] as i64;
 }
 
 /// The full user register set of a stopped thread (`user_regs_struct` of this architecture).

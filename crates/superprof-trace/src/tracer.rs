@@ -489,38 +489,31 @@ impl Tracer {
         }
     }
 
-    /// Runs system call `nr` with `args` in stopped thread `tid` (x86_64), the other threads
-    /// of its memory held stopped by the caller ([`Tracer::hold_others`]); returns what it
-    /// returned (a negative errno on failure). A `syscall` instruction is written at the
-    /// thread's pc for the call, which runs between two system call stops; the code and the
-    /// registers are put back afterwards. If superprof died in between, the thread would go
-    /// on with changed registers: the caller uses it once, to map the memory of a stub
+    /// Runs system call `nr` with `args` in stopped thread `tid`, the other threads of its
+    /// memory held stopped by the caller ([`Tracer::hold_others`]); returns what it returned (a
+    /// negative errno on failure). A system call instruction is written at the thread's pc for
+    /// the call, which runs between two system call stops; the code and the registers are put
+    /// back afterwards. If superprof died in between, the thread would go on with changed
+    /// registers: the caller uses it once, to map the memory of a stub
     /// ([`Tracer::inject_syscall_via`]) that runs the rest safely. For calls that do not block.
-    #[cfg(target_arch = "x86_64")]
     pub fn inject_syscall(&mut self, tid: u32, nr: i64, args: [u64; 6]) -> io::Result<i64> {
         let (pid, _) = self.stopped_thread(tid)?;
         let saved = sys::raw_regs(tid)?;
-        let pc = saved.rip;
+        let pc = sys::pc_of(&saved);
         let mut code = vec![0u8; sys::SYSCALL_INSN.len()];
         if sys::read_memory(pid, pc, &mut code) != code.len() {
             return Err(io::Error::other(format!("cannot read the code at {pc:#x}")));
         }
         sys::write_memory(pid, pc, sys::SYSCALL_INSN)?;
-        let mut entry = saved;
-        entry.rax = sys::HARMLESS_SYSCALL;
-        entry.orig_rax = u64::MAX;
-        let result =
-            sys::set_raw_regs(tid, &entry).and_then(|()| self.syscall_at(tid, pc, nr, args, false));
+        let entry = sys::regs_at(&saved, pc, 0, true);
+        let result = sys::set_regs_outside_syscall(tid, &entry)
+            .and_then(|()| self.syscall_at(tid, pc, nr, args, false));
         let _ = sys::write_memory(pid, pc, &code);
         if !matches!(result, Err(ref e) if e.raw_os_error() == Some(libc::ESRCH)) {
             // At a system call stop now: a call it was stopped in goes again, as the kernel
             // would have restarted it.
-            let (resume, rax) = sys::resume_point(&saved);
-            let mut back = saved;
-            back.rip = resume;
-            back.rax = rax;
-            back.orig_rax = u64::MAX;
-            let _ = sys::set_raw_regs(tid, &back);
+            let (resume, ret) = sys::resume_point(&saved);
+            let _ = sys::set_regs_outside_syscall(tid, &sys::regs_at(&saved, resume, ret, false));
         }
         result
     }
@@ -533,7 +526,6 @@ impl Tracer {
     /// and goes on where it was. Returns what the call returned. The thread's registers are
     /// as they were afterwards (a system call it was stopped in is restarted, as the kernel
     /// would have).
-    #[cfg(target_arch = "x86_64")]
     pub fn inject_syscall_via(
         &mut self,
         tid: u32,
@@ -543,24 +535,16 @@ impl Tracer {
     ) -> io::Result<i64> {
         let (pid, _) = self.stopped_thread(tid)?;
         let saved = sys::raw_regs(tid)?;
-        let (resume, rax) = sys::resume_point(&saved);
-        let slot = stub + sys::STUB.len() as u64 - 8;
-        sys::write_memory(pid, slot, &resume.to_le_bytes())?;
-        let mut entry = saved;
-        entry.rip = stub;
-        entry.rax = rax;
-        entry.orig_rax = u64::MAX;
-        sys::set_raw_regs(tid, &entry)?;
+        let (resume, ret) = sys::resume_point(&saved);
+        let (off, tail) = sys::stub_tail(stub, resume);
+        sys::write_memory(pid, stub + off, &tail)?;
+        sys::set_regs_outside_syscall(tid, &sys::regs_at(&saved, stub, ret, false))?;
         let point = stub + sys::STUB_POINT;
         let result = self.syscall_at(tid, point, nr, args, true);
         if !matches!(result, Err(ref e) if e.raw_os_error() == Some(libc::ESRCH)) {
             // Back where it was; a call it was stopped in goes again, as the kernel would
             // have restarted it.
-            let mut back = saved;
-            back.rip = resume;
-            back.rax = rax;
-            back.orig_rax = u64::MAX;
-            let _ = sys::set_raw_regs(tid, &back);
+            let _ = sys::set_regs_outside_syscall(tid, &sys::regs_at(&saved, resume, ret, false));
         }
         result
     }
@@ -577,7 +561,6 @@ impl Tracer {
     /// Lets `tid` run (PTRACE_SYSCALL) to the entry of the system call whose instruction is at
     /// `at`, makes that call `nr` with `args`, and returns its result at the exit stop. Other
     /// system call stops on the way (the end of the one it was stopped in) are passed.
-    #[cfg(target_arch = "x86_64")]
     /// (`stubbed`: through a stub: where the tests may make superprof die.)
     fn syscall_at(
         &mut self,
@@ -600,14 +583,14 @@ impl Tracer {
             self.syscall_stop(tid)?;
             let r = sys::raw_regs(tid)?;
             match sys::syscall_info(tid)? {
-                sys::SyscallInfo::Entry { .. } if !entered && r.rip == after => {
+                sys::SyscallInfo::Entry { .. } if !entered && sys::pc_of(&r) == after => {
                     if stubbed {
                         die_here_for_a_test(1);
                     }
-                    sys::set_raw_regs(tid, &sys::entry_regs(&r, nr as u64, args))?;
+                    sys::set_syscall_entry(tid, &r, nr as u64, args)?;
                     entered = true;
                 }
-                sys::SyscallInfo::Exit { .. } if entered && r.rip == after => {
+                sys::SyscallInfo::Exit { .. } if entered && sys::pc_of(&r) == after => {
                     if stubbed {
                         die_here_for_a_test(2);
                     }
@@ -649,24 +632,6 @@ impl Tracer {
             }
         }
         Err(io::Error::other("no system call stop"))
-    }
-
-    /// See the x86_64 version: no other architecture has it yet.
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn inject_syscall_via(
-        &mut self,
-        _tid: u32,
-        _stub: u64,
-        _nr: i64,
-        _args: [u64; 6],
-    ) -> io::Result<i64> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
-    }
-
-    /// See the x86_64 version: no other architecture has it yet.
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn inject_syscall(&mut self, _tid: u32, _nr: i64, _args: [u64; 6]) -> io::Result<i64> {
-        Err(io::Error::from(io::ErrorKind::Unsupported))
     }
 
     /// Threads that are running (neither stopped for us nor in a group-stop).

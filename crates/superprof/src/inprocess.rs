@@ -1,14 +1,14 @@
-//! The in-process engine (x86_64): counting code mapped into the program, so that a counted
-//! block costs a few nanoseconds and the program never stops for it.
+//! The in-process engine (x86_64 and AArch64): counting code mapped into the program, so that
+//! a counted block costs a few nanoseconds and the program never stops for it.
 //!
 //! For each process superprof makes a stopped thread run a few system calls
 //! ([`Tracer::inject_syscall`]): an `mmap` of an area near the code (a `jmp rel32` reaches
-//! ±2 GiB), read and execute only, for the trampolines; a `memfd_create` whose pages, mapped
+//! ±2 GiB, AArch64's `b` ±128 MiB), read and execute only, for the trampolines; a `memfd_create` whose pages, mapped
 //! shared right after the trampolines, hold the counters, and which superprof maps too
 //! (through /proc/PID/fd) before the program closes its descriptor: the counts stay readable
 //! after the program ends. Trampolines are written through /proc/PID/mem (the pages are
 //! never writable in the program). Each counted block then gets a 5-byte jump to its
-//! trampoline ([`superprof_analyze::patch`]), through [`Tracer::patch_code`], so that the
+//! trampoline ([`superprof_analyze::patch`], [`superprof_analyze::patch_a64`]), through [`Tracer::patch_code`], so that the
 //! original bytes come back when the process is let go, in a fork child's copy, and by the
 //! janitor if superprof dies.
 //!
@@ -23,12 +23,16 @@
 //! its kernel rings ([`InProcess::drain`]).
 //!
 //! Refused where it could harm the program: a seccomp filter (the injected calls could kill
-//! it), other architectures. A shadow stack (x86 user CET) forbids emulating calls, so blocks
+//! it), architectures other than these two. A shadow stack (x86 user CET) forbids emulating calls, so blocks
 //! whose patch would displace a call are left to the caller's fallback.
 
 use std::path::PathBuf;
 
-use superprof_analyze::patch;
+#[cfg(not(target_arch = "aarch64"))]
+pub use superprof_analyze::patch;
+/// The patches of the machine superprof runs on.
+#[cfg(target_arch = "aarch64")]
+pub use superprof_analyze::patch_a64 as patch;
 use superprof_trace::Tracer;
 
 use crate::sys::SharedMemory;
@@ -38,21 +42,29 @@ const TRAMPOLINES: u64 = 1 << 20;
 /// Counters per area.
 const SLOTS: usize = 1 << 14;
 const COUNTERS: u64 = SLOTS as u64 * 8;
-/// How far an area may start from the code it serves: a rel32 jump's reach, less the area.
+/// How far an area may start from the code it serves: a jump's reach (x86_64's rel32, AArch64's
+/// `b`), less the area.
+#[cfg(not(target_arch = "aarch64"))]
 const REACH: u64 = (1 << 31) - (TRAMPOLINES + COUNTERS) - (1 << 16);
+#[cfg(target_arch = "aarch64")]
+const REACH: u64 = (1 << 27) - (TRAMPOLINES + COUNTERS) - (1 << 16);
 /// A free page kept on each side of an area.
 const GUARD: u64 = 1 << 12;
 /// The lowest address an area may take (the usual vm.mmap_min_addr).
 const LOWEST: u64 = 1 << 16;
-/// The end of the lower half of the address space (48-bit user addresses).
+/// The end of user addresses (48 bits: the lower half of the address space on x86_64, all of
+/// TTBR0's on AArch64).
+#[cfg(not(target_arch = "aarch64"))]
 const HIGHEST: u64 = 0x7fff_ffff_0000;
+#[cfg(target_arch = "aarch64")]
+const HIGHEST: u64 = 0xffff_ffff_0000;
 
-/// x86_64 system call numbers and flags.
-const SYS_CLOSE: i64 = 3;
-const SYS_MMAP: i64 = 9;
-const SYS_MUNMAP: i64 = 11;
-const SYS_FTRUNCATE: i64 = 77;
-const SYS_MEMFD_CREATE: i64 = 319;
+/// System call numbers (this machine's) and flags.
+const SYS_CLOSE: i64 = libc::SYS_close;
+const SYS_MMAP: i64 = libc::SYS_mmap;
+const SYS_MUNMAP: i64 = libc::SYS_munmap;
+const SYS_FTRUNCATE: i64 = libc::SYS_ftruncate;
+const SYS_MEMFD_CREATE: i64 = libc::SYS_memfd_create;
 const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
 const MFD_CLOEXEC: u64 = 1;
 
@@ -185,8 +197,8 @@ pub struct InProcess {
 impl InProcess {
     /// The engine for process `pid`, or why it cannot run there.
     pub fn new(pid: u32) -> Result<InProcess, String> {
-        if !cfg!(target_arch = "x86_64") {
-            return Err("the in-process engine is built for x86_64 only".to_owned());
+        if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+            return Err("the in-process engine is built for x86_64 and AArch64 only".to_owned());
         }
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .map_err(|e| format!("cannot read /proc/{pid}/status: {e}"))?;
@@ -250,7 +262,7 @@ impl InProcess {
         at_start: bool,
     ) -> Result<u64, String> {
         let (p, springboard) = self.plan(b, inside)?;
-        if at_start && p.at != b.start {
+        if at_start && !p.at_entry_of(b.start) {
             return Err("its first instructions cannot be displaced".to_owned());
         }
         // (The area first: the ring is mapped through the stub at the start of the first one.)

@@ -274,8 +274,11 @@ impl SharedMemory {
             return 0;
         }
         // SAFETY: `i` < words, inside the mapping, 8-byte aligned (page-aligned start); the
-        // program writes it concurrently, hence a volatile read of a whole word.
-        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+        // program writes it concurrently, hence an atomic read of a whole word, with acquire
+        // ordering: a record's fields are read after its commit word and before its second
+        // read (AArch64 reorders loads).
+        let word = unsafe { &*(self.ptr.add(i) as *const std::sync::atomic::AtomicU64) };
+        word.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

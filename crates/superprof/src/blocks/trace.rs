@@ -515,19 +515,22 @@ impl Session<'_> {
     }
 }
 
+/// The in-process engine exists on this machine.
+const IN_PROCESS_BUILT: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
 /// Runs the target under the breakpoints of `count` or `coverage`.
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
-    // In-process unless another is asked for (x86_64; elsewhere ptrace). Not uprobes: each
+    // In-process unless another is asked for (x86_64 and AArch64; elsewhere ptrace). Not uprobes: each
     // costs about 75 ms to remove on this VM (the kernel waits a grace period for each), one
     // per block, which outweighs the stops a short run saves (see docs/benchmarks.md).
     // The analyzer's options are the ptrace engine's.
     let ptrace_asked = args.analyzer == AnalyzerArg::Learn || args.step_branches;
     let (engine, auto_engine) = match args.engine {
-        None if cfg!(target_arch = "x86_64") && !ptrace_asked => (Engine::InProcess, true),
+        None if IN_PROCESS_BUILT && !ptrace_asked => (Engine::InProcess, true),
         None => (Engine::Ptrace, false),
-        Some(EngineArg::InProcess) if cfg!(target_arch = "x86_64") => (Engine::InProcess, false),
+        Some(EngineArg::InProcess) if IN_PROCESS_BUILT => (Engine::InProcess, false),
         Some(EngineArg::InProcess) => {
-            bail!("the in-process engine is built for x86_64 only: use --engine ptrace")
+            bail!("the in-process engine is built for x86_64 and AArch64 only: use --engine ptrace")
         }
         some => (Engine::choose(some)?.0, false),
     };

@@ -396,17 +396,18 @@ impl InProcessReading {
 }
 
 /// The engine of a run: in-process where asked, or by default where it reads every event
-/// (x86_64); else a kernel engine ([`Engine::choose`]).
+/// (x86_64 and AArch64); else a kernel engine ([`Engine::choose`]).
 fn choose_engine(
     arg: Option<crate::cli::EngineArg>,
     events: &[EventSpec],
 ) -> Result<(Engine, Option<String>)> {
     use crate::cli::EngineArg;
     let unreadable = events.iter().find(|e| InProcessReading::of(e).is_none());
-    let x86 = cfg!(target_arch = "x86_64");
+    let built = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
     match arg {
-        Some(EngineArg::InProcess) if !x86 => bail!(
-            "the in-process engine is built for x86_64 only: use --engine uprobe or --engine ptrace"
+        Some(EngineArg::InProcess) if !built => bail!(
+            "the in-process engine is built for x86_64 and AArch64 only: use --engine uprobe or \
+             --engine ptrace"
         ),
         Some(EngineArg::InProcess) => match unreadable {
             Some(e) => bail!(
@@ -416,7 +417,7 @@ fn choose_engine(
             ),
             None => Ok((Engine::InProcess, None)),
         },
-        None if x86 && unreadable.is_none() => Ok((Engine::InProcess, None)),
+        None if built && unreadable.is_none() => Ok((Engine::InProcess, None)),
         other => Engine::choose(other),
     }
 }
@@ -1009,7 +1010,7 @@ impl Session {
         role: Role,
         patched: &mut Vec<u64>,
     ) -> Result<(), String> {
-        use superprof_analyze::patch::{Recording, SpAt};
+        use crate::inprocess::patch::{Recording, SpAt};
         let (code, bias) = code_at(&mut self.codes, pid, addr)?;
         let at = addr.wrapping_sub(bias);
         let f = code.function_at(at).ok_or("no function symbol holds it")?;
@@ -1062,8 +1063,8 @@ impl Session {
         site: Site,
         patched: &mut Vec<u64>,
     ) -> Result<(), String> {
+        use crate::inprocess::patch::{self, Recording, SpAt};
         use crate::inprocess::Site as Patched;
-        use superprof_analyze::patch::{self, Recording, SpAt};
         let exits = function_exits(tracer, pid, at, &mut self.codes)
             .ok_or("cannot find where it returns")?;
         let (code, bias) = code_at(&mut self.codes, pid, at)?;
@@ -1898,7 +1899,7 @@ fn function_exits(
                 Flow::Return => exits.push((i.addr, (lo, hi))),
                 Flow::IndirectJump => {
                     let off = (i.addr - lo) as usize;
-                    if superprof_analyze::patch::jumps_through_slot(&code[off..], i.addr) {
+                    if crate::inprocess::patch::jumps_through_slot(&code[off..], i.addr) {
                         exits.push((i.addr, (lo, hi)));
                     }
                 }
