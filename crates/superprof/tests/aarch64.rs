@@ -67,6 +67,16 @@ fn commands() -> Vec<(String, String)> {
             format!("{on} -r pthread_create -e page-faults -- ./perforator threads"),
         ));
     }
+    // The whole program (every function: calls, adrp, literal loads, jump tables).
+    for engine in ["ptrace", "in-process"] {
+        v.push((
+            format!("blocks-whole-{engine}"),
+            format!(
+                "superprof blocks --format json -o $J --engine {engine} -r main -r pick -r zigzag \
+                 -r sum_picks -r apply -r printf -r atol -- ./branches 300"
+            ),
+        ));
+    }
     for (name, cmd) in [
         (
             "stat",
@@ -130,12 +140,24 @@ struct Section {
 
 /// Boots the guest once, runs every command, and returns the sections by name.
 fn guest() -> &'static BTreeMap<String, Section> {
-    static RUN: OnceLock<BTreeMap<String, Section>> = OnceLock::new();
+    &run().1
+}
+
+/// The guest's console, and its sections by name.
+fn run() -> &'static (String, BTreeMap<String, Section>) {
+    static RUN: OnceLock<(String, BTreeMap<String, Section>)> = OnceLock::new();
     RUN.get_or_init(|| {
         let _cpu = cpu_lock();
         let console = boot_and_run();
-        parse_sections(&console)
+        let sections = parse_sections(&console);
+        (console, sections)
     })
+}
+
+/// The end of the guest's console, for a message.
+fn console_tail() -> String {
+    let c = &run().0;
+    c[c.len().saturating_sub(3000)..].to_owned()
 }
 
 fn boot_and_run() -> String {
@@ -181,6 +203,7 @@ fn boot_and_run() -> String {
         ("perforator", "perforator.c", &["-O2", "-g", "-pthread"][..]),
         ("blocks_mt", "blocks_mt.c", &["-O1", "-g", "-pthread"][..]),
         ("attach", "attach.c", &["-O2", "-g", "-pthread"][..]),
+        ("branches", "branches.c", &["-O2", "-g"][..]),
     ] {
         run_ok(
             Command::new("aarch64-linux-gnu-gcc")
@@ -292,9 +315,12 @@ fn parse_sections(console: &str) -> BTreeMap<String, Section> {
 
 /// The section of `name`, which must have exited 0 with its JSON.
 fn ok(name: &str) -> (&'static Section, &'static Value) {
-    let s = guest()
-        .get(name)
-        .unwrap_or_else(|| panic!("no section {name} on the guest's console"));
+    let s = guest().get(name).unwrap_or_else(|| {
+        panic!(
+            "no section {name} on the guest's console: {}",
+            console_tail()
+        )
+    });
     assert_eq!(s.rc, 0, "{name}: {}", s.output);
     let json = s
         .json
@@ -305,9 +331,12 @@ fn ok(name: &str) -> (&'static Section, &'static Value) {
 
 /// The section of `name`, whatever its status.
 fn section(name: &str) -> &'static Section {
-    guest()
-        .get(name)
-        .unwrap_or_else(|| panic!("no section {name} on the guest's console"))
+    guest().get(name).unwrap_or_else(|| {
+        panic!(
+            "no section {name} on the guest's console: {}",
+            console_tail()
+        )
+    })
 }
 
 /// stat's JSON: region -> (calls, event -> total).
@@ -392,6 +421,48 @@ fn stat_a_function_of_libc_mapped_after_exec() {
             .map(|(_, v)| v.0);
         assert_eq!(calls, Some(4), "{e}: {}", s.output);
     }
+}
+
+/// blocks' JSON: block start -> count.
+fn block_counts(doc: &Value) -> BTreeMap<String, u64> {
+    doc["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["start"].as_str().unwrap_or_default().to_owned(),
+                b["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// blocks' JSON: instruction address -> how many times it ran.
+fn insn_counts(doc: &Value) -> BTreeMap<u64, u64> {
+    let hex =
+        |v: &Value| u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
+    let mut out = BTreeMap::new();
+    for b in doc["blocks"].as_array().unwrap() {
+        for a in (hex(&b["start"])..hex(&b["end"])).step_by(4) {
+            *out.entry(a).or_insert(0) += b["count"].as_u64().unwrap();
+        }
+    }
+    out
+}
+
+/// Every block of a whole program (its functions' calls, adrp, literal loads, conditional
+/// branches and jump tables relocated into trampolines) counts what ptrace counts.
+#[test]
+fn blocks_of_a_whole_program_in_process_equal_ptraces() {
+    let (_, on_ptrace) = ok("blocks-whole-ptrace");
+    let (s, in_process) = ok("blocks-whole-in-process");
+    assert_eq!(in_process["engine"], "in-process", "{}", s.output);
+    assert_eq!(in_process["breakpoint_blocks"], 0, "{in_process}");
+    // Per instruction (the engines may split blocks at different branch targets).
+    let (a, b) = (insn_counts(on_ptrace), insn_counts(in_process));
+    assert!(a.len() > 100, "{a:?}");
+    assert_eq!(a, b);
 }
 
 #[test]
