@@ -478,17 +478,7 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
             assert!(doc["patched_blocks"].as_u64() > Some(5), "{doc}");
             assert_eq!(doc["breakpoint_blocks"], 0, "{doc}");
         }
-        let blocks: BTreeMap<String, u64> = doc["blocks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| {
-                (
-                    b["start"].as_str().unwrap_or_default().to_owned(),
-                    b["count"].as_u64().unwrap(),
-                )
-            })
-            .collect();
+        let blocks = block_counts(doc);
         assert_eq!(
             blocks.values().max(),
             Some(&1000),
