@@ -186,7 +186,8 @@ pub struct InProcess {
     areas: Vec<Area>,
     ring: Option<RecordRing>,
     /// The system call stub ([`superprof_trace::SYSCALL_STUB`]) at the start of the first
-    /// area: every system call after the first mmap goes through it.
+    /// area: every system call after the first area's goes through it (those go through a
+    /// temporary one: [`InProcess::temporary_stub`]).
     stub: Option<u64>,
     /// Springboards written (their 5 bytes from each address).
     springboards_used: Vec<u64>,
@@ -512,9 +513,18 @@ impl InProcess {
         len: u64,
     ) -> Result<(u64, SharedMemory), String> {
         let pid = self.pid;
-        // Through the stub once there is one; the very first mmap (the area that will hold
-        // it) is run at the thread's pc, its registers changed for one step.
-        let stub = std::cell::Cell::new(self.stub);
+        // Through the stub once there is one. Before the first area holds it, a stub written
+        // for the while in the spare bytes after some file's code (the tail of the page where
+        // an executable segment ends, which never runs), so that the first calls are as safe
+        // as the others; only where there is none is the very first mmap run at the thread's
+        // pc, its registers changed for one step.
+        let (temporary, replaced) = match self.stub {
+            Some(_) => (None, Vec::new()),
+            None => self
+                .temporary_stub(tracer, tid)
+                .map_or((None, Vec::new()), |(at, orig)| (Some(at), orig)),
+        };
+        let stub = std::cell::Cell::new(self.stub.or(temporary));
         let call = |tracer: &mut Tracer, nr: i64, args: [u64; 6], what: &str| {
             let r = match stub.get() {
                 Some(s) => tracer.inject_syscall_via(tid, s, nr, args),
@@ -554,7 +564,7 @@ impl InProcess {
         let at = got;
         let name = b"superprof-counters\0";
         let result = (|| {
-            if stub.get().is_none() && exec > 0 {
+            if self.stub.is_none() && exec > 0 {
                 tracer
                     .write_memory(pid, at, superprof_trace::SYSCALL_STUB)
                     .map_err(|e| format!("cannot write into the program: {e}"))?;
@@ -594,18 +604,91 @@ impl InProcess {
             }
             shared
         })();
-        match result {
+        let result = match result {
             Ok(shared) => {
-                self.stub = stub.get();
+                if stub.get() != temporary {
+                    self.stub = stub.get();
+                }
                 Ok((at, shared))
             }
             Err(e) => {
                 // (Not through a stub in the area being unmapped.)
-                let _ = tracer.inject_syscall(tid, SYS_MUNMAP, [at, size, 0, 0, 0, 0]);
+                let _ = match temporary {
+                    Some(t) => {
+                        tracer.inject_syscall_via(tid, t, SYS_MUNMAP, [at, size, 0, 0, 0, 0])
+                    }
+                    None => tracer.inject_syscall(tid, SYS_MUNMAP, [at, size, 0, 0, 0, 0]),
+                };
                 Err(e)
             }
+        };
+        if let Some(t) = temporary {
+            // (The thread is out of it: every call has returned.)
+            let _ = tracer.write_memory(pid, t, &replaced);
         }
+        result
     }
+}
+
+impl InProcess {
+    /// Writes the system call stub, for the while, into spare bytes after the code of a file
+    /// the process maps (nearest the thread's pc first: AArch64's stub branches back there);
+    /// returns where and the bytes it replaced. Not through [`Tracer::patch_code`]: the
+    /// janitor must not put the bytes back under a thread a dead superprof left inside the
+    /// stub, which finishes it by itself; bytes that never run, they may stay. None where no
+    /// file has room.
+    fn temporary_stub(&self, tracer: &mut Tracer, tid: u32) -> Option<(u64, Vec<u8>)> {
+        let pc = tracer.regs(tid).ok()?.pc;
+        let maps = superprof_unwind::maps::executable_mappings(self.pid).ok()?;
+        let mut spots = Vec::new();
+        for m in maps.iter().filter(|m| m.path.is_absolute()) {
+            let Some(image) = superprof_unwind::ElfImage::open(&m.path) else {
+                continue;
+            };
+            let Ok(file_len) = std::fs::metadata(&m.path).map(|d| d.len()) else {
+                continue;
+            };
+            let bias = image.bias_for_mapping(m.start, m.end - m.start, m.offset);
+            let code: Vec<(u64, u64)> = image
+                .executable_ranges()
+                .iter()
+                .map(|r| (r.start.wrapping_add(bias), r.end.wrapping_add(bias)))
+                .collect();
+            let file_end = file_len
+                .checked_sub(m.offset)
+                .and_then(|n| m.start.checked_add(n))
+                .unwrap_or(0);
+            let len = superprof_trace::SYSCALL_STUB.len() as u64;
+            if let Some(at) = spare_after_code(&code, (m.start, m.end), file_end, len) {
+                spots.push(at);
+            }
+        }
+        spots.sort_by_key(|&at| at.abs_diff(pc));
+        let len = superprof_trace::SYSCALL_STUB.len();
+        spots.into_iter().find_map(|at| {
+            let mut orig = vec![0u8; len];
+            (tracer.read_code(self.pid, at, &mut orig) == len
+                && tracer
+                    .write_memory(self.pid, at, superprof_trace::SYSCALL_STUB)
+                    .is_ok())
+            .then_some((at, orig))
+        })
+    }
+}
+
+/// Where `len` bytes fit, 16-byte aligned, after the end of a file's executable segment in
+/// the page it ends in (runtime addresses; `code`: the file's executable segments as mapped,
+/// `map`: the mapping, `file_end`: where the file's bytes end in it): bytes the mapping holds
+/// that are no code and that nothing runs.
+fn spare_after_code(code: &[(u64, u64)], map: (u64, u64), file_end: u64, len: u64) -> Option<u64> {
+    code.iter().find_map(|&(_, end)| {
+        let at = end.checked_add(15)? & !15;
+        let stop = at.checked_add(len)?;
+        let page_end = end.checked_add(4095)? & !4095;
+        let clear = !code.iter().any(|&(s, e)| s < stop && at < e);
+        (end > map.0 && stop <= page_end && stop <= map.1 && stop <= file_end && clear)
+            .then_some(at)
+    })
 }
 
 /// The address ranges mapped in `pid`, sorted.
@@ -664,6 +747,30 @@ fn place_area(maps: &[(u64, u64)], addr: u64, size: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_temporary_stub_goes_after_the_code_in_its_last_page() {
+        let code = [(0x1000, 0x1f03)];
+        assert_eq!(
+            spare_after_code(&code, (0x1000, 0x2000), 0x3000, 64),
+            Some(0x1f10)
+        );
+        // Not past the page, the mapping or the file's bytes; not over other code.
+        assert_eq!(spare_after_code(&code, (0x1000, 0x2000), 0x3000, 241), None);
+        assert_eq!(spare_after_code(&code, (0x1000, 0x1f40), 0x3000, 64), None);
+        assert_eq!(spare_after_code(&code, (0x1000, 0x2000), 0x1f20, 64), None);
+        // Not over the next segment's code: after that one's end instead.
+        let two = [(0x1000, 0x1f03), (0x1f20, 0x2800)];
+        assert_eq!(
+            spare_after_code(&two, (0x1000, 0x3000), 0x4000, 64),
+            Some(0x2800)
+        );
+        // A segment that ends on a page boundary has no tail.
+        assert_eq!(
+            spare_after_code(&[(0x1000, 0x2000)], (0x1000, 0x3000), 0x4000, 64),
+            None
+        );
+    }
 
     #[test]
     fn areas_go_just_below_the_code_or_above_it() {

@@ -91,6 +91,20 @@ fn commands() -> Vec<(String, String)> {
             v.push((format!("let-go-{name}-{sig}"), let_go(cmd, sig)));
         }
     }
+    // superprof killed inside its system call stub: the program goes on whole.
+    for point in ["0", "1", "2"] {
+        v.push((
+            format!("die-in-stub-{point}"),
+            format!(
+                "./sleeper 20 > /tmp/sl.out 2>&1 &\nP=$!\n\
+                 while ! grep -q ready /tmp/sl.out; do sleep 0.05; done\n\
+                 SUPERPROF_TEST_DIE_IN_STUB={point} superprof stat --engine in-process \
+                 -e task-clock -r tick -p $P >/dev/null 2>&1\necho superprof-status=$?\n\
+                 sleep 0.2\ngrep TracerPid /proc/$P/status\nwait $P\necho program-status=$?\n\
+                 cat /tmp/sl.out\n"
+            ),
+        ));
+    }
     for (analyzer, engine) in BLOCKS {
         v.push((
             format!("blocks-{analyzer}-{engine}"),
@@ -204,6 +218,11 @@ fn boot_and_run() -> String {
         ("blocks_mt", "blocks_mt.c", &["-O1", "-g", "-pthread"][..]),
         ("attach", "attach.c", &["-O2", "-g", "-pthread"][..]),
         ("branches", "branches.c", &["-O2", "-g"][..]),
+        (
+            "sleeper",
+            "sleeper.c",
+            &["-O1", "-falign-functions=16", "-g"][..],
+        ),
     ] {
         run_ok(
             Command::new("aarch64-linux-gnu-gcc")
@@ -513,5 +532,27 @@ fn an_attached_process_is_let_go_whole_whatever_ends_superprof() {
                 "{name} {sig}: {out}"
             );
         }
+    }
+}
+
+/// superprof killed (SUPERPROF_TEST_DIE_IN_STUB) before, at and after the first system call it
+/// makes an attached program run, asleep in nanosleep: the thread finishes the stub alone, its
+/// sleep is restarted whole, and it ends as it would have.
+#[test]
+fn superprof_killed_inside_its_system_call_stub_leaves_the_program_whole() {
+    for point in ["0", "1", "2"] {
+        let out = &section(&format!("die-in-stub-{point}")).output;
+        for want in [
+            "superprof-status=137",
+            "TracerPid:\t0",
+            "program-status=0",
+            "done 20",
+        ] {
+            assert!(out.contains(want), "point {point}: no {want:?} in {out}");
+        }
+        assert!(
+            !out.contains("short") && !out.contains("failed"),
+            "point {point}: {out}"
+        );
     }
 }
