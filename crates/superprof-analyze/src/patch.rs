@@ -357,6 +357,45 @@ pub fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
     out
 }
 
+/// Where a probe may stand after the instruction at `from` (a function's entry) and still see
+/// every call as it starts, with the same stack pointer: `from`, then the starts of the
+/// instructions of `code` (the bytes from `from` on) after which none before can fault (no
+/// memory access but a RIP-relative read, which a module's own data always satisfies; no
+/// division), change rsp or branch, up to `most` instructions. The caller checks that
+/// nothing jumps in between.
+pub fn quiet_head(code: &[u8], from: u64, most: usize) -> Vec<u64> {
+    use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess, OpKind};
+    let mut out = vec![from];
+    let mut d = Decoder::with_ip(64, code, from, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    while d.can_decode() && out.len() <= most {
+        let i = d.decode();
+        if i.is_invalid() || i.flow_control() != FlowControl::Next {
+            break;
+        }
+        let memory = (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory);
+        let rip_read = memory
+            && i.memory_base() == Register::RIP
+            && i.op_count() > 0
+            && i.op_kind(0) != OpKind::Memory;
+        let harmless_memory =
+            !memory || rip_read || matches!(i.mnemonic(), Mnemonic::Lea | Mnemonic::Nop);
+        let divides = matches!(i.mnemonic(), Mnemonic::Div | Mnemonic::Idiv);
+        let moves_rsp = info.info(&i).used_registers().iter().any(|u| {
+            u.register().full_register() == Register::RSP
+                && matches!(
+                    u.access(),
+                    OpAccess::Write | OpAccess::ReadWrite | OpAccess::CondWrite
+                )
+        });
+        if !harmless_memory || divides || moves_rsp || i.has_lock_prefix() {
+            break;
+        }
+        out.push(i.next_ip());
+    }
+    out
+}
+
 /// Whether the instruction at the start of `code` is an indirect jump through a RIP-relative
 /// slot (`jmp *disp(%rip)`: through the GOT, a call's tail to another function, never a jump
 /// table's dispatch, which indexes its table with a register).
@@ -527,6 +566,29 @@ pub const MAX_TRAMPOLINE: usize = 128;
 
 /// The longest trampoline [`record_trampoline`] makes (a bound to reserve room with).
 pub const MAX_RECORD_TRAMPOLINE: usize = 384;
+
+#[cfg(test)]
+mod quiet_head_tests {
+    use super::quiet_head;
+
+    #[test]
+    fn a_probe_may_move_past_register_moves_not_past_the_stack_or_memory() {
+        // mov %rdi,%rax; mov 0x10(%rip),%rcx; push %rbx; ...
+        let code = [
+            0x48, 0x89, 0xf8, 0x48, 0x8b, 0x0d, 0x10, 0, 0, 0, 0x53, 0x48, 0x8b, 0x07,
+        ];
+        assert_eq!(quiet_head(&code, 0x1000, 8), vec![0x1000, 0x1003, 0x100a]);
+        // xor %eax,%eax; mov (%rdi),%rax: stops before the load.
+        let code = [0x31, 0xc0, 0x48, 0x8b, 0x07, 0x53];
+        assert_eq!(quiet_head(&code, 0x1000, 8), vec![0x1000, 0x1002]);
+        // sub $0x18,%rsp first: only the entry.
+        let code = [0x48, 0x83, 0xec, 0x18, 0x53];
+        assert_eq!(quiet_head(&code, 0x1000, 8), vec![0x1000]);
+        // test %rdi,%rdi; je: the jcc may be the probe point, nothing after it.
+        let code = [0x48, 0x85, 0xff, 0x74, 0x05, 0x53];
+        assert_eq!(quiet_head(&code, 0x1000, 8), vec![0x1000, 0x1003]);
+    }
+}
 
 #[cfg(test)]
 mod tests {

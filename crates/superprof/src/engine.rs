@@ -173,13 +173,14 @@ mod calibration {
         core::arch::naked_asm!("push rbp", "mov rax, rdi", "pop rbp", "ret")
     }
 
-    /// Starts with a `mov`, which the kernel steps out of line.
+    /// Starts with a `mov`, which the kernel steps out of line, and has no instruction the
+    /// kernel emulates before its `ret` (the uprobe engine would probe that one instead).
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a complete function in the C ABI: returns its argument, touches nothing else.
     #[unsafe(naked)]
     #[no_mangle]
     pub extern "C" fn superprof_calibration_stepped(x: u64) -> u64 {
-        core::arch::naked_asm!("mov rax, rdi", "nop", "ret")
+        core::arch::naked_asm!("mov rax, rdi", "ret")
     }
 
     /// Starts with a 5-byte no-op (room for the in-process engine's jump); its `ret` is

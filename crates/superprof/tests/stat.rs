@@ -901,3 +901,49 @@ fn a_wrapper_that_execs_the_program() {
         assert_eq!(m["tenfold"].0, 40, "{engine}");
     }
 }
+
+/// The uprobe engine probes a function's entry on the first instruction the kernel emulates
+/// when only register moves come before it (a stepped entry costs about 10 µs more a call
+/// here), and stays at the entry when a branch lands between: exact calls either way.
+#[test]
+fn an_entry_probe_moves_to_an_emulated_instruction_only_where_every_call_passes_it() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-uentry");
+    let exe = compile(&dir, "uprobe_entry", &["uprobe_entry.c"], &["-O2", "-g"]);
+    for (region, kind) in [("movpush", "emulated"), ("loopback", "stepped")] {
+        let out_file = dir.path("s.json");
+        let out = run_ok(
+            superprof()
+                .args([
+                    "stat",
+                    "--engine",
+                    "uprobe",
+                    "-e",
+                    "task-clock",
+                    "-r",
+                    region,
+                ])
+                .args(["--format", "json", "-o"])
+                .arg(&out_file)
+                .arg("--")
+                .arg(&exe)
+                .arg("2000"),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .nth(1),
+            Some("2000")
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        assert_eq!(doc["regions"][0]["calls"], 2000, "{region}: {doc}");
+        assert_eq!(
+            doc["engines"][0]["first_instruction"], kind,
+            "{region}: {doc}"
+        );
+    }
+}
