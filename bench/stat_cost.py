@@ -37,9 +37,14 @@ def main():
     src = os.path.join(OUT, "tiny.c")
     exe = os.path.join(OUT, "tiny")
     with open(src, "w") as f:
+        # movpush: a register move, then a push (which the kernel emulates): the uprobe engine
+        # probes its entry at the push.
         f.write("#include <stdlib.h>\nvolatile long s;\n"
                 "__attribute__((noinline)) long tiny(long x) { s += x; return x + 1; }\n"
-                "int main(int c, char **v) { long n = atol(v[1]); for (long i = 0; i < n; i++) tiny(i); return 0; }\n")
+                "__attribute__((naked, noinline)) long movpush(long x) {\n"
+                "  __asm__(\"mov %rdi, %rax\\n push %rbx\\n add $1, %rax\\n pop %rbx\\n ret\"); }\n"
+                "int main(int c, char **v) { long n = atol(v[1]); long (*f)(long) = c > 2 ? movpush : tiny;\n"
+                "  for (long i = 0; i < n; i++) f(i); return 0; }\n")
     subprocess.run(["gcc", "-O2", "-g", "-o", exe, src], check=True)
     # perf's uprobes on the same function: entry and return.
     subprocess.run(["perf", "probe", "-q", "-d", "probe_tiny:*"], stderr=subprocess.DEVNULL)
@@ -47,14 +52,15 @@ def main():
     subprocess.run(["perf", "probe", "-q", "-x", exe, "tiny%return"], check=True)
     report = os.path.join(OUT, "tiny.json")
 
-    def stat(engine, n):
-        return [sp, "stat", "--engine", engine, "-r", "tiny", "-e", "task-clock", "--format", "json",
-                "-o", report, "--", exe, str(n)]
+    def stat(engine, n, region="tiny"):
+        return [sp, "stat", "--engine", engine, "-r", region, "-e", "task-clock", "--format", "json",
+                "-o", report, "--", exe, str(n)] + (["m"] if region != "tiny" else [])
 
     cmds = {
         "bare": lambda n: [exe, str(n)],
         "in-process": lambda n: stat("in-process", n),
         "uprobe": lambda n: stat("uprobe", n),
+        "uprobe, mov then push": lambda n: stat("uprobe", n, "movpush"),
         "ptrace": lambda n: stat("ptrace", n),
         "perf stat (uprobes)": lambda n: ["perf", "stat", "-e", "probe_tiny:tiny,probe_tiny:tiny__return",
                                           "--", exe, str(n)],
@@ -67,7 +73,7 @@ def main():
             n = CALLS if k != "ptrace" else CALLS // 10
             fixed[k].append((timed(c(n // 10)), n // 10))
             per_call[k].append((timed(c(n)), n))
-            if k in ("in-process", "uprobe", "ptrace"):
+            if k in ("in-process", "uprobe", "ptrace", "uprobe, mov then push"):
                 d = json.load(open(report))
                 ev = d["regions"][0]["events"]
                 figures.setdefault(k, []).append((ev["time-elapsed-ns"]["mean"], ev["task-clock"]["mean"]))
