@@ -43,6 +43,7 @@ pub use locate::{
     FunctionAddress, MappedFile,
 };
 pub use sys::{
-    block_sigchld, monotonic_ns, read_memory, write_memory, CpuTime, RawRegs, STUB as SYSCALL_STUB,
+    block_sigchld, control_stack_enabled, monotonic_ns, read_memory, write_memory, CpuTime,
+    RawRegs, STUB as SYSCALL_STUB,
 };
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

@@ -471,7 +471,7 @@ pub const STUB: &[u8] = &[
     0xe4, 0x17, 0x42, 0xa9, // ldp x4, x5, [sp, #32]
     0xe8, 0x1b, 0x40, 0xf9, // ldr x8, [sp, #48]
     0xe0, 0x07, 0xc4, 0xa8, // ldp x0, x1, [sp], #64
-    // The tail (stub_tail): `b` where the thread was, or `ldr x16, 8; br x16` and the address.
+    // The tail (stub_tail): `b` where the thread was, or `ldr x16, 8; ret x16` and the address.
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
 ];
 /// Where the stub's system call instruction is.
@@ -482,29 +482,37 @@ pub const STUB_POINT: u64 = 20;
 
 /// The stub's tail for a thread that goes on at `resume` when it leaves the stub at `stub`:
 /// (offset in the stub, bytes). x86_64: the address an indirect jump reads. AArch64: a `b`
-/// where it reaches (±128 MiB), else a load of the address into x16 and `br x16`: x16 (IP0,
-/// which linkers' veneers use freely) is then the one register a thread left in the stub by
-/// a superprof that died does not get back.
-pub fn stub_tail(stub: u64, resume: u64) -> (u64, Vec<u8>) {
+/// where it reaches (±128 MiB), else a load of the address into x16 and `ret x16` (not `br`,
+/// which BTI checks: `resume` is no landing pad), or `br x16` under a guarded control stack
+/// (`gcs`, where `ret` checks the stack's top): x16 (IP0, which linkers' veneers use freely)
+/// is then the one register a thread left in the stub by a superprof that died does not get
+/// back.
+pub fn stub_tail(stub: u64, resume: u64, gcs: bool) -> (u64, Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
     {
-        let _ = stub;
+        let _ = (stub, gcs);
         (STUB.len() as u64 - 8, resume.to_le_bytes().to_vec())
     }
     #[cfg(target_arch = "aarch64")]
     {
-        let at = 40;
-        let off = (resume as i64).wrapping_sub(stub.wrapping_add(at) as i64);
-        if off % 4 == 0 && (-(1i64 << 27)..(1i64 << 27)).contains(&off) {
-            let b = 0x1400_0000u32 | ((off >> 2) as u32 & 0x03ff_ffff);
-            return (at, b.to_le_bytes().to_vec());
-        }
-        let mut v = Vec::with_capacity(16);
-        v.extend_from_slice(&0x5800_0050u32.to_le_bytes()); // ldr x16, 8
-        v.extend_from_slice(&0xd61f_0200u32.to_le_bytes()); // br x16
-        v.extend_from_slice(&resume.to_le_bytes());
-        (at, v)
+        (40, a64_stub_tail(stub + 40, resume, gcs))
     }
+}
+
+/// AArch64's stub tail at `at` (see [`stub_tail`]); on every host, for its unit test.
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+fn a64_stub_tail(at: u64, resume: u64, gcs: bool) -> Vec<u8> {
+    let off = (resume as i64).wrapping_sub(at as i64);
+    if off % 4 == 0 && (-(1i64 << 27)..(1i64 << 27)).contains(&off) {
+        let b = 0x1400_0000u32 | ((off >> 2) as u32 & 0x03ff_ffff);
+        return b.to_le_bytes().to_vec();
+    }
+    let mut v = Vec::with_capacity(16);
+    v.extend_from_slice(&0x5800_0050u32.to_le_bytes()); // ldr x16, 8
+    let jump: u32 = if gcs { 0xd61f_0200 } else { 0xd65f_0200 }; // br x16, ret x16
+    v.extend_from_slice(&jump.to_le_bytes());
+    v.extend_from_slice(&resume.to_le_bytes());
+    v
 }
 
 /// A harmless system call, what an injected system call instruction runs when superprof is
@@ -616,6 +624,38 @@ pub fn resume_point(r: &RawRegs) -> (u64, u64) {
     (r.pc, r.regs[0])
 }
 
+/// Whether stopped thread `tid` runs with a guarded control stack (AArch64's GCS: the
+/// NT_ARM_GCS register set says it is enabled), under which a call emulated by a branch would
+/// leave the control stack without the entry its `ret` checks. False where the kernel has no
+/// GCS, and on x86_64 (whose shadow stack /proc/PID/status shows).
+pub fn control_stack_enabled(tid: u32) -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        const NT_ARM_GCS: usize = 0x410;
+        const PR_SHADOW_STACK_ENABLE: u64 = 1;
+        // struct user_gcs: features_enabled, features_locked, gcspr_el0.
+        let mut gcs = [0u64; 3];
+        let mut iov = libc::iovec {
+            iov_base: gcs.as_mut_ptr() as *mut libc::c_void,
+            iov_len: std::mem::size_of_val(&gcs),
+        };
+        // `data` is an iovec over a struct user_gcs that NT_ARM_GCS fills.
+        ptrace(
+            libc::PTRACE_GETREGSET,
+            tid,
+            NT_ARM_GCS,
+            &mut iov as *mut _ as usize,
+        )
+        .is_ok()
+            && gcs[0] & PR_SHADOW_STACK_ENABLE != 0
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = tid;
+        false
+    }
+}
+
 /// The return value of a system call, at its exit stop (a negative errno on failure).
 pub fn syscall_result(r: &RawRegs) -> i64 {
     #[cfg(target_arch = "x86_64")]
@@ -687,4 +727,27 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod stub_tail_tests {
+    #[test]
+    fn the_aarch64_stub_branches_back_or_returns_through_x16() {
+        // b +0x100 (0x14000040), and b -8 (0x17fffffe).
+        assert_eq!(
+            super::a64_stub_tail(0x1000, 0x1100, false),
+            0x1400_0040u32.to_le_bytes()
+        );
+        assert_eq!(
+            super::a64_stub_tail(0x1000, 0xff8, true),
+            0x17ff_fffeu32.to_le_bytes()
+        );
+        // Out of reach: ldr x16, 8; ret x16 (br x16 under a guarded control stack); the address.
+        let far = 0xffff_0000_1234;
+        let t = super::a64_stub_tail(0x1000, far, false);
+        assert_eq!(&t[..8], &[0x50, 0, 0, 0x58, 0x00, 0x02, 0x5f, 0xd6]);
+        assert_eq!(&t[8..], &far.to_le_bytes());
+        let t = super::a64_stub_tail(0x1000, far, true);
+        assert_eq!(&t[4..8], &[0x00, 0x02, 0x1f, 0xd6]);
+    }
 }

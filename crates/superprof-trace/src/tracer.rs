@@ -536,7 +536,7 @@ impl Tracer {
         let (pid, _) = self.stopped_thread(tid)?;
         let saved = sys::raw_regs(tid)?;
         let (resume, ret) = sys::resume_point(&saved);
-        let (off, tail) = sys::stub_tail(stub, resume);
+        let (off, tail) = sys::stub_tail(stub, resume, sys::control_stack_enabled(tid));
         sys::write_memory(pid, stub + off, &tail)?;
         sys::set_regs_outside_syscall(tid, &sys::regs_at(&saved, stub, ret, false))?;
         let point = stub + sys::STUB_POINT;

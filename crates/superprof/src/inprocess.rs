@@ -191,8 +191,11 @@ pub struct InProcess {
     stub: Option<u64>,
     /// Springboards written (their 5 bytes from each address).
     springboards_used: Vec<u64>,
-    /// Direct calls may be displaced (emulated with a push and a jump): no shadow stack.
+    /// Direct calls may be displaced (emulated with a push and a jump, or AArch64's x30 and a
+    /// `b`): no shadow stack (x86_64: from /proc/PID/status; AArch64: GCS, from the first
+    /// stopped thread, `control_stack_checked`).
     calls: bool,
+    control_stack_checked: bool,
 }
 
 impl InProcess {
@@ -224,6 +227,7 @@ impl InProcess {
             stub: None,
             springboards_used: Vec::new(),
             calls: !shadow_stack,
+            control_stack_checked: false,
         })
     }
 
@@ -238,6 +242,7 @@ impl InProcess {
         b: &Site,
         inside: &dyn Fn(u64, u64) -> bool,
     ) -> Result<Counter, String> {
+        self.check_control_stack(tid);
         let (p, springboard) = self.plan(b, inside)?;
         let a = self.area_near(tracer, tid, p.at, patch::MAX_TRAMPOLINE)?;
         let area = &self.areas[a];
@@ -262,6 +267,7 @@ impl InProcess {
         recording: &patch::Recording,
         at_start: bool,
     ) -> Result<u64, String> {
+        self.check_control_stack(tid);
         let (p, springboard) = self.plan(b, inside)?;
         if at_start && !p.at_entry_of(b.start) {
             return Err("its first instructions cannot be displaced".to_owned());
@@ -280,6 +286,17 @@ impl InProcess {
             patch::MAX_RECORD_TRAMPOLINE,
         )?;
         Ok(p.at)
+    }
+
+    /// Calls may not be emulated where the process runs with a guarded control stack
+    /// (AArch64 GCS, told by its stopped thread `tid`; checked once).
+    fn check_control_stack(&mut self, tid: u32) {
+        if !self.control_stack_checked {
+            self.control_stack_checked = true;
+            if superprof_trace::control_stack_enabled(tid) {
+                self.calls = false;
+            }
+        }
     }
 
     /// The patch for site `b`: its first instructions where allowed, else one long one; and,
