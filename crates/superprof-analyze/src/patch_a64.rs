@@ -448,11 +448,17 @@ pub fn quiet_tail(_code: &[u8], _from: u64, to: u64) -> Vec<u64> {
     vec![to]
 }
 
-/// Whether the indirect branch at the start of `code` leaves the function through a slot in
-/// memory (x86_64's `jmp *disp(%rip)`): AArch64 has no such instruction (a `br` through a
-/// register may as well be a jump table's), so never.
-pub fn jumps_through_slot(_code: &[u8], _addr: u64) -> bool {
-    false
+/// Whether the indirect branch at the start of `code` leaves the function (x86_64's `jmp
+/// *disp(%rip)`): on AArch64 a `br` (or `braa`, `braaz`...) through x16 or x17, which compilers
+/// keep for indirect tail calls (those are the registers a BTI `bti c` landing pad accepts a
+/// `br` from); a jump table's dispatch uses another register and lands on `bti j`.
+pub fn jumps_through_slot(code: &[u8], _addr: u64) -> bool {
+    let Some(insn) = word(code, 0) else {
+        return false;
+    };
+    let br = insn & 0xffff_fc1f == 0xd61f_0000 // br
+        || insn & 0xfeff_f800 == 0xd61f_0800; // braa, brab, braaz, brabz
+    br && matches!((insn >> 5) & 31, 16 | 17)
 }
 
 /// The longest trampoline [`trampoline`] makes: 10 instructions, 4 of relocation, a nop,
@@ -583,6 +589,16 @@ mod tests {
             .flat_map(|w| w.to_le_bytes())
             .collect();
         assert!(plan(&code, 0x1000, true, 0, true).is_ok());
+    }
+
+    #[test]
+    fn indirect_tail_calls_go_through_x16_or_x17() {
+        let one = |w: u32| jumps_through_slot(&w.to_le_bytes(), 0);
+        assert!(one(0xd61f_0200)); // br x16
+        assert!(one(0xd61f_0220)); // br x17
+        assert!(one(0xd61f_0a1f)); // braaz x16
+        assert!(!one(0xd61f_0020)); // br x1: a jump table's
+        assert!(!one(0xd65f_03c0)); // ret
     }
 
     #[test]

@@ -191,6 +191,9 @@ pub struct InProcess {
     stub: Option<u64>,
     /// Springboards written (their 5 bytes from each address).
     springboards_used: Vec<u64>,
+    /// Every range of the program's code a patch or springboard took: no other may overlap it
+    /// (a block's spare filler, a springboard, another probe's bytes).
+    taken: Vec<(u64, u64)>,
     /// Direct calls may be displaced (emulated with a push and a jump, or AArch64's x30 and a
     /// `b`): no shadow stack (x86_64: from /proc/PID/status; AArch64: GCS, from the first
     /// stopped thread, `control_stack_checked`).
@@ -226,6 +229,7 @@ impl InProcess {
             ring: None,
             stub: None,
             springboards_used: Vec::new(),
+            taken: Vec::new(),
             calls: !shadow_stack,
             control_stack_checked: false,
         })
@@ -257,7 +261,8 @@ impl InProcess {
     /// with the stack pointer `sp` says (see [`patch::SpAt`]), the time, and the CPU time
     /// and rusage where `cputime` and `rusage` ask. `at_start`: the probe must fire at the
     /// site's very first instruction (a function's entry), not on a later long one.
-    /// Returns where the patch is (to take it out again: [`Tracer::unpatch`]).
+    /// Returns where the patch is (to take it out again: [`Tracer::unpatch`]) and the end of
+    /// the bytes it displaced.
     pub fn probe(
         &mut self,
         tracer: &mut Tracer,
@@ -266,7 +271,7 @@ impl InProcess {
         inside: &dyn Fn(u64, u64) -> bool,
         recording: &patch::Recording,
         at_start: bool,
-    ) -> Result<u64, String> {
+    ) -> Result<(u64, u64), String> {
         self.check_control_stack(tid);
         let (p, springboard) = self.plan(b, inside)?;
         if at_start && !p.at_entry_of(b.start) {
@@ -285,7 +290,7 @@ impl InProcess {
             &bytes,
             patch::MAX_RECORD_TRAMPOLINE,
         )?;
-        Ok(p.at)
+        Ok((p.at, p.at + p.len as u64))
     }
 
     /// Calls may not be emulated where the process runs with a guarded control stack
@@ -306,13 +311,21 @@ impl InProcess {
         b: &Site,
         inside: &dyn Fn(u64, u64) -> bool,
     ) -> Result<(patch::Patch, Option<u64>), String> {
-        let mut plan = patch::plan(b.code, b.start, b.several, b.spare, self.calls);
+        // The filler after the block only up to bytes another patch took.
+        let end = b.start + b.code.len() as u64;
+        let spare = self
+            .taken
+            .iter()
+            .filter(|&&(a, _)| a >= end)
+            .map(|&(a, _)| (a - end).min(u32::MAX as u64) as u32)
+            .fold(b.spare, u32::min);
+        let mut plan = patch::plan(b.code, b.start, b.several, spare, self.calls);
         if b.several
             && plan
                 .as_ref()
                 .is_ok_and(|p| inside(p.at + 1, p.len as u64 - 1))
         {
-            plan = patch::plan(b.code, b.start, false, b.spare, self.calls);
+            plan = patch::plan(b.code, b.start, false, spare, self.calls);
         }
         let mut springboard = None;
         if plan.as_ref().is_err_and(|e| *e == patch::Refusal::TooShort) {
@@ -321,7 +334,7 @@ impl InProcess {
                 b.code,
                 b.start,
                 b.several,
-                b.spare,
+                spare,
                 self.calls,
                 patch::SHORT_JUMP_LEN,
             );
@@ -337,6 +350,7 @@ impl InProcess {
                         (at..=at + (len - patch::JUMP_LEN) as u64).find(|&s| {
                             patch::short_jump(p.at, s).is_some()
                                 && !self.springboards_used.iter().any(|&u| u.abs_diff(s) < 5)
+                                && !self.overlaps(s, s + patch::JUMP_LEN as u64)
                         })
                     });
                 if springboard.is_some() {
@@ -348,7 +362,15 @@ impl InProcess {
         if inside(p.at + 1, p.len as u64 - 1) {
             return Err("a thread is inside it".to_owned());
         }
+        if self.overlaps(p.at, p.at + p.len as u64) {
+            return Err("its bytes are another probe's already".to_owned());
+        }
         Ok((p, springboard))
+    }
+
+    /// Whether [a, b) overlaps code a patch or springboard took.
+    fn overlaps(&self, a: u64, b: u64) -> bool {
+        self.taken.iter().any(|&(x, y)| x < b && a < y)
     }
 
     /// Writes trampoline `bytes` at area `a`'s next free byte and the jump to it over the
@@ -375,7 +397,9 @@ impl InProcess {
         tracer
             .patch_code(self.pid, far, &jump)
             .map_err(|e| format!("cannot patch the code at {far:#x}: {e}"))?;
+        self.taken.push((p.at, p.at + p.len as u64));
         if let Some(s) = springboard {
+            self.taken.push((s, s + patch::JUMP_LEN as u64));
             self.springboards_used.push(s);
             let short = patch::short_jump(p.at, s).ok_or("its springboard is out of reach")?;
             if let Err(e) = tracer.patch_code(self.pid, p.at, &short) {

@@ -62,6 +62,12 @@ fn commands() -> Vec<(String, String)> {
             format!("stat-rec-{e}"),
             format!("{on} -r rec -e page-faults -- ./perforator recurse"),
         ));
+        for (prog, region) in [("tailjump", "via_pointer"), ("cold_return", "rare_exit")] {
+            v.push((
+                format!("stat-{region}-{e}"),
+                format!("{on} -r {region} -e page-faults -- ./{prog} 1000"),
+            ));
+        }
         v.push((
             format!("stat-lib-{e}"),
             format!("{on} -r pthread_create -e page-faults -- ./perforator threads"),
@@ -218,6 +224,8 @@ fn boot_and_run() -> String {
         ("blocks_mt", "blocks_mt.c", &["-O1", "-g", "-pthread"][..]),
         ("attach", "attach.c", &["-O2", "-g", "-pthread"][..]),
         ("branches", "branches.c", &["-O2", "-g"][..]),
+        ("tailjump", "tailjump.c", &["-O2", "-g"][..]),
+        ("cold_return", "cold_return.c", &["-O2", "-g"][..]),
         (
             "sleeper",
             "sleeper.c",
@@ -426,6 +434,18 @@ fn stat_counts_each_outermost_recursive_call_once() {
     for e in ENGINES {
         let (s, doc) = ok(&format!("stat-rec-{e}"));
         assert_eq!(regions(doc)["rec"].0, 5, "{e}: {}", s.output);
+    }
+}
+
+/// A call that ends in a tail jump through a pointer, and one that returns from the function's
+/// `.cold` part: 1,000 calls each, on every engine.
+#[test]
+fn stat_calls_that_end_in_a_tail_jump_or_a_cold_part() {
+    for region in ["via_pointer", "rare_exit"] {
+        for e in ENGINES {
+            let (s, doc) = ok(&format!("stat-{region}-{e}"));
+            assert_eq!(regions(doc)[region].0, 1000, "{region} {e}: {}", s.output);
+        }
     }
 }
 

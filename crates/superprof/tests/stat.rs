@@ -947,3 +947,26 @@ fn an_entry_probe_moves_to_an_emulated_instruction_only_where_every_call_passes_
         );
     }
 }
+
+/// A function that is a tail jump, or a register move and one (found by a helper on node's
+/// uv_hrtime, which ptrace counted 0 times beside uv__hrtime and uprobes 3 of 20,606; on the JVM's
+/// os::naked_yield, whose exits were looked for in the PLT and in libc's sched_yield): each
+/// call ends at its jump, on every engine.
+#[test]
+fn functions_that_are_a_tail_jump_count_every_call() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-tailwrap");
+    let exe = compile(&dir, "tail_wrapper", &["tail_wrapper.c"], &["-O2", "-g"]);
+    for engine in ENGINES {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "wrapper", "-r", "target", "-r", "yielder"]),
+            &[exe.as_os_str(), "1000".as_ref()],
+        );
+        assert_eq!(code, Some(0), "{engine}: {stderr}");
+        assert_eq!(m["wrapper"].0, 1000, "{engine}: {stderr}");
+        // (ptrace: wrapper's call and target's end at the same return address.)
+        assert_eq!(m["target"].0, 1000, "{engine}: {stderr}");
+        assert_eq!(m["yielder"].0, 100, "{engine}: {stderr}");
+    }
+}

@@ -18,6 +18,9 @@ pub struct Function {
 pub struct ElfCode {
     /// (address, bytes) of each executable section.
     sections: Vec<(u64, Vec<u8>)>,
+    /// [start, end) of the procedure linkage table's sections (.plt, .plt.sec, .plt.got):
+    /// stubs that jump to other modules' functions.
+    plt: Vec<(u64, u64)>,
     /// Every direct branch in the executable sections, as (target, source), sorted (made at
     /// first use).
     targets: std::sync::OnceLock<Vec<(u64, u64)>>,
@@ -46,6 +49,14 @@ impl ElfCode {
                 Some((s.address(), data.to_vec()))
             })
             .collect();
+        let plt = obj
+            .sections()
+            .filter(|s| {
+                s.name()
+                    .is_ok_and(|n| n.starts_with(".plt") || n == ".iplt")
+            })
+            .filter_map(|s| Some((s.address(), s.address().checked_add(s.size())?)))
+            .collect();
         let mut functions: Vec<Function> = obj
             .symbols()
             .chain(obj.dynamic_symbols())
@@ -63,11 +74,17 @@ impl ElfCode {
         functions.dedup_by_key(|f| f.addr);
         Some(ElfCode {
             sections,
+            plt,
             targets: std::sync::OnceLock::new(),
             functions,
             arch,
             is_64: obj.is_64(),
         })
+    }
+
+    /// Whether ELF address `addr` is in a PLT stub (a jump there is a call to another function).
+    pub fn in_plt(&self, addr: u64) -> bool {
+        self.plt.iter().any(|&(a, b)| (a..b).contains(&addr))
     }
 
     /// The bytes of [addr, addr+len) when one executable section holds them. Addresses and

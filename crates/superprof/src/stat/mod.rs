@@ -516,6 +516,9 @@ struct Session {
     /// Regions counted with ptrace's breakpoints in a run on uprobes (uprobes cannot probe
     /// them).
     on_ptrace: std::collections::HashSet<usize>,
+    /// Function regions whose calls end where they are probed to start (a function that is a
+    /// tail jump, or whose entry probe displaced its exit): each entry is a whole call.
+    instant: std::collections::HashSet<usize>,
     /// This is the run that measures the engine's own cost.
     calibrating: bool,
     /// How the kernel runs each region's first instruction (uprobe engine).
@@ -579,6 +582,7 @@ impl Session {
             auto_engine: false,
             engines_used: vec![engine],
             on_ptrace: Default::default(),
+            instant: Default::default(),
             batches: Vec::new(),
             armed: Vec::new(),
             probe_source: None,
@@ -789,7 +793,8 @@ impl Session {
     /// instruction the kernel emulates among those [`superprof_analyze::patch::quiet_head`]
     /// allows (only register moves before it: every call passes it with the entry's stack
     /// pointer), where no direct branch of the file lands between; else `at`.
-    fn emulated_entry(&mut self, tracer: &Tracer, pid: u32, at: u64) -> u64 {
+    /// Never onto one of its `exits` (a function that is a register move and a tail jump).
+    fn emulated_entry(&mut self, tracer: &Tracer, pid: u32, at: u64, exits: &[u64]) -> u64 {
         let mut code = [0u8; 96];
         let n = tracer.read_code(pid, at, &mut code);
         let Ok((elf, bias)) = code_at(&mut self.codes, pid, at) else {
@@ -800,7 +805,10 @@ impl Session {
             if off + 15 > n {
                 break;
             }
-            if q > at && elf.targeted(at.wrapping_sub(bias) + 1, q.wrapping_sub(bias) + 1) {
+            if q > at
+                && (exits.contains(&q)
+                    || elf.targeted(at.wrapping_sub(bias) + 1, q.wrapping_sub(bias) + 1))
+            {
                 break;
             }
             if EntryKind::of(&code[off..n]) == EntryKind::Emulated {
@@ -820,6 +828,7 @@ impl Session {
         self.kinds.clear();
         self.missing.clear();
         self.on_ptrace.clear();
+        self.instant.clear();
         self.armed.clear();
         self.batches.clear();
         self.inproc = None;
@@ -874,20 +883,26 @@ impl Session {
             // A function's entry probe on the first instruction of its entry block that the
             // kernel emulates, where only register moves come before it: a stepped hit costs
             // about 10 µs more here (docs/benchmarks.md).
-            let spec = if site.ends_at_return && cfg!(target_arch = "x86_64") {
-                let probe = self.emulated_entry(tracer, pid, at);
-                if probe != at {
-                    let mut code = [0u8; 16];
-                    let n = tracer.read_code(pid, probe, &mut code);
-                    self.kinds.insert(region, EntryKind::of(&code[..n]));
-                }
-                crate::engine::probe_at(pid, probe).unwrap_or(spec)
+            let entry_probe = if site.ends_at_return && cfg!(target_arch = "x86_64") {
+                self.emulated_entry(tracer, pid, at, &exits)
+            } else {
+                at
+            };
+            let spec = if entry_probe != at {
+                let mut code = [0u8; 16];
+                let n = tracer.read_code(pid, entry_probe, &mut code);
+                self.kinds.insert(region, EntryKind::of(&code[..n]));
+                crate::engine::probe_at(pid, entry_probe).unwrap_or(spec)
             } else {
                 spec
             };
             specs.push(spec);
             roles.push(Role::Entry(region, site));
-            for x in exits {
+            if exits.contains(&entry_probe) {
+                // A function that starts with its exit (a tail jump): each entry is a call.
+                self.instant.insert(region);
+            }
+            for x in exits.into_iter().filter(|&x| x != entry_probe) {
                 let spec = crate::engine::probe_at(pid, x).ok_or_else(|| {
                     anyhow!("the returns of region '{name}' are in no file: they cannot be probed")
                 })?;
@@ -1082,7 +1097,7 @@ impl Session {
             rusage,
         };
         let inproc = self.inproc.as_mut().ok_or("no in-process engine")?;
-        let at = inproc.probe(tracer, tid, &site, &inside, &recording, true)?;
+        let (at, _) = inproc.probe(tracer, tid, &site, &inside, &recording, true)?;
         patched.push(at);
         self.ip_roles.push(role);
         Ok(())
@@ -1132,8 +1147,16 @@ impl Session {
             .ok_or("its code does not decode")?;
         let boards = crate::inprocess::springboards(code, f.addr, f.addr + f.size, bias);
         let entry = Patched::of(code, b0, next_of(0), bias, true, &boards);
+        let b0_end = b0.end.wrapping_add(bias);
+        // Whether nothing from the entry up to exit `x` (runtime address) in the entry block can
+        // fault: a call that ends there may be taken as ending where it starts.
+        let b0_bytes = code.bytes(b0.start, b0.end - b0.start).unwrap_or_default();
+        let quiet_to = |x: u64| {
+            x < b0_end
+                && patch::quiet_tail(b0_bytes, b0.start, x.wrapping_sub(bias)).contains(&b0.start)
+        };
         let probe = self.ip_roles.len();
-        let first = inproc
+        let (first, first_end) = inproc
             .probe(
                 tracer,
                 tid,
@@ -1148,6 +1171,19 @@ impl Session {
         // The blocks of the function's parts placed elsewhere (f.cold), as they come.
         let mut parts: HashMap<(u64, u64), Vec<superprof_analyze::Block>> = HashMap::new();
         for (x, (plo, phi)) in exits {
+            if (first..first_end).contains(&x) {
+                // The exit moved with the entry's instructions: the entry block ends in it, so
+                // every call ends as it starts (where nothing between can fault: a call that
+                // faults there has not ended).
+                if !quiet_to(x) {
+                    return Err(format!(
+                        "a return at {x:#x} moved with the entry's instructions, after some that \
+                         may fault"
+                    ));
+                }
+                self.instant.insert(region);
+                continue;
+            }
             let ex = x.wrapping_sub(bias);
             let part = if plo == at {
                 &blocks
@@ -1202,9 +1238,16 @@ impl Session {
                 }
             }
             match placed {
-                Ok(at) => {
+                Ok((at, _)) => {
                     patched.push(at);
                     self.ip_roles.push(Role::Exit(region));
+                }
+                // An exit that ends the entry block (straight code from the entry: no call, no
+                // system call, nothing that can fault) with no room of its own (its bytes, or
+                // the filler after them, taken by other probes): every call ends there as it
+                // starts.
+                Err(_) if plo == at && quiet_to(x) => {
+                    self.instant.insert(region);
                 }
                 Err(e) if plo == at => return Err(format!("a return at {x:#x}: {e}")),
                 // No room for a jump in a part placed elsewhere (a cold path, which the
@@ -1417,6 +1460,18 @@ impl Session {
     fn on_hit(&mut self, role: Role, h: &superprof_sample::ProbeHit) {
         let frames = self.frames.entry(h.tid).or_default();
         let closed = match role {
+            Role::Entry(region, site) if site.ends_at_return && self.instant.contains(&region) => {
+                let frame = Frame {
+                    region,
+                    exits: Vec::new(),
+                    sp: h.sp,
+                    start: h.values.clone(),
+                    started: Instant::now(),
+                    start_ns: h.time,
+                };
+                self.record(h.tid, &frame, &h.values, 0.0);
+                return;
+            }
             Role::Entry(region, site) => {
                 if let Some(p) = frames.iter().position(|f| f.region == region) {
                     if !site.ends_at_return || h.sp < frames[p].sp {
@@ -1541,16 +1596,21 @@ impl Session {
             }
         }
         // A return (or range end) first: a thread leaving one region may enter another at once.
+        // Every frame that ends here ends (a function that tail-jumps into another region
+        // returns with it, to the same address).
         if self.returns.contains_key(&addr) {
             let sp = tracer.regs(tid).map(|r| r.sp).unwrap_or(0);
-            let frames = self.frames.entry(tid).or_default();
-            if let Some(pos) = frames.iter().rposition(|f| {
-                f.exits
-                    .iter()
-                    .any(|&(a, is_return)| a == addr && (!is_return || popped(sp, f.sp)))
-            }) {
+            let end = self.read(tid);
+            loop {
+                let frames = self.frames.entry(tid).or_default();
+                let Some(pos) = frames.iter().rposition(|f| {
+                    f.exits
+                        .iter()
+                        .any(|&(a, is_return)| a == addr && (!is_return || popped(sp, f.sp)))
+                }) else {
+                    break;
+                };
                 let frame = frames.remove(pos);
-                let end = self.read(tid);
                 let elapsed = frame.started.elapsed().as_nanos() as f64;
                 self.record(tid, &frame, &end, elapsed);
                 for &(exit, _) in &frame.exits {
@@ -1914,6 +1974,11 @@ fn function_exits(
     };
     // A jump out of the function: to another function's start (a tail call), or to a part of
     // this one (a symbol named after it, or code no symbol starts).
+    // (A PLT stub is another function's: a jump there is a tail call.)
+    let in_plt = |codes: &mut HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
+                  target: u64| {
+        code_at(codes, pid, target).is_ok_and(|(c, bias)| c.in_plt(target.wrapping_sub(bias)))
+    };
     let part_of_it = |target: u64| match superprof_trace::function_at(pid, target).ok().flatten() {
         Some(g) => {
             g.name.starts_with(&format!("{}.", f.name))
@@ -1943,7 +2008,7 @@ fn function_exits(
                     }
                 }
                 Flow::Jump { target } | Flow::Conditional { target } if !inside(target) => {
-                    if part_of_it(target) {
+                    if !in_plt(codes, target) && part_of_it(target) {
                         // Its range: the symbol's, else up to the next function's start.
                         let part_end =
                             match superprof_trace::function_at(pid, target).ok().flatten() {
