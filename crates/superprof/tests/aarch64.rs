@@ -185,13 +185,7 @@ fn boot_and_run() -> String {
     let dir = TempDir::new("aarch64");
     let debs = root_dir().join("target/test-deps/aarch64");
     let pkg = dir.path("pkg");
-    unpack(&kernel_deb(&debs), &pkg);
-    unpack(
-        &find_deb(&debs, "busybox-static*.deb", |n| {
-            n.starts_with("busybox-static")
-        }),
-        &pkg,
-    );
+    unpack_kernel_and_busybox(&debs, &pkg);
     let root = dir.path("root");
     for d in ["bin", "lib", "proc", "sys", "dev", "tmp", "t"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
@@ -259,17 +253,8 @@ fn boot_and_run() -> String {
     std::fs::write(root.join("init"), init).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cpio = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "cd {} && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 2>/dev/null | gzip -1",
-            root.display()
-        ))
-        .output()
-        .expect("cpio (scripts/aarch64-build installs it)");
-    assert!(cpio.status.success() && cpio.stdout.len() > 1000);
     let initrd = dir.path("initrd.gz");
-    std::fs::write(&initrd, &cpio.stdout).unwrap();
+    initramfs(&root, "cpio", &initrd);
     let console = dir.path("console.txt");
     let mut guest = Guest {
         child: Command::new("qemu-system-aarch64")

@@ -51,13 +51,7 @@ fn debian_kernel_processes_kaslr_and_symbols() {
     // The kernel package and busybox, unpacked.
     let pkg = dir.path("pkg");
     // (linux-image-6.1.0-56-amd64_...deb: the versioned package, not the meta one.)
-    unpack(&kernel_deb(&debs), &pkg);
-    unpack(
-        &find_deb(&debs, "busybox-static*.deb", |n| {
-            n.starts_with("busybox-static")
-        }),
-        &pkg,
-    );
+    unpack_kernel_and_busybox(&debs, &pkg);
     let vmlinuz = vmlinuz(&pkg);
     let vmlinux = dir.path("vmlinux");
     vmlinux_from_bzimage(&vmlinuz, &vmlinux);
@@ -94,18 +88,8 @@ fn debian_kernel_processes_kaslr_and_symbols() {
     std::fs::copy(fx.join("init"), root.join("init")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cpio = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "cd {} && find . | LC_ALL=C sort | {} cpio -o -H newc -R 0:0 2>/dev/null | gzip -1",
-            root.display(),
-            busybox.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(cpio.status.success() && cpio.stdout.len() > 1000);
     let initrd = dir.path("initrd.gz");
-    std::fs::write(&initrd, &cpio.stdout).unwrap();
+    initramfs(&root, &format!("{} cpio", busybox.display()), &initrd);
     // Boot: the console on the first serial port, kallsyms on the second.
     let (console, kallsyms) = (dir.path("console.txt"), dir.path("kallsyms.txt"));
     let (gdb, qmp) = (dir.path("gdb.sock"), dir.path("qmp.sock"));

@@ -69,3 +69,33 @@ pub fn vmlinuz(pkg: &Path) -> PathBuf {
         })
         .expect("vmlinuz in the kernel package")
 }
+
+/// Unpacks the kernel image package and busybox-static of `debs` into `pkg`.
+pub fn unpack_kernel_and_busybox(debs: &Path, pkg: &Path) {
+    unpack(&kernel_deb(debs), pkg);
+    unpack(
+        &find_deb(debs, "busybox-static*.deb", |n| {
+            n.starts_with("busybox-static")
+        }),
+        pkg,
+    );
+}
+
+/// Packs the folder `root` into a gzipped newc initramfs at `out`, with the cpio command
+/// `cpio` (the host's, or a busybox's `cpio` applet), files owned by root.
+pub fn initramfs(root: &Path, cpio: &str, out: &Path) {
+    let packed = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd {} && find . | LC_ALL=C sort | {cpio} -o -H newc -R 0:0 2>/dev/null | gzip -1",
+            root.display()
+        ))
+        .output()
+        .expect("sh runs");
+    assert!(
+        packed.status.success() && packed.stdout.len() > 1000,
+        "{cpio} could not pack {}",
+        root.display()
+    );
+    std::fs::write(out, &packed.stdout).unwrap();
+}
