@@ -25,6 +25,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod blocked;
 mod janitor;
 mod launch;
 mod locate;

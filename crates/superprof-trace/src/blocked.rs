@@ -1,0 +1,107 @@
+//! Where a thread waits, read without stopping it: /proc/PID/task/TID/syscall gives, for a
+//! thread blocked in the kernel, the system call it is in (with its arguments) and the user
+//! stack pointer and pc it will return to. With the stack read through process_vm_readv, that
+//! is enough to unwind the waiting thread's user stack (CFI from the pc and sp), so that an
+//! off-CPU sample (issue 16) needs no ptrace stop: interrupting a thread blocked in
+//! epoll_wait, say, would make the call fail with EINTR.
+
+/// A thread blocked in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blocked {
+    /// The system call it waits in; None when blocked outside one (a page fault, a stop).
+    pub syscall: Option<u64>,
+    /// The user stack pointer and pc it goes on from.
+    pub sp: u64,
+    pub pc: u64,
+}
+
+/// Parses the text of a syscall file: `NR ARG0..ARG5 SP PC`, `-1 SP PC` (blocked outside a
+/// system call) or `running` (None). Anything else is None: the file comes from /proc, and is
+/// read as hostile input.
+pub fn parse(text: &str) -> Option<Blocked> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let hex = |w: &str| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok();
+    match words.as_slice() {
+        ["-1", sp, pc] => Some(Blocked {
+            syscall: None,
+            sp: hex(sp)?,
+            pc: hex(pc)?,
+        }),
+        [nr, args @ .., sp, pc] if args.len() == 6 => {
+            let nr: u64 = nr.parse().ok()?;
+            Some(Blocked {
+                syscall: Some(nr),
+                sp: hex(sp)?,
+                pc: hex(pc)?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Where thread `tid` of process `pid` waits, if it is blocked in the kernel now (needs the
+/// right to trace it). None when it runs (or is runnable), or has gone.
+pub fn blocked(pid: u32, tid: u32) -> Option<Blocked> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    // (A page of text at most; the kernel writes one line.)
+    parse(text.get(..text.len().min(4096))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_three_forms_and_garbage() {
+        assert_eq!(
+            parse(
+                "230 0x0 0x0 0x7fffbaa3b100 0x7fffbaa3b140 0x0 0x0 0x7fffbaa3b0e8 0x7ff3565e9503\n"
+            ),
+            Some(Blocked {
+                syscall: Some(230),
+                sp: 0x7fff_baa3_b0e8,
+                pc: 0x7ff3_565e_9503
+            })
+        );
+        assert_eq!(
+            parse("-1 0x7ffc0185fdd8 0x55d0c0001234"),
+            Some(Blocked {
+                syscall: None,
+                sp: 0x7ffc_0185_fdd8,
+                pc: 0x55d0_c000_1234
+            })
+        );
+        assert_eq!(parse("running\n"), None);
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("7 0x1 0x2"), None);
+        assert_eq!(parse("x 0 0 0 0 0 0 0x1 0x2"), None);
+        assert_eq!(parse("1 0x0 0x0 0x0 0x0 0x0 0x0 0xzz 0x1"), None);
+    }
+
+    /// A sleeping child waits in (clock_)nanosleep, its pc in the C library's code.
+    #[test]
+    fn a_sleeping_process_is_seen_in_its_sleep() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let b = loop {
+            if let Some(b) = blocked(pid, pid).filter(|b| b.syscall.is_some()) {
+                break b;
+            }
+            assert!(std::time::Instant::now() < deadline, "never blocked");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        let sleeps = if cfg!(target_arch = "x86_64") {
+            [35, 230] // nanosleep, clock_nanosleep
+        } else {
+            [101, 115]
+        };
+        assert!(sleeps.contains(&b.syscall.unwrap()), "{b:?}");
+        assert!(b.sp > 0 && b.pc > 0, "{b:?}");
+    }
+}
