@@ -529,7 +529,10 @@ fn bad_input_gives_one_line() {
     // 1 of 100 samples seen once in many runs): up to 3 such samples are allowed.
     let kernel_share = 100.0 * n as f64 / f.total() as f64;
     let allowed = 3.0 * 100.0 / f.total() as f64 + 0.5;
-    assert!(unwound >= kernel_share - allowed, "{kernel_share}: {stderr}");
+    assert!(
+        unwound >= kernel_share - allowed,
+        "{kernel_share}: {stderr}"
+    );
     // Linux's own unwind tables (ORC, as in Debian's kernels) and no .eh_frame: said so.
     let orc_data = dir.path("orc.bin");
     std::fs::write(&orc_data, [0u8; 12]).unwrap();
