@@ -189,8 +189,6 @@ pub struct InProcess {
     /// area: every system call after the first area's goes through it (those go through a
     /// temporary one: [`InProcess::temporary_stub`]).
     stub: Option<u64>,
-    /// Springboards written (their 5 bytes from each address).
-    springboards_used: Vec<u64>,
     /// Every range of the program's code a patch or springboard took: no other may overlap it
     /// (a block's spare filler, a springboard, another probe's bytes).
     taken: Vec<(u64, u64)>,
@@ -228,7 +226,6 @@ impl InProcess {
             areas: Vec::new(),
             ring: None,
             stub: None,
-            springboards_used: Vec::new(),
             taken: Vec::new(),
             calls: !shadow_stack,
             control_stack_checked: false,
@@ -349,7 +346,6 @@ impl InProcess {
                     .find_map(|&(at, len)| {
                         (at..=at + (len - patch::JUMP_LEN) as u64).find(|&s| {
                             patch::short_jump(p.at, s).is_some()
-                                && !self.springboards_used.iter().any(|&u| u.abs_diff(s) < 5)
                                 && !self.overlaps(s, s + patch::JUMP_LEN as u64)
                         })
                     });
@@ -400,7 +396,6 @@ impl InProcess {
         self.taken.push((p.at, p.at + p.len as u64));
         if let Some(s) = springboard {
             self.taken.push((s, s + patch::JUMP_LEN as u64));
-            self.springboards_used.push(s);
             let short = patch::short_jump(p.at, s).ok_or("its springboard is out of reach")?;
             if let Err(e) = tracer.patch_code(self.pid, p.at, &short) {
                 let _ = tracer.unpatch(self.pid, s);
@@ -680,15 +675,22 @@ impl InProcess {
     /// file has room.
     fn temporary_stub(&self, tracer: &mut Tracer, tid: u32) -> Option<(u64, Vec<u8>)> {
         let pc = tracer.regs(tid).ok()?.pc;
-        let maps = superprof_unwind::maps::executable_mappings(self.pid).ok()?;
-        let mut spots = Vec::new();
-        for m in maps.iter().filter(|m| m.path.is_absolute()) {
-            let Some(image) = superprof_unwind::ElfImage::open(&m.path) else {
-                continue;
-            };
-            let Ok(file_len) = std::fs::metadata(&m.path).map(|d| d.len()) else {
-                continue;
-            };
+        let mut maps = superprof_unwind::maps::executable_mappings(self.pid).ok()?;
+        maps.retain(|m| m.path.is_absolute());
+        // Nearest first, and each file parsed only if the nearer ones had no room (a process
+        // maps dozens; node's executable alone is 90 MB).
+        let distance = |m: &superprof_unwind::maps::MapEntry| {
+            if (m.start..m.end).contains(&pc) {
+                0
+            } else {
+                m.start.abs_diff(pc).min(m.end.abs_diff(pc))
+            }
+        };
+        maps.sort_by_key(distance);
+        let len = superprof_trace::SYSCALL_STUB.len();
+        maps.iter().find_map(|m| {
+            let image = superprof_unwind::ElfImage::open(&m.path)?;
+            let file_len = std::fs::metadata(&m.path).ok()?.len();
             let bias = image.bias_for_mapping(m.start, m.end - m.start, m.offset);
             let code: Vec<(u64, u64)> = image
                 .executable_ranges()
@@ -699,14 +701,7 @@ impl InProcess {
                 .checked_sub(m.offset)
                 .and_then(|n| m.start.checked_add(n))
                 .unwrap_or(0);
-            let len = superprof_trace::SYSCALL_STUB.len() as u64;
-            if let Some(at) = spare_after_code(&code, (m.start, m.end), file_end, len) {
-                spots.push(at);
-            }
-        }
-        spots.sort_by_key(|&at| at.abs_diff(pc));
-        let len = superprof_trace::SYSCALL_STUB.len();
-        spots.into_iter().find_map(|at| {
+            let at = spare_after_code(&code, (m.start, m.end), file_end, len as u64)?;
             let mut orig = vec![0u8; len];
             (tracer.read_code(self.pid, at, &mut orig) == len
                 && tracer

@@ -970,3 +970,34 @@ fn functions_that_are_a_tail_jump_count_every_call() {
         assert_eq!(m["yielder"].0, 100, "{engine}: {stderr}");
     }
 }
+
+/// Debian's own python3.11: PyFloat_FromDouble's cold code has no symbol, and jumps into it at
+/// two places made two overlapping parts holding the same exit, probed twice (the in-process
+/// engine refused the region: found by a helper). The program makes 100,000 floats.
+#[test]
+fn debians_python_float_from_double_counts_on_every_engine() {
+    let _cpu = cpu_share();
+    let python = std::path::Path::new("/usr/bin/python3.11");
+    assert!(
+        python.exists(),
+        "Debian's python3.11 (scripts/test installs python3)"
+    );
+    let dir = TempDir::new("stat-pyfloat");
+    let mut counts = Vec::new();
+    for engine in ["in-process", "uprobe"] {
+        let (m, stderr, code) = stat_json(
+            &dir,
+            &on(engine, &["-r", "PyFloat_FromDouble"]),
+            &[
+                python.as_os_str(),
+                "-c".as_ref(),
+                "print(sum(float(i) for i in range(100000)))".as_ref(),
+            ],
+        );
+        assert_eq!(code, Some(0), "{engine}: {stderr}");
+        let calls = m["PyFloat_FromDouble"].0;
+        assert!((100_000..100_100).contains(&calls), "{engine}: {calls}");
+        counts.push(calls);
+    }
+    assert_eq!(counts[0], counts[1]);
+}

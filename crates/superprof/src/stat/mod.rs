@@ -2028,8 +2028,12 @@ fn function_exits(
             }
         }
     }
+    // One exit once, whatever part found it: parts found from different jumps may overlap
+    // (a cold part without a symbol runs to the next function, and a jump into its middle
+    // starts another; Debian's python3.11 PyFloat_FromDouble), and a second probe there would
+    // find the first's bytes.
     exits.sort_unstable();
-    exits.dedup();
+    exits.dedup_by_key(|(x, _)| *x);
     (!exits.is_empty()).then_some(exits)
 }
 
