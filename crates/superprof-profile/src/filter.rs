@@ -16,6 +16,8 @@ pub struct Filter {
     pub focus: Option<String>,
     /// Drop stacks through this function.
     pub exclude: Option<String>,
+    /// Keep only on-CPU samples (`Some(false)`) or only off-CPU ones (`Some(true)`).
+    pub off_cpu: Option<bool>,
 }
 
 /// The functions a name selects: those named exactly so, or, when none is, those whose name
@@ -43,6 +45,7 @@ impl Filter {
             && self.until_ns.is_none()
             && self.focus.is_none()
             && self.exclude.is_none()
+            && self.off_cpu.is_none()
     }
 
     /// A new profile with the samples (and stacks) the filter keeps.
@@ -57,6 +60,9 @@ impl Filter {
         let mut stacks: HashMap<Option<StackId>, Option<Option<StackId>>> = HashMap::new();
         for s in &p.samples {
             let t = &p.threads[s.thread as usize];
+            if self.off_cpu.is_some_and(|off| s.kind.is_off_cpu() != off) {
+                continue;
+            }
             if !self.tids.is_empty() && !self.tids.contains(&t.tid) {
                 continue;
             }
@@ -93,7 +99,7 @@ impl Filter {
                 let name = p.str(t.name).to_owned();
                 out.add_thread(t.pid, t.tid, &name)
             });
-            out.add_sample(s.time_ns, thread, s.cpu, s.weight, stack);
+            out.add_sample_of(s.kind, s.time_ns, thread, s.cpu, s.weight, stack);
         }
         out
     }

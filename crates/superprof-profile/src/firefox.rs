@@ -31,6 +31,8 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     let mut fx = FxProfile::new(&product, reference, interval);
     let user = fx.add_category("User", CategoryColor::Yellow).into();
     let kernel = fx.add_category("Kernel", CategoryColor::Orange).into();
+    // Off-CPU time (record --off-cpu): the profiler's own name for time not on a CPU.
+    let idle = fx.add_category("Idle", CategoryColor::Transparent).into();
     let interval_ns = interval.nanos();
 
     let mut processes = HashMap::new();
@@ -60,10 +62,14 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
                 .iter()
                 .map(|&fid| {
                     let f = profile.frame(fid);
-                    let is_kernel = profile.str(f.module) == "[kernel.kallsyms]";
+                    let category = match profile.str(f.module) {
+                        "[kernel.kallsyms]" => kernel,
+                        crate::model::WAIT_MODULE => idle,
+                        _ => user,
+                    };
                     FrameInfo {
                         frame: Frame::Label(fx.intern_string(profile.str(f.function))),
-                        category_pair: if is_kernel { kernel } else { user },
+                        category_pair: category,
                         flags: FrameFlags::empty(),
                     }
                 })
@@ -74,7 +80,12 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
             thread,
             Timestamp::from_nanos_since_reference(s.time_ns),
             stack,
-            CpuDelta::from_nanos(interval_ns * s.weight),
+            // Time off the CPU used none.
+            CpuDelta::from_nanos(if s.kind.is_off_cpu() {
+                0
+            } else {
+                interval_ns.saturating_mul(s.weight)
+            }),
             s.weight as i32,
         );
     }

@@ -35,5 +35,7 @@ pub mod tree;
 
 pub use escape::escape;
 pub use filter::Filter;
-pub use model::{Frame, FrameId, Meta, Profile, Sample, StackId, StackNode, StrId, Thread};
+pub use model::{
+    Frame, FrameId, Meta, Profile, Sample, SampleKind, StackId, StackNode, StrId, Thread,
+};
 pub use output::{write_atomic, OutputFormat};

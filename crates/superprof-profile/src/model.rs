@@ -37,6 +37,44 @@ pub struct Thread {
     pub name: StrId,
 }
 
+/// The module of the frame that ends an off-CPU stack and names the wait.
+pub const WAIT_MODULE: &str = "[off-cpu]";
+
+/// What a sample stands for: time on a CPU, or time off it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub enum SampleKind {
+    /// Running on a CPU (the sampling event's time: cpu-clock, cycles).
+    #[default]
+    OnCpu,
+    /// Off the CPU by its own wish: blocked in a system call, a lock, a sleep, the disk.
+    OffCpu,
+    /// Off the CPU though it could have run: preempted, waiting for a CPU.
+    Preempted,
+}
+
+impl SampleKind {
+    pub const ALL: [SampleKind; 3] = [SampleKind::OnCpu, SampleKind::OffCpu, SampleKind::Preempted];
+
+    /// The name in files (Parquet's `kind`, pprof's `kind` label): `cpu`, `off-cpu`,
+    /// `preempted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SampleKind::OnCpu => "cpu",
+            SampleKind::OffCpu => "off-cpu",
+            SampleKind::Preempted => "preempted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SampleKind> {
+        SampleKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Time off the CPU (a wait or a preemption).
+    pub fn is_off_cpu(self) -> bool {
+        self != SampleKind::OnCpu
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
     /// CLOCK_MONOTONIC nanoseconds.
@@ -44,9 +82,12 @@ pub struct Sample {
     /// Index into [`Profile::threads`].
     pub thread: u32,
     pub cpu: u32,
+    /// Sampling periods this sample stands for: 1 for an on-CPU sample; for an off-CPU one,
+    /// the time off the CPU in periods (so on- and off-CPU samples share one scale).
     pub weight: u64,
     /// Leaf of the call path; None when nothing could be unwound.
     pub stack: Option<StackId>,
+    pub kind: SampleKind,
 }
 
 /// Facts about the recording.
@@ -66,6 +107,9 @@ pub struct Meta {
     pub truncated_by: std::collections::BTreeMap<String, u64>,
     /// CPU time the profiled processes used while they were recorded (0: not known).
     pub cpu_time_ns: u64,
+    /// How off-CPU time was recorded (`record --off-cpu`): the mechanism's name, e.g.
+    /// `sched:sched_switch`; empty when it was not.
+    pub off_cpu: String,
 }
 
 impl Meta {
@@ -266,13 +310,52 @@ impl Profile {
         weight: u64,
         stack: Option<StackId>,
     ) {
+        self.add_sample_of(SampleKind::OnCpu, time_ns, thread, cpu, weight, stack);
+    }
+
+    /// [`Profile::add_sample`] for a sample of any kind.
+    pub fn add_sample_of(
+        &mut self,
+        kind: SampleKind,
+        time_ns: u64,
+        thread: u32,
+        cpu: u32,
+        weight: u64,
+        stack: Option<StackId>,
+    ) {
         self.samples.push(Sample {
             time_ns,
             thread,
             cpu,
             weight,
             stack,
+            kind,
         });
+    }
+
+    /// The frame that ends an off-CPU stack: `[off-cpu: read]` (the system call the thread
+    /// waited in), `[off-cpu]` (a wait outside a known one), `[preempted]`.
+    pub fn wait_frame(&mut self, kind: SampleKind, wait: Option<&str>) -> FrameId {
+        let name = match (kind, wait) {
+            (SampleKind::Preempted, _) => "[preempted]".to_owned(),
+            (_, Some(w)) => format!("[off-cpu: {w}]"),
+            (_, None) => "[off-cpu]".to_owned(),
+        };
+        self.intern_frame_named(&name, WAIT_MODULE, None, 0, 0, false)
+    }
+
+    /// Whether any sample is off-CPU time.
+    pub fn has_off_cpu(&self) -> bool {
+        self.samples.iter().any(|s| s.kind.is_off_cpu())
+    }
+
+    /// Total weight of the samples of each kind, in [`SampleKind::ALL`]'s order.
+    pub fn weight_by_kind(&self) -> [u64; 3] {
+        let mut w = [0u64; 3];
+        for s in &self.samples {
+            w[s.kind as usize] = w[s.kind as usize].saturating_add(s.weight);
+        }
+        w
     }
 
     /// Sum of sample weights per stack leaf (index: stack id; the last slot counts samples

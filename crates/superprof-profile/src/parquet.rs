@@ -30,7 +30,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
 
-use crate::{Frame, Meta, Profile, StackId, StrId};
+use crate::{Frame, Meta, Profile, SampleKind, StackId, StrId};
 
 /// Version of the file layout, in the `superprof.format_version` metadata key.
 pub const FORMAT_VERSION: &str = "1";
@@ -126,6 +126,7 @@ pub fn schema() -> Schema {
         Field::new("cpu", DataType::Int32, false),
         Field::new("weight", DataType::Int64, false),
         Field::new("stack", DataType::List(Arc::new(frame)), false),
+        Field::new("kind", dict(), false),
     ])
 }
 
@@ -150,6 +151,7 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
             serde_json::to_string(&m.truncated_by).unwrap_or_default(),
         ),
         ("superprof.cpu_time_ns", m.cpu_time_ns.to_string()),
+        ("superprof.off_cpu", m.off_cpu.clone()),
     ]
     .into_iter()
     .map(|(k, v)| KeyValue::new(k.to_owned(), v))
@@ -216,6 +218,7 @@ fn batch(
     strings: &ArrayRef,
 ) -> Result<RecordBatch, ParquetError> {
     let n = samples.len();
+    let mut kind = Vec::with_capacity(n);
     let (mut time, mut pid, mut tid, mut tname, mut cpu, mut weight) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -242,6 +245,7 @@ fn batch(
         tname.push(t.name.0 as i32);
         cpu.push(s.cpu as i32);
         weight.push(s.weight as i64);
+        kind.push(s.kind as i32);
         for fid in profile.stack_frames(s.stack) {
             let f = profile.frame(fid);
             func.push(f.function.0 as i32);
@@ -292,6 +296,12 @@ fn batch(
         Arc::new(Int32Array::from(cpu)),
         Arc::new(Int64Array::from(weight)),
         Arc::new(stack),
+        Arc::new(DictionaryArray::<Int32Type>::new(
+            Int32Array::from(kind),
+            Arc::new(StringArray::from(
+                SampleKind::ALL.map(SampleKind::as_str).to_vec(),
+            )),
+        )),
     ];
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
@@ -455,7 +465,7 @@ fn in_stack(path: &parquet::schema::types::ColumnPath) -> bool {
 }
 
 /// The columns [`read`] decodes; any other column of the file is left alone.
-const COLUMNS: [&str; 7] = [
+const COLUMNS: [&str; 8] = [
     "time_ns",
     "pid",
     "tid",
@@ -463,6 +473,7 @@ const COLUMNS: [&str; 7] = [
     "cpu",
     "weight",
     "stack",
+    "kind",
 ];
 
 /// What the footer declares, against the limits: rows, frames per row group (the values of
@@ -708,6 +719,11 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
             &mut p,
             &mut budget,
         )?;
+        // (Files of format 1 before off-CPU profiles have no kind: every sample is on-CPU.)
+        let kind = match b.column_by_name("kind") {
+            Some(c) => Some(StrCol::new(c, "kind", &mut p, &mut budget)?),
+            None => None,
+        };
         let stack = prim::<ListArray>(&b, "stack", "list")?;
         let frames = stack
             .values()
@@ -781,7 +797,21 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
                     limits.max_stacks
                 )));
             }
-            p.add_sample(
+            let kind = match &kind {
+                Some(k) => {
+                    let name = k.get(row, &mut p, &mut budget)?;
+                    let name = name.map(|n| p.str(n)).unwrap_or("");
+                    SampleKind::parse(name).ok_or_else(|| {
+                        ParquetError::Schema(format!(
+                            "unknown sample kind '{}' (cpu, off-cpu or preempted)",
+                            crate::escape::escape(name)
+                        ))
+                    })?
+                }
+                None => SampleKind::OnCpu,
+            };
+            p.add_sample_of(
+                kind,
                 time.value(row).max(0) as u64,
                 thread,
                 cpu.value(row).max(0) as u32,
@@ -812,6 +842,7 @@ fn read_meta(kv: &HashMap<String, String>) -> Meta {
         truncated_stacks: num("truncated_stacks"),
         truncated_by: serde_json::from_str(&get("truncated_by")).unwrap_or_default(),
         cpu_time_ns: num("cpu_time_ns"),
+        off_cpu: get("off_cpu"),
     }
 }
 

@@ -90,8 +90,20 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     } else {
         1
     };
-    // sample_type: samples/count, cpu/nanoseconds
-    for (ty, unit) in [("samples", "count"), ("cpu", "nanoseconds")] {
+    // sample_type: samples/count, cpu/nanoseconds; with off-CPU samples also
+    // off-cpu/nanoseconds and wall/nanoseconds (their sum, the default).
+    let off_cpu = profile.has_off_cpu();
+    let types: &[(&str, &str)] = if off_cpu {
+        &[
+            ("samples", "count"),
+            ("cpu", "nanoseconds"),
+            ("off-cpu", "nanoseconds"),
+            ("wall", "nanoseconds"),
+        ]
+    } else {
+        &[("samples", "count"), ("cpu", "nanoseconds")]
+    };
+    for &(ty, unit) in types {
         let mut vt = Pb::default();
         vt.int(1, strings.id(ty));
         vt.int(2, strings.id(unit));
@@ -113,6 +125,7 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     let tid_key = strings.id("tid");
     let pid_key = strings.id("pid");
     let thread_key = strings.id("thread");
+    let kind_key = strings.id("kind");
     for s in &profile.samples {
         if let std::collections::hash_map::Entry::Vacant(slot) = stack_locs.entry(s.stack) {
             let frames: Vec<FrameId> = profile.stack_frames(s.stack).collect();
@@ -182,7 +195,21 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
         let t = &profile.threads[s.thread as usize];
         let mut sm = Pb::default();
         sm.packed(1, stack_locs[&s.stack].iter().copied());
-        sm.packed(2, [s.weight, s.weight * period_ns as u64].into_iter());
+        let ns = s.weight.saturating_mul(period_ns as u64);
+        if off_cpu {
+            let (on, off) = if s.kind.is_off_cpu() {
+                (0, ns)
+            } else {
+                (ns, 0)
+            };
+            sm.packed(2, [s.weight, on, off, ns].into_iter());
+            let mut l = Pb::default();
+            l.int(1, kind_key);
+            l.int(2, strings.id(s.kind.as_str()));
+            sm.msg(3, l);
+        } else {
+            sm.packed(2, [s.weight, ns].into_iter());
+        }
         let mut l = Pb::default();
         l.int(1, thread_key);
         l.int(2, strings.id(profile.str(t.name)));
@@ -209,7 +236,7 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     };
     let comment = profile.meta.command.join(" ");
     let comment_id = (!comment.is_empty()).then(|| strings.id(&comment));
-    let default_type = strings.id("cpu");
+    let default_type = strings.id(if off_cpu { "wall" } else { "cpu" });
     for s in &strings.table {
         out.bytes(6, s.as_bytes());
     }

@@ -14,6 +14,8 @@ pub struct TopRow {
     pub self_weight: u64,
     /// Weight of samples with this function anywhere in the stack (counted once per sample).
     pub total_weight: u64,
+    /// The part of `total_weight` that is off-CPU time (waits and preemptions).
+    pub total_off_cpu: u64,
     /// The source line of this function that the most samples pass through (`file:line`).
     pub hottest_line: Option<String>,
     /// The function appears only inlined into others.
@@ -23,7 +25,14 @@ pub struct TopRow {
 /// Every function that appears in the profile, by self weight, then total weight.
 pub fn rows(profile: &Profile) -> Vec<TopRow> {
     let per_stack = profile.weight_per_stack();
-    let mut acc: HashMap<(StrId, StrId), (u64, u64)> = HashMap::new();
+    // The off-CPU part of each stack's weight.
+    let mut off_per_stack = vec![0u64; per_stack.len()];
+    for s in profile.samples.iter().filter(|s| s.kind.is_off_cpu()) {
+        if let Some(id) = s.stack {
+            off_per_stack[id.0 as usize] += s.weight;
+        }
+    }
+    let mut acc: HashMap<(StrId, StrId), (u64, u64, u64)> = HashMap::new();
     // Per function: weight through each (file, line), and whether it was ever not inlined.
     let mut lines: HashMap<(StrId, StrId), HashMap<(StrId, u32), u64>> = HashMap::new();
     let mut outlined: std::collections::HashSet<(StrId, StrId)> = Default::default();
@@ -33,6 +42,7 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
             continue;
         }
         seen.clear();
+        let off = off_per_stack[i];
         let leaf = Some(crate::StackId(i as u32));
         for (depth, fid) in profile.stack_frames(leaf).enumerate() {
             let f = profile.frame(fid);
@@ -44,6 +54,7 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
             if !seen.contains(&key) {
                 seen.push(key);
                 e.1 += w;
+                e.2 += off;
                 if let Some(file) = f.file.filter(|_| f.line > 0) {
                     *lines
                         .entry(key)
@@ -59,11 +70,12 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
     }
     let mut out: Vec<TopRow> = acc
         .into_iter()
-        .map(|((f, m), (s, t))| TopRow {
+        .map(|((f, m), (s, t, off))| TopRow {
             function: profile.str(f).to_owned(),
             module: profile.str(m).to_owned(),
             self_weight: s,
             total_weight: t,
+            total_off_cpu: off,
             hottest_line: lines.get(&(f, m)).and_then(|l| {
                 let ((file, line), _) = l
                     .iter()
@@ -112,11 +124,32 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     if total == 0 {
         return Ok(());
     }
-    writeln!(
-        w,
-        "{:>8} {:>8} {:>9}  {:<40} Module",
-        "Self%", "Total%", "Samples", "Function"
-    )?;
+    // With off-CPU time: shares of wall-clock time, and each function's time on and off the
+    // CPU (through it: its callees' too), in milliseconds.
+    let off_cpu = profile.has_off_cpu();
+    let period_ms = 1e3 / f64::from(profile.meta.frequency.max(1));
+    if off_cpu {
+        let [on, off, preempted] = profile.weight_by_kind();
+        writeln!(
+            w,
+            "off-CPU time by {}: {:.3} s on CPU, {:.3} s off CPU ({:.3} s of it preempted)",
+            escape(&profile.meta.off_cpu),
+            on as f64 * period_ms / 1e3,
+            (off + preempted) as f64 * period_ms / 1e3,
+            preempted as f64 * period_ms / 1e3
+        )?;
+        writeln!(
+            w,
+            "{:>8} {:>8} {:>11} {:>11}  {:<40} Module",
+            "Self%", "Total%", "On-CPU ms", "Off-CPU ms", "Function"
+        )?;
+    } else {
+        writeln!(
+            w,
+            "{:>8} {:>8} {:>9}  {:<40} Module",
+            "Self%", "Total%", "Samples", "Function"
+        )?;
+    }
     let pct = |x: u64| 100.0 * x as f64 / total as f64;
     for row in rows(profile).into_iter().take(limit) {
         let module = row.module.rsplit('/').next().unwrap_or(&row.module);
@@ -126,6 +159,21 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
             (None, true) => "[inlined]".to_owned(),
             (None, false) => String::new(),
         };
+        if off_cpu {
+            let on = row.total_weight - row.total_off_cpu;
+            writeln!(
+                w,
+                "{:>7.2}% {:>7.2}% {:>11.1} {:>11.1}  {:<40} {:<20} {}",
+                pct(row.self_weight),
+                pct(row.total_weight),
+                on as f64 * period_ms,
+                row.total_off_cpu as f64 * period_ms,
+                escape(&row.function),
+                escape(module),
+                location
+            )?;
+            continue;
+        }
         writeln!(
             w,
             "{:>7.2}% {:>7.2}% {:>9}  {:<40} {:<20} {}",

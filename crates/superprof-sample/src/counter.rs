@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::sys::{self, PerfEventAttr};
 
-const PERF_TYPE_TRACEPOINT: u32 = 2;
+use crate::sys::PERF_TYPE_TRACEPOINT;
 const PERF_TYPE_HW_CACHE: u32 = 3;
 const PERF_TYPE_RAW: u32 = 4;
 const READ_FORMAT_TOTAL_TIME_ENABLED: u64 = 1;
@@ -111,13 +111,11 @@ impl EventSpec {
             }
         }
         if let Some((sys_, ev)) = canonical.split_once(':') {
-            let id = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-                .iter()
-                .find_map(|root| std::fs::read_to_string(format!("{root}/events/{sys_}/{ev}/id")).ok())
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or_else(|| {
-                    format!("tracepoint '{name}' not found (is tracefs mounted at /sys/kernel/tracing?)")
-                })?;
+            let id = crate::sys::tracepoint_id(sys_, ev).ok_or_else(|| {
+                format!(
+                    "tracepoint '{name}' not found (is tracefs mounted at /sys/kernel/tracing?)"
+                )
+            })?;
             return Ok(make(EventKind::Tracepoint, PERF_TYPE_TRACEPOINT, id));
         }
         if let Some(hex) = canonical.strip_prefix('r') {

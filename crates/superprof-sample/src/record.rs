@@ -11,9 +11,12 @@ pub const PERF_RECORD_FORK: u32 = 7;
 pub const PERF_RECORD_SAMPLE: u32 = 9;
 pub const PERF_RECORD_MMAP2: u32 = 10;
 pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+pub const PERF_RECORD_SWITCH: u32 = 14;
 
 const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
 const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
+const PERF_RECORD_MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
 /// Callchain context markers (`enum perf_callchain_context`).
 const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
@@ -75,6 +78,14 @@ pub enum Record<'a> {
         count: u64,
         time: u64,
     },
+    /// A thread left the CPU (`out`; `preempted` when it was still runnable) or came back.
+    Switch {
+        pid: u32,
+        tid: u32,
+        time: u64,
+        out: bool,
+        preempted: bool,
+    },
     Other {
         time: u64,
     },
@@ -89,6 +100,7 @@ impl Record<'_> {
             | Record::Fork { time, .. }
             | Record::Exit { time, .. }
             | Record::Lost { time, .. }
+            | Record::Switch { time, .. }
             | Record::Other { time } => *time,
         }
     }
@@ -227,6 +239,19 @@ pub fn parse_record<'a>(ty: u32, misc: u16, body: &'a [u8], layout: Layout) -> O
             let count = c.u64()?;
             let time = c.sample_id_time()?;
             Record::Lost { count, time }
+        }
+        PERF_RECORD_SWITCH => {
+            // Only the sample_id trailer: pid/tid, time, cpu/res, identifier.
+            let pid = c.u32()?;
+            let tid = c.u32()?;
+            let time = c.u64()?;
+            Record::Switch {
+                pid,
+                tid,
+                time,
+                out: misc & PERF_RECORD_MISC_SWITCH_OUT != 0,
+                preempted: misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0,
+            }
         }
         PERF_RECORD_LOST_SAMPLES => {
             let count = c.u64()?;

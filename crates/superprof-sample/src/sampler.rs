@@ -26,6 +26,10 @@ pub enum TargetMode {
 pub struct SamplerConfig {
     pub frequency: u32,
     pub stack_size: u32,
+    /// Also sample every context switch out of the target's threads, with stacks, and
+    /// record PERF_RECORD_SWITCH records: off-CPU time (needs kernel sampling: root, or
+    /// perf_event_paranoid at most 1).
+    pub off_cpu: bool,
 }
 
 impl Default for SamplerConfig {
@@ -33,6 +37,7 @@ impl Default for SamplerConfig {
         SamplerConfig {
             frequency: 999,
             stack_size: 32 * 1024,
+            off_cpu: false,
         }
     }
 }
@@ -76,12 +81,16 @@ pub struct PerfSampler {
     /// Ring fds whose owning task exited: left out of poll, which would report them forever.
     hung_up: Vec<bool>,
     /// The event id accepted for each (tid, cpu); see [`PerfSampler::accept`].
-    owner: std::collections::HashMap<(u32, u32), u64>,
+    owner: std::collections::HashMap<(u32, u32, bool), u64>,
     event_name: &'static str,
     kernel_stacks: bool,
     /// The frequency asked for, when the kernel's maximum was lower (see [`throttle`]).
     asked_frequency: Option<u32>,
     frequency: u32,
+    /// The context-switch event (off-CPU time), when asked for: its attributes and name.
+    switch: Option<(PerfEventAttr, &'static str)>,
+    /// The ids of the context-switch events (an inherited event reports its parent's).
+    switch_ids: std::collections::HashSet<u64>,
 }
 
 /// The frequency to sample at: the one asked for, or the kernel's maximum
@@ -104,6 +113,9 @@ impl PerfSampler {
             return Err(SampleError::NoSuchProcess(pid));
         }
         sampler.choose_attr(pid, mode, &config)?;
+        if config.off_cpu {
+            sampler.choose_switch_attr(pid, mode)?;
+        }
         match mode {
             TargetMode::Launched => sampler.open_thread(pid)?,
             TargetMode::Attached => sampler.follow_threads(pid)?,
@@ -138,6 +150,8 @@ impl PerfSampler {
             kernel_stacks: true,
             asked_frequency: (frequency != config.frequency).then_some(config.frequency),
             frequency,
+            switch: None,
+            switch_ids: Default::default(),
         };
         Ok((
             sampler,
@@ -160,12 +174,11 @@ impl PerfSampler {
     ) -> Result<Self, SampleError> {
         let (mut sampler, config) = PerfSampler::empty(config)?;
         let config = &config;
-        let cpu0 = sampler.cpus[0] as i32;
         sampler.choose_attr_with(
             pid,
             TargetMode::Attached,
             config,
-            &|attr| sys::perf_event_open_cgroup(attr, cgroup, cpu0),
+            &|attr, cpu| sys::perf_event_open_cgroup(attr, cgroup, cpu),
             &|attr| attr.flags &= !(sys::FLAG_INHERIT | sys::FLAG_ENABLE_ON_EXEC),
         )?;
         for &cpu in &sampler.cpus.clone() {
@@ -195,12 +208,11 @@ impl PerfSampler {
                 .first()
                 .ok_or(SampleError::NoSuchProcess(pid))?,
         };
-        let cpu0 = self.cpus[0] as i32;
         self.choose_attr_with(
             pid,
             mode,
             config,
-            &|attr| sys::perf_event_open(attr, probe_tid as i32, cpu0),
+            &|attr, cpu| sys::perf_event_open(attr, probe_tid as i32, cpu),
             &|_| {},
         )
     }
@@ -211,7 +223,7 @@ impl PerfSampler {
         pid: u32,
         mode: TargetMode,
         config: &SamplerConfig,
-        probe: &dyn Fn(&PerfEventAttr) -> io::Result<OwnedFd>,
+        probe: &dyn Fn(&PerfEventAttr, i32) -> io::Result<OwnedFd>,
         tweak: &dyn Fn(&mut PerfEventAttr),
     ) -> Result<(), SampleError> {
         let candidates = [
@@ -244,11 +256,13 @@ impl PerfSampler {
         for (name, ty, cfg, kernel) in candidates {
             let mut attr = make_attr(ty, cfg, kernel, mode, config);
             tweak(&mut attr);
-            match probe(&attr) {
-                Ok(probe) => {
-                    // Find the ring size these rights allow (an unprivileged user is limited by
-                    // perf_event_mlock_kb), and wake up when a quarter of it is filled.
-                    drop(self.map_ring(&probe)?);
+            match probe(&attr, self.cpus[0] as i32) {
+                Ok(first) => {
+                    // Find the ring size these rights allow for every CPU at once (an
+                    // unprivileged user is limited by perf_event_mlock_kb and RLIMIT_MEMLOCK),
+                    // and wake up when a quarter of it is filled: a ring smaller than the
+                    // others would never reach their watermark, and lose samples.
+                    self.size_rings(first, &|cpu| probe(&attr, cpu as i32))?;
                     attr.wakeup_events_or_watermark =
                         (self.data_pages * sys::page_size() / 4) as u32;
                     self.attr = attr;
@@ -277,6 +291,68 @@ impl PerfSampler {
                 source: e,
             }),
         }
+    }
+
+    /// Finds the context-switch event these rights allow: the sched:sched_switch tracepoint
+    /// (root: tracefs gives its id), else the context-switches software event. Both sample the
+    /// thread as it leaves the CPU, kernel frames included, and need kernel sampling: at
+    /// perf_event_paranoid 2 an ordinary user has neither (the ptrace sampler's wall-clock
+    /// mode stands in). PERF_RECORD_SWITCH records tell when the thread comes back, and
+    /// whether it left preempted (still runnable: the tracepoint's prev_state R) or to wait.
+    fn choose_switch_attr(&mut self, pid: u32, mode: TargetMode) -> Result<(), SampleError> {
+        let refused = |why: &str| SampleError::PermissionDenied {
+            pid,
+            why: format!(
+                "off-CPU profiles with perf_event_open need kernel sampling ({why}); run as root, \
+                 grant CAP_PERFMON, lower /proc/sys/kernel/perf_event_paranoid to 1, or use the \
+                 ptrace sampler (--sampler ptrace)"
+            ),
+        };
+        if !self.kernel_stacks {
+            return Err(refused("only user space may be sampled here"));
+        }
+        let probe_tid = match mode {
+            TargetMode::Launched => pid,
+            TargetMode::Attached => *list_threads(pid)
+                .map_err(|_| SampleError::NoSuchProcess(pid))?
+                .first()
+                .ok_or(SampleError::NoSuchProcess(pid))?,
+        };
+        let mut candidates = Vec::new();
+        if let Some(id) = sys::tracepoint_id("sched", "sched_switch") {
+            candidates.push(("sched:sched_switch", sys::PERF_TYPE_TRACEPOINT, id));
+        }
+        candidates.push((
+            "context-switches",
+            sys::PERF_TYPE_SOFTWARE,
+            sys::PERF_COUNT_SW_CONTEXT_SWITCHES,
+        ));
+        let mut last = None;
+        for (name, ty, config) in candidates {
+            let mut attr = self.attr;
+            attr.type_ = ty;
+            attr.config = config;
+            attr.sample_period_or_freq = 1;
+            attr.flags &= !sys::FLAG_FREQ;
+            // Its own mmap/comm/task records would repeat the main event's.
+            attr.flags &= !(sys::FLAG_MMAP
+                | sys::FLAG_MMAP2
+                | sys::FLAG_COMM
+                | sys::FLAG_COMM_EXEC
+                | sys::FLAG_TASK);
+            attr.flags |= sys::FLAG_CONTEXT_SWITCH;
+            match sys::perf_event_open(&attr, probe_tid as i32, self.cpus[0] as i32) {
+                Ok(_) => {
+                    self.switch = Some((attr, name));
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    return Err(SampleError::NoSuchProcess(pid))
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(refused(&last.map_or_else(String::new, |e| e.to_string())))
     }
 
     /// Opens events for every thread of `pid`, repeating until no new thread shows up (threads
@@ -332,9 +408,57 @@ impl PerfSampler {
                 self.rings.push((fd, ring));
                 self.hung_up.push(false);
             }
+            if let Some((attr, _)) = &self.switch {
+                let fd = sys::perf_event_open(attr, tid as i32, cpu as i32).map_err(|e| match e
+                    .raw_os_error()
+                {
+                    Some(libc::ESRCH) => SampleError::NoSuchProcess(tid),
+                    _ => SampleError::Io {
+                        context: format!(
+                            "perf_event_open of the context-switch event for thread {tid}"
+                        ),
+                        source: e,
+                    },
+                })?;
+                let id = sys::event_id(&fd).map_err(io_err("reading a perf event's id"))?;
+                self.switch_ids.insert(id);
+                sys::set_output(&fd, &self.rings[i].0)
+                    .map_err(io_err("redirecting a perf event"))?;
+                self.others.push(fd);
+            }
         }
         self.threads.insert(tid);
         Ok(())
+    }
+
+    /// Lowers `data_pages` until one ring per CPU can be mapped at once (`first`: an event on
+    /// the first CPU; `open` opens one on another).
+    fn size_rings(
+        &mut self,
+        first: OwnedFd,
+        open: &dyn Fn(u32) -> io::Result<OwnedFd>,
+    ) -> Result<(), SampleError> {
+        let mut fds = vec![first];
+        for &cpu in &self.cpus[1..] {
+            match open(cpu) {
+                Ok(fd) => fds.push(fd),
+                Err(_) => break, // (sized by the CPUs that could be probed)
+            }
+        }
+        'size: loop {
+            let mut maps = Vec::new();
+            for fd in &fds {
+                match RingMap::new(fd, self.data_pages) {
+                    Ok(r) => maps.push(r),
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) && self.data_pages > 16 => {
+                        self.data_pages /= 2;
+                        continue 'size;
+                    }
+                    Err(e) => return Err(io_err("mapping the perf ring buffer")(e)),
+                }
+            }
+            return Ok(());
+        }
     }
 
     fn map_ring(&mut self, fd: &OwnedFd) -> Result<RingMap, SampleError> {
@@ -389,11 +513,23 @@ impl PerfSampler {
     /// opened can carry both an inherited event and one of its own; counting both would double
     /// its samples, so only the first event seen per (thread, CPU) counts.
     pub fn accept(&mut self, sample: &crate::SampleRecord) -> bool {
+        let switch = self.is_switch(sample);
         *self
             .owner
-            .entry((sample.tid, sample.cpu))
+            .entry((sample.tid, sample.cpu, switch))
             .or_insert(sample.id)
             == sample.id
+    }
+
+    /// Whether a sample is of the context-switch event (the thread leaving the CPU).
+    pub fn is_switch(&self, sample: &crate::SampleRecord) -> bool {
+        self.switch_ids.contains(&sample.id)
+    }
+
+    /// The context-switch event sampled for off-CPU time: `sched:sched_switch` or
+    /// `context-switches` (None without `off_cpu`).
+    pub fn off_cpu_event(&self) -> Option<&'static str> {
+        self.switch.map(|(_, name)| name)
     }
 
     /// Appends the raw records of every ring buffer to `buf`, one buffer after the other.

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const PERF_TYPE_HARDWARE: u32 = 0;
 pub const PERF_TYPE_SOFTWARE: u32 = 1;
+pub const PERF_TYPE_TRACEPOINT: u32 = 2;
+pub const PERF_COUNT_SW_CONTEXT_SWITCHES: u64 = 3;
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 
@@ -36,6 +38,7 @@ pub const FLAG_EXCLUDE_CALLCHAIN_USER: u64 = 1 << 22;
 pub const FLAG_MMAP2: u64 = 1 << 23;
 pub const FLAG_COMM_EXEC: u64 = 1 << 24;
 pub const FLAG_USE_CLOCKID: u64 = 1 << 25;
+pub const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
 
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
@@ -73,6 +76,14 @@ pub struct PerfEventAttr {
 }
 
 const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 128);
+
+/// The perf id of tracepoint `system:event`, from tracefs (readable by root).
+pub fn tracepoint_id(system: &str, event: &str) -> Option<u64> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|root| std::fs::read_to_string(format!("{root}/events/{system}/{event}/id")).ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+}
 
 /// Opens one perf event. `pid` is a thread or process id, `cpu` a CPU number or -1.
 pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {

@@ -68,7 +68,7 @@ pub enum ProbeEvent {
     Defined(u64),
 }
 
-const PERF_TYPE_TRACEPOINT: u32 = 2;
+use crate::sys::PERF_TYPE_TRACEPOINT;
 
 impl ProbeEvent {
     /// The attr that names this probe (the rest left default), and the path it points at,

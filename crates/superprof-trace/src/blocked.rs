@@ -47,6 +47,79 @@ pub fn blocked(pid: u32, tid: u32) -> Option<Blocked> {
     parse(text.get(..text.len().min(4096))?)
 }
 
+/// The state letter of a /proc stat line (`PID (COMM) S ...`; the name may hold spaces and
+/// parentheses, so the state follows the last `)`).
+pub fn parse_state(stat: &[u8]) -> Option<u8> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    match stat.get(close + 1..close + 3)? {
+        [b' ', s] => Some(*s),
+        _ => None,
+    }
+}
+
+/// A thread's syscall and stat files, kept open: each read is one pread (the kernel writes
+/// the file again at every read from offset 0).
+pub struct BlockedReader {
+    syscall: std::fs::File,
+    stat: std::fs::File,
+}
+
+/// What [`BlockedReader::read`] finds of a thread that is not on a CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpuState {
+    pub blocked: Blocked,
+    /// Runnable (state R): it waits for a CPU, preempted, not for an event.
+    pub runnable: bool,
+}
+
+impl BlockedReader {
+    pub fn open(pid: u32, tid: u32) -> Option<BlockedReader> {
+        let open = |f: &str| std::fs::File::open(format!("/proc/{pid}/task/{tid}/{f}")).ok();
+        Some(BlockedReader {
+            syscall: open("syscall")?,
+            stat: open("stat")?,
+        })
+    }
+
+    /// Where the thread waits now; None when it runs, or has gone.
+    pub fn read(&self) -> Option<OffCpuState> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 512];
+        let n = self.syscall.read_at(&mut buf, 0).ok()?;
+        let blocked = parse(std::str::from_utf8(&buf[..n]).ok()?)?;
+        let n = self.stat.read_at(&mut buf, 0).ok()?;
+        let runnable = parse_state(&buf[..n]) == Some(b'R');
+        Some(OffCpuState { blocked, runnable })
+    }
+}
+
+/// System calls that fail with EINTR when their thread is stopped by ptrace and resumed,
+/// though no signal handler runs (signal(7)): a thread blocked in one must be sampled without
+/// stopping it. The socket calls are among them when the socket has a timeout
+/// (SO_RCVTIMEO, SO_SNDTIMEO), which cannot be seen from outside.
+pub fn eintr_on_stop(name: &str) -> bool {
+    matches!(
+        name,
+        "epoll_wait"
+            | "epoll_pwait"
+            | "epoll_pwait2"
+            | "semop"
+            | "semtimedop"
+            | "rt_sigtimedwait"
+            | "io_getevents"
+            | "io_pgetevents"
+            | "accept"
+            | "accept4"
+            | "connect"
+            | "recvfrom"
+            | "recvmsg"
+            | "recvmmsg"
+            | "sendto"
+            | "sendmsg"
+            | "sendmmsg"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +149,14 @@ mod tests {
         assert_eq!(parse("7 0x1 0x2"), None);
         assert_eq!(parse("x 0 0 0 0 0 0 0x1 0x2"), None);
         assert_eq!(parse("1 0x0 0x0 0x0 0x0 0x0 0x0 0xzz 0x1"), None);
+    }
+
+    #[test]
+    fn state_after_a_name_with_parentheses() {
+        assert_eq!(parse_state(b"12 (a) b) R 1 2 3"), Some(b'R'));
+        assert_eq!(parse_state(b"12 (sleeper) S 1"), Some(b'S'));
+        assert_eq!(parse_state(b"12 (x)"), None);
+        assert_eq!(parse_state(b"garbage"), None);
     }
 
     /// A sleeping child waits in (clock_)nanosleep, its pc in the C library's code.

@@ -4,6 +4,14 @@
 //! period's worth of CPU since its last sample is interrupted, its registers and stack are read,
 //! and it is resumed. Idle threads are never stopped, and each sample stands for the same CPU
 //! time, as with perf's cpu-clock event.
+//!
+//! With `off_cpu` (the wall-clock mode), every thread is also looked at once a period of wall
+//! time: one blocked in the kernel then (its /proc syscall file says where) gives an off-CPU
+//! sample standing for the time since it was last looked at. Its stack is read by stopping it
+//! (a stop the system call restarts from unseen), except where a stop would make the call fail
+//! with EINTR ([`crate::blocked::eintr_on_stop`]): then from the pc and stack pointer the
+//! kernel shows, without stopping it. A thread still blocked in the same place as at its last
+//! off-CPU sample is not read again.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -17,6 +25,19 @@ use crate::tracer::{TraceEvent, Tracer};
 pub struct PtraceSamplerConfig {
     pub frequency: u32,
     pub stack_size: u32,
+    /// Also sample off-CPU time (the wall-clock mode).
+    pub off_cpu: bool,
+}
+
+/// Where an off-CPU sample's thread waited, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait {
+    /// Runnable, waiting for a CPU (preempted), rather than for an event.
+    pub preempted: bool,
+    /// The system call it is blocked in (None: blocked outside one, as in a page fault).
+    pub syscall: Option<u64>,
+    /// The wall time the sample stands for, nanoseconds.
+    pub ns: u64,
 }
 
 /// One sample: registers and a copy of the stack from `regs.sp`.
@@ -30,12 +51,25 @@ pub struct PtraceSample<'a> {
     pub stack: &'a [u8],
     /// The copy filled the whole buffer (the stack may go on beyond it).
     pub stack_full: bool,
+    /// Sampling periods of CPU time the sample stands for: 1, or more in the wall-clock mode
+    /// when the thread ran longer between two samples (so that its CPU time is all counted).
+    pub periods: u64,
 }
 
 /// What the sampler reports to its owner.
 #[derive(Debug)]
 pub enum SamplerEvent<'a> {
     Sample(PtraceSample<'a>),
+    /// An off-CPU sample (wall-clock mode). Without a stop, the registers other than pc and
+    /// sp are 0.
+    OffCpu(PtraceSample<'a>, Wait),
+    /// More off-CPU time of a thread still blocked where its last off-CPU sample was.
+    OffCpuAgain {
+        time: u64,
+        pid: u32,
+        tid: u32,
+        wait: Wait,
+    },
     Trace(TraceEvent),
     /// Called about every 50 ms: a chance to stop (return [`Control::Stop`]) or to do
     /// periodic work.
@@ -52,7 +86,24 @@ struct Credit {
     clock: Option<sys::CpuTime>,
     last_cpu: u64,
     credit: u64,
+    /// Wall-clock mode: the thread's syscall file, when it was last looked at, and where it
+    /// waited at its last off-CPU sample.
+    syscall_file: Option<crate::blocked::BlockedReader>,
+    looked_at: u64,
+    last_wait: Option<(crate::blocked::Blocked, Vec<u8>)>,
 }
+
+/// Bytes at the stack pointer compared to tell a thread still blocked in the same place
+/// (the innermost frames' return addresses are there).
+const SAME_PLACE_BYTES: usize = 512;
+
+/// Whether `b` with `top` (the bytes at its sp) is where `last` waited.
+fn same_place(last: &Option<(Blocked, Vec<u8>)>, b: &Blocked, top: &[u8]) -> bool {
+    last.as_ref()
+        .is_some_and(|(lb, ltop)| lb == b && ltop.as_slice() == top)
+}
+
+use crate::blocked::Blocked;
 
 /// Samples until the root process exits or `on` returns [`Control::Stop`].
 pub fn run(
@@ -65,6 +116,11 @@ pub fn run(
     let mut stack = vec![0u8; cfg.stack_size as usize];
     let mut credits: HashMap<u32, Credit> = HashMap::new();
     let mut outstanding: HashSet<u32> = HashSet::new();
+    // Threads stopped for an off-CPU sample: where they were blocked, and the time it stands for.
+    let mut off_pending: HashMap<u32, (Blocked, Wait)> = HashMap::new();
+    // Threads stopped for an on-CPU sample of more than one period (wall-clock mode).
+    let mut on_cpu_periods: HashMap<u32, u64> = HashMap::new();
+    let mut top = vec![0u8; SAME_PLACE_BYTES];
     let mut next_tick = Instant::now() + period;
     let mut next_call = Instant::now();
     loop {
@@ -89,6 +145,13 @@ pub fn run(
                         clock,
                         last_cpu,
                         credit: 0,
+                        syscall_file: if cfg.off_cpu {
+                            crate::blocked::BlockedReader::open(pid, tid)
+                        } else {
+                            None
+                        },
+                        looked_at: sys::monotonic_ns(),
+                        last_wait: None,
                     }
                 });
                 let Some(cpu) = c.clock.as_ref().and_then(|c| c.read()) else {
@@ -97,34 +160,127 @@ pub fn run(
                 c.credit += cpu.saturating_sub(c.last_cpu);
                 c.last_cpu = cpu;
                 if c.credit >= period_ns && !outstanding.contains(&tid) && tracer.interrupt(tid) {
-                    // At most two samples of backlog: a thread that ran while we were slow
-                    // does not get a burst.
-                    c.credit = (c.credit - period_ns).min(period_ns);
+                    if cfg.off_cpu {
+                        // Wall-clock mode: all of the CPU time is counted (the profile adds up
+                        // to the wall time), the sample weighs what the thread ran.
+                        let periods = c.credit / period_ns;
+                        c.credit -= periods * period_ns;
+                        on_cpu_periods.insert(tid, periods);
+                    } else {
+                        // At most two samples of backlog: a thread that ran while we were
+                        // slow does not get a burst.
+                        c.credit = (c.credit - period_ns).min(period_ns);
+                    }
                     outstanding.insert(tid);
                 }
+                // Wall-clock mode: is the thread blocked now? Then the time since it was last
+                // looked at is off-CPU time, in the place it waits now (a sampling estimate,
+                // as the on-CPU samples are).
+                let Some(file) = c.syscall_file.as_ref() else {
+                    continue;
+                };
+                let now = sys::monotonic_ns();
+                let elapsed = now.saturating_sub(c.looked_at);
+                if elapsed < period_ns || outstanding.contains(&tid) {
+                    continue;
+                }
+                c.looked_at = now;
+                let Some(state) = file.read() else { continue };
+                let mut b = state.blocked;
+                // A call restarted after a stop of ours (a sleep) is restart_syscall now: it
+                // is still the call it was.
+                if let Some((last, _)) = &c.last_wait {
+                    if last.sp == b.sp
+                        && last.pc == b.pc
+                        && b.syscall
+                            .is_some_and(|nr| crate::syscalls::name(nr) == "restart_syscall")
+                    {
+                        b.syscall = last.syscall;
+                    }
+                }
+                let wait = Wait {
+                    preempted: state.runnable,
+                    syscall: b.syscall,
+                    ns: elapsed,
+                };
+                let n = sys::read_memory(pid, b.sp, &mut top);
+                if n > 0 && same_place(&c.last_wait, &b, &top[..n]) {
+                    on(SamplerEvent::OffCpuAgain {
+                        time: now,
+                        pid,
+                        tid,
+                        wait,
+                    });
+                    continue;
+                }
+                let quiet = b
+                    .syscall
+                    .is_none_or(|nr| crate::blocked::eintr_on_stop(&crate::syscalls::name(nr)));
+                if !quiet {
+                    // Stopped, for every register: the call restarts unseen.
+                    if tracer.interrupt(tid) {
+                        outstanding.insert(tid);
+                        off_pending.insert(tid, (b, wait));
+                    }
+                    continue;
+                }
+                let n = sys::read_memory(pid, b.sp, &mut stack);
+                c.last_wait = Some((b, stack[..n.min(SAME_PLACE_BYTES)].to_vec()));
+                on(SamplerEvent::OffCpu(
+                    PtraceSample {
+                        time: now,
+                        pid,
+                        tid,
+                        regs: UserRegs {
+                            pc: b.pc,
+                            sp: b.sp,
+                            fp: 0,
+                            lr: 0,
+                        },
+                        stack: &stack[..n],
+                        stack_full: n == stack.len(),
+                        periods: 1,
+                    },
+                    wait,
+                ));
             }
         }
-        let wait = if outstanding.is_empty() {
+        let wait_for = if outstanding.is_empty() {
             next_tick.saturating_duration_since(Instant::now())
         } else {
             Duration::from_millis(5)
         };
-        match tracer.next_event(wait)? {
+        match tracer.next_event(wait_for)? {
             Some(TraceEvent::Stopped { tid, pid }) => {
                 if outstanding.remove(&tid) {
                     if let Ok(regs) = sys::regs(tid) {
                         let n = sys::read_memory(pid, regs.sp, &mut stack);
                         let time = sys::monotonic_ns();
-                        on(SamplerEvent::Sample(PtraceSample {
+                        let sample = PtraceSample {
                             time,
                             pid,
                             tid,
                             regs,
                             stack: &stack[..n],
                             stack_full: n == stack.len(),
-                        }));
+                            periods: on_cpu_periods.remove(&tid).unwrap_or(1),
+                        };
+                        match off_pending.remove(&tid) {
+                            Some((b, wait)) => {
+                                if let Some(c) = credits.get_mut(&tid) {
+                                    c.last_wait =
+                                        Some((b, stack[..n.min(SAME_PLACE_BYTES)].to_vec()));
+                                }
+                                on(SamplerEvent::OffCpu(sample, wait));
+                            }
+                            None => {
+                                on(SamplerEvent::Sample(sample));
+                            }
+                        }
                     }
                 }
+                off_pending.remove(&tid);
+                on_cpu_periods.remove(&tid);
                 tracer.resume(tid);
             }
             Some(TraceEvent::ProcessExited { pid, status }) => {
@@ -141,11 +297,13 @@ pub fn run(
                 let resume = match ev {
                     TraceEvent::ThreadExited { tid, .. } => {
                         outstanding.remove(&tid);
+                        off_pending.remove(&tid);
                         credits.remove(&tid);
                         None
                     }
                     TraceEvent::Exec { pid } => {
                         outstanding.remove(&pid);
+                        off_pending.remove(&pid);
                         credits.remove(&pid);
                         Some(pid)
                     }

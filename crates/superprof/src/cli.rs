@@ -88,6 +88,10 @@ pub struct RecordArgs {
     /// auto (perf, falling back to ptrace with a notice)
     #[arg(long, value_enum, default_value_t = SamplerArg::Auto)]
     pub sampler: SamplerArg,
+    /// Also record the time each thread spends off the CPU (blocked, sleeping, preempted),
+    /// with the stack it waited in: the profile adds up to wall-clock time per thread
+    #[arg(long = "off-cpu")]
+    pub off_cpu: bool,
     #[command(flatten)]
     pub target: TargetArgs,
 }
@@ -134,6 +138,12 @@ pub struct ReportArgs {
     /// Drop stacks through this function
     #[arg(long, value_name = "FUNC")]
     pub exclude: Option<String>,
+    /// Keep only on-CPU samples (of a profile recorded with --off-cpu)
+    #[arg(long = "on-cpu", conflicts_with = "off_cpu")]
+    pub on_cpu: bool,
+    /// Keep only off-CPU samples: waits and preemptions (of a profile recorded with --off-cpu)
+    #[arg(long = "off-cpu")]
+    pub off_cpu: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use superprof_profile::{Profile, StackId};
+use superprof_profile::{Profile, SampleKind, StackId};
 use superprof_sample::{Record, SampleRecord};
 use superprof_symbols::{Query, SymbolService};
 use superprof_unwind::{ElfCache, FrameAddress, ModuleId, ProcessModules, UnwindOutcome};
@@ -26,6 +26,23 @@ enum AddrFrame {
         pid: u32,
         addr: u64,
     },
+    /// The leaf of an off-CPU stack: what the thread waited in (a system call of this
+    /// machine's numbering; None: named at the end from the kernel frames, if any).
+    Wait {
+        kind: SampleKind,
+        syscall: Option<u64>,
+    },
+}
+
+/// What an off-CPU sample stands for (see [`Collector::off_cpu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpu {
+    /// [`SampleKind::OffCpu`] (a wait) or [`SampleKind::Preempted`].
+    pub kind: SampleKind,
+    /// The system call the thread waits in, when known.
+    pub syscall: Option<u64>,
+    /// Time off the CPU, nanoseconds.
+    pub ns: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +51,11 @@ struct PendingSample {
     tid: u32,
     cpu: u32,
     stack: Option<u32>,
+    kind: SampleKind,
+    /// Off-CPU time (nanoseconds) of an off-CPU sample.
+    off_ns: u64,
+    /// Sampling periods an on-CPU sample stands for.
+    periods: u64,
 }
 
 #[derive(Default)]
@@ -51,6 +73,9 @@ pub struct Collector {
     sampled_threads: std::collections::HashSet<u32>,
     /// Last time /proc/PID/maps was read for a pid (monotonic ns).
     maps_read_at: HashMap<u32, u64>,
+    /// When /proc/PID/maps was first read for a pid (its libraries are still being mapped
+    /// then: a miss may read the maps again sooner).
+    maps_first_read: HashMap<u32, u64>,
     pub lost: u64,
     pub truncated: u64,
     truncated_by: std::collections::BTreeMap<superprof_unwind::Truncation, u64>,
@@ -75,6 +100,15 @@ pub struct Collector {
     /// A launched command whose samples count only from its exec (before it, the child runs
     /// superprof's code).
     awaiting_exec: Option<u32>,
+    /// Each thread's last off-CPU stack (trie node), for [`Collector::off_cpu_again`].
+    last_off: HashMap<u32, Option<u32>>,
+    /// Threads off the CPU now (context-switch samples): since when, on which CPU, and their
+    /// stack as they left (trie node, without the wait's frame).
+    open_waits: HashMap<u32, (u64, u32, Option<u32>)>,
+    /// Whether each thread's last switch out was a preemption.
+    preempted: HashMap<u32, bool>,
+    /// Threads that exited: their last switch out (after the exit record) is no wait.
+    exited: std::collections::HashSet<u32>,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -138,6 +172,7 @@ impl Collector {
     /// sample lands outside every known mapping).
     pub fn read_proc(&mut self, pid: u32, now: u64) {
         self.maps_read_at.insert(pid, now);
+        self.maps_first_read.entry(pid).or_insert(now);
         self.note_owner(pid);
         for m in superprof_unwind::maps::executable_mappings(pid).unwrap_or_default() {
             let known = self.processes.get(&pid).and_then(|p| p.lookup(m.start));
@@ -276,6 +311,7 @@ impl Collector {
                 ..
             } => {
                 if *exec && pid == tid {
+                    self.maps_first_read.remove(pid);
                     self.processes.entry(*pid).or_default().clear();
                     self.anon.remove(pid);
                     if self.awaiting_exec == Some(*pid) {
@@ -310,12 +346,22 @@ impl Collector {
                 self.threads.insert(*tid, (*pid, name));
             }
             Record::Exit { pid, tid, .. } => {
+                self.open_waits.remove(tid);
+                self.exited.insert(*tid);
                 // The pid may be reused by a later process, which must not see these mappings.
                 if pid == tid {
                     self.processes.remove(pid);
                     self.maps_read_at.remove(pid);
+                    self.maps_first_read.remove(pid);
                 }
             }
+            Record::Switch {
+                tid,
+                time,
+                out,
+                preempted,
+                ..
+            } => self.switch(*tid, *time, *out, *preempted),
             Record::Other { .. } => {}
             Record::Lost { count, .. } => self.lost += count,
         }
@@ -328,9 +374,16 @@ impl Collector {
         })
     }
 
-    /// /proc/PID/maps is re-read on a miss at most every 50 ms per process.
+    /// /proc/PID/maps is re-read on a miss at most every 50 ms per process; every 2 ms in the
+    /// first 100 ms after it was first read (at exec, the dynamic loader has not mapped the
+    /// libraries yet, and the ptrace sampler sees no mmap).
     fn may_reread_maps(&self, pid: u32, now: u64) -> bool {
-        now.saturating_sub(self.maps_read_at.get(&pid).copied().unwrap_or(0)) > 50_000_000
+        let early = self
+            .maps_first_read
+            .get(&pid)
+            .is_some_and(|&t| now.saturating_sub(t) < 100_000_000);
+        let gap = if early { 2_000_000 } else { 50_000_000 };
+        now.saturating_sub(self.maps_read_at.get(&pid).copied().unwrap_or(0)) > gap
     }
 
     /// Unwinds a sample's user stack into `self.scratch`, counting truncated stacks.
@@ -349,15 +402,139 @@ impl Collector {
         self.awaiting_exec = Some(pid);
     }
 
+    /// Adds a stretch of off-CPU time of a thread: `s` gives where it waited (registers and
+    /// stack as at a sample, kernel frames where recorded). Its stack ends in a frame that
+    /// names the wait.
+    pub fn off_cpu(&mut self, s: &SampleRecord, off: OffCpu) {
+        self.sample_as(s, Some(off), 0);
+    }
+
+    /// More off-CPU time of thread `tid`, in the same place as its last off-CPU sample (a
+    /// thread still blocked where it was): nothing to unwind again. False when the thread has
+    /// no off-CPU sample yet.
+    pub fn off_cpu_again(&mut self, tid: u32, time: u64, off: OffCpu) -> bool {
+        let Some(&stack) = self.last_off.get(&tid) else {
+            return false;
+        };
+        self.samples.push(PendingSample {
+            time,
+            tid,
+            cpu: 0,
+            stack,
+            kind: off.kind,
+            off_ns: off.ns,
+            periods: 0,
+        });
+        true
+    }
+
     fn sample(&mut self, s: &SampleRecord) {
+        self.sample_as(s, None, 1);
+    }
+
+    /// A thread leaves the CPU (a context-switch sample): its stack now, kept until it comes
+    /// back ([`Record::Switch`]), when the time it was away is known.
+    pub fn off_cpu_begin(&mut self, s: &SampleRecord) {
+        if self.awaiting_exec == Some(s.pid) || self.exited.remove(&s.tid) {
+            return;
+        }
+        let node = self.stack_node(s, None);
+        self.open_waits.insert(s.tid, (s.time, s.cpu, node));
+    }
+
+    /// A PERF_RECORD_SWITCH: out notes whether the thread was preempted; in closes its wait.
+    fn switch(&mut self, tid: u32, time: u64, out: bool, preempted: bool) {
+        if out {
+            self.preempted.insert(tid, preempted);
+        } else {
+            self.close_wait(tid, time);
+        }
+    }
+
+    fn close_wait(&mut self, tid: u32, time: u64) {
+        let Some((since, cpu, node)) = self.open_waits.remove(&tid) else {
+            return;
+        };
+        let kind = if self.preempted.get(&tid).copied().unwrap_or(false) {
+            SampleKind::Preempted
+        } else {
+            SampleKind::OffCpu
+        };
+        // (Its name is found at the end, from the kernel frames.)
+        let wait = self.intern_frame(AddrFrame::Wait {
+            kind,
+            syscall: None,
+        });
+        let leaf = self.intern_node(node, wait);
+        self.samples.push(PendingSample {
+            time: since,
+            tid,
+            cpu,
+            stack: Some(leaf),
+            kind,
+            off_ns: time.saturating_sub(since),
+            periods: 0,
+        });
+    }
+
+    /// Ends the waits still open at the end of the recording, at `time`: the threads were
+    /// off the CPU until then.
+    pub fn close_waits(&mut self, time: u64) {
+        let tids: Vec<u32> = self.open_waits.keys().copied().collect();
+        for tid in tids {
+            self.close_wait(tid, time);
+        }
+    }
+
+    fn intern_node(&mut self, parent: Option<u32>, frame: u32) -> u32 {
+        let key = (parent, frame);
+        let next = self.nodes.len() as u32;
+        let id = *self.node_ids.entry(key).or_insert(next);
+        if id == next {
+            self.nodes.push(key);
+        }
+        id
+    }
+
+    /// An on-CPU sample that stands for `periods` sampling periods of CPU time.
+    pub fn sample_periods(&mut self, s: &SampleRecord, periods: u64) {
+        self.sample_as(s, None, periods);
+    }
+
+    fn sample_as(&mut self, s: &SampleRecord, off: Option<OffCpu>, periods: u64) {
         if self.awaiting_exec == Some(s.pid) {
             return;
         }
+        let node = self.stack_node(s, off);
+        if off.is_some() {
+            self.last_off.insert(s.tid, node);
+        }
+        self.samples.push(PendingSample {
+            time: s.time,
+            tid: s.tid,
+            cpu: s.cpu,
+            stack: node,
+            kind: off.map_or(SampleKind::OnCpu, |o| o.kind),
+            off_ns: off.map_or(0, |o| o.ns),
+            periods,
+        });
+    }
+
+    /// Unwinds a sample and interns its stack (with the wait's frame at the leaf for an
+    /// off-CPU one): the trie node of its leaf.
+    fn stack_node(&mut self, s: &SampleRecord, off: Option<OffCpu>) -> Option<u32> {
         self.threads
             .entry(s.tid)
             .or_insert_with(|| (s.pid, String::new()));
         self.note_owner(s.pid);
         self.path_frames.clear();
+        if let Some(off) = off {
+            let id = self.intern_frame(AddrFrame::Wait {
+                kind: off.kind,
+                syscall: off.syscall,
+            });
+            self.path_frames.push(id);
+        }
         for &ip in &s.kernel_ips {
             let id = self.intern_frame(AddrFrame::Kernel(ip));
             self.path_frames.push(id);
@@ -424,21 +601,10 @@ impl Collector {
         // Intern from the root (the end of the leaf-first list).
         let mut node = None;
         for i in (0..self.path_frames.len()).rev() {
-            let key = (node, self.path_frames[i]);
-            let next = self.nodes.len() as u32;
-            let id = *self.node_ids.entry(key).or_insert(next);
-            if id == next {
-                self.nodes.push(key);
-            }
-            node = Some(id);
+            node = Some(self.intern_node(node, self.path_frames[i]));
         }
         self.sampled_threads.insert(s.tid);
-        self.samples.push(PendingSample {
-            time: s.time,
-            tid: s.tid,
-            cpu: s.cpu,
-            stack: node,
-        });
+        node
     }
 
     /// Symbolizes every distinct address once and builds the profile. Sample times become
@@ -456,7 +622,7 @@ impl Collector {
                     svma: if ret { svma.wrapping_sub(1) } else { svma },
                 }),
                 AddrFrame::Kernel(addr) => kernel.push(addr),
-                AddrFrame::Unknown { .. } => {}
+                AddrFrame::Unknown { .. } | AddrFrame::Wait { .. } => {}
             }
         }
         let mut answer = self.symbols.symbolize(queries, kernel);
@@ -491,6 +657,10 @@ impl Collector {
                 AddrFrame::Unknown { pid, addr } => {
                     chain.push(namer.anonymous_frame(&mut profile, Some(pid), addr));
                 }
+                AddrFrame::Wait { kind, syscall } => {
+                    let name = syscall.map(superprof_trace::syscalls::name);
+                    chain.push(profile.wait_frame(kind, name.as_deref()));
+                }
             }
             chains.push(chain);
         }
@@ -498,8 +668,22 @@ impl Collector {
         let mut stack_of: Vec<Option<StackId>> = Vec::with_capacity(self.nodes.len());
         for &(parent, frame) in &self.nodes {
             let mut s = parent.and_then(|p| stack_of[p as usize]);
-            for &fid in &chains[frame as usize] {
-                s = Some(profile.intern_stack(s, fid));
+            match self.frames[frame as usize] {
+                // A wait of no known system call: named after the kernel's entry to the
+                // call, where the kernel frames were recorded.
+                AddrFrame::Wait {
+                    kind: SampleKind::OffCpu,
+                    syscall: None,
+                } => {
+                    let name = kernel_wait(&profile, s);
+                    let fid = profile.wait_frame(SampleKind::OffCpu, name.as_deref());
+                    s = Some(profile.intern_stack(s, fid));
+                }
+                _ => {
+                    for &fid in &chains[frame as usize] {
+                        s = Some(profile.intern_stack(s, fid));
+                    }
+                }
             }
             stack_of.push(s);
         }
@@ -515,6 +699,9 @@ impl Collector {
         }
         let mut path = Vec::new();
         let mut thread_index: HashMap<u32, u32> = HashMap::new();
+        let period_ns = 1_000_000_000 / u64::from(profile.meta.frequency.max(1));
+        type Place = (u32, Option<StackId>, SampleKind);
+        let mut off_left: HashMap<Place, (u64, u64)> = HashMap::new();
         for s in &self.samples {
             let t = *thread_index.entry(s.tid).or_insert_with(|| {
                 let (pid, name) = self.threads.get(&s.tid).cloned().unwrap_or_default();
@@ -554,7 +741,29 @@ impl Collector {
                     }
                 }
             }
-            profile.add_sample(s.time.saturating_sub(start_ns), t, s.cpu, 1, stack);
+            let time = s.time.saturating_sub(start_ns);
+            if !s.kind.is_off_cpu() {
+                profile.add_sample(time, t, s.cpu, s.periods, stack);
+                continue;
+            }
+            // Off-CPU time in whole sampling periods, the rest carried to the next stretch
+            // of the same thread in the same place.
+            let carried = off_left.entry((t, stack, s.kind)).or_insert((0, time));
+            carried.0 += s.off_ns;
+            carried.1 = time;
+            let periods = carried.0 / period_ns;
+            if periods > 0 {
+                carried.0 -= periods * period_ns;
+                profile.add_sample_of(s.kind, time, t, s.cpu, periods, stack);
+            }
+        }
+        // What is left of each place: a period where it is half of one or more.
+        let mut left: Vec<_> = off_left.into_iter().collect();
+        left.sort_by_key(|(_, (_, time))| *time);
+        for ((t, stack, kind), (ns, time)) in left {
+            if ns * 2 >= period_ns {
+                profile.add_sample_of(kind, time, t, 0, 1, stack);
+            }
         }
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;
@@ -565,6 +774,36 @@ impl Collector {
             .collect();
         profile
     }
+}
+
+/// The system call a stack's kernel frames (leaf first from `leaf`) enter: the innermost
+/// `__x64_sys_NAME` (`__arm64_sys_`, `__ia32_sys_`, `__do_sys_`, `__se_sys_`, `ksys_`,
+/// `do_sys_`, `__sys_`), or "page fault" for a fault's handler.
+fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
+    const ENTRIES: [&str; 8] = [
+        "__x64_sys_",
+        "__arm64_sys_",
+        "__ia32_sys_",
+        "__do_sys_",
+        "__se_sys_",
+        "ksys_",
+        "do_sys_",
+        "__sys_",
+    ];
+    for fid in profile.stack_frames(leaf) {
+        let f = profile.frame(fid);
+        if profile.str(f.module) != superprof_resolve::KERNEL_MODULE {
+            return None; // past the kernel frames
+        }
+        let name = profile.str(f.function);
+        if let Some(call) = ENTRIES.iter().find_map(|p| name.strip_prefix(p)) {
+            return Some(call.to_owned());
+        }
+        if matches!(name, "exc_page_fault" | "do_page_fault" | "do_mem_abort") {
+            return Some("page fault".to_owned());
+        }
+    }
+    None
 }
 
 /// An executable mapping of no file: JIT code (perf names it `//anon`, or `[anon:NAME]` when

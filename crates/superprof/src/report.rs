@@ -50,6 +50,11 @@ impl ReportConfig {
                 until_ns: secs(a.until, "until")?,
                 focus: a.focus,
                 exclude: a.exclude,
+                off_cpu: match (a.on_cpu, a.off_cpu) {
+                    (true, _) => Some(false),
+                    (_, true) => Some(true),
+                    _ => None,
+                },
             },
         })
     }

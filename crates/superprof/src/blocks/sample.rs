@@ -121,6 +121,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             frequency: args.frequency,
             // Only the instruction pointer matters: the smallest stack copy.
             stack_size: 512,
+            off_cpu: false,
         },
         sampler_kind: SamplerKind::Perf,
         outputs: Vec::new(),

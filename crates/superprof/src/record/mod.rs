@@ -43,6 +43,7 @@ impl RecordConfig {
             sampler: SamplerConfig {
                 frequency: a.frequency,
                 stack_size: a.stack_size,
+                off_cpu: a.off_cpu,
             },
             sampler_kind: match a.sampler {
                 crate::cli::SamplerArg::Perf => SamplerKind::Perf,
@@ -79,8 +80,13 @@ impl Recorded {
             0.0 => String::new(),
             hz => format!(", {hz:.0} Hz delivered"),
         };
+        let off_cpu = if p.meta.off_cpu.is_empty() {
+            String::new()
+        } else {
+            format!(", off-CPU time by {}", p.meta.off_cpu)
+        };
         format!(
-            "superprof: {} samples ({} at {} Hz{delivered}{}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
+            "superprof: {} samples ({} at {} Hz{delivered}{}{off_cpu}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
             p.samples.len(),
             p.meta.event,
             p.meta.frequency,
@@ -199,7 +205,8 @@ struct Started {
 /// Per-CPU sampling of a launched command's cgroup (see `cgroup`), where it may be made and
 /// perf's cgroup events work; None otherwise (the caller samples per task).
 fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(PerfSampler, cgroup::Cgroup)> {
-    if cfg.sampler_kind == SamplerKind::Ptrace {
+    // (Off-CPU time is sampled per task: a thread's switch back in is its own event's.)
+    if cfg.sampler_kind == SamplerKind::Ptrace || cfg.sampler.off_cpu {
         return None;
     }
     let cg = cgroup::Cgroup::create()?;
@@ -244,9 +251,17 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
         }
         Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => match trace() {
             Ok(t) => {
-                eprintln!(
-                    "superprof: perf_event_open is not available ({e}); sampling with ptrace instead"
-                );
+                if cfg.sampler.off_cpu {
+                    eprintln!(
+                        "superprof: off-CPU time cannot be sampled with perf_event_open here \
+                         ({e}); sampling with ptrace in wall-clock mode instead"
+                    );
+                } else {
+                    eprintln!(
+                        "superprof: perf_event_open is not available ({e}); sampling with \
+                         ptrace instead"
+                    );
+                }
                 Ok(Source::Ptrace(Box::new(t)))
             }
             Err(te) => Err(anyhow!("{e}; the ptrace sampler cannot stand in: {te}")),
@@ -344,6 +359,8 @@ struct LoopResult {
     kernel: bool,
     /// The frequency sampled at (lower than asked when the kernel's maximum was).
     frequency: u32,
+    /// How off-CPU time was recorded, if it was.
+    off_cpu: Option<&'static str>,
 }
 
 /// The progress line on stderr (when it is a terminal).
@@ -453,6 +470,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         result.event.to_owned()
     };
     profile.meta.frequency = result.frequency;
+    profile.meta.off_cpu = result.off_cpu.unwrap_or_default().to_owned();
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
     profile.meta.duration_ns = progress.start.elapsed().as_nanos() as u64;
     superprof_resolve::stamp(&mut profile.meta);

@@ -37,7 +37,10 @@ pub(super) fn run(
         // samples that need them.
         records.sort_by_key(|r| r.time());
         for r in &records {
-            collector.handle(r);
+            match r {
+                Record::Sample(s) if sampler.is_switch(s) => collector.off_cpu_begin(s),
+                r => collector.handle(r),
+            }
         }
     };
     let mut exit = None;
@@ -64,6 +67,9 @@ pub(super) fn run(
     }
     sampler.disable();
     drain(&mut sampler, collector);
+    // Threads still off the CPU were so until now.
+    collector.close_waits(superprof_sample::monotonic_ns());
+    let off_cpu = sampler.off_cpu_event();
     let event = sampler.event_name();
     let kernel = sampler.kernel_stacks();
     let frequency = sampler.frequency();
@@ -87,5 +93,6 @@ pub(super) fn run(
         event,
         kernel,
         frequency,
+        off_cpu,
     })
 }

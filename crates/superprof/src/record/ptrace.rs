@@ -8,7 +8,8 @@ use superprof_trace::sampler::{self, Control, PtraceSamplerConfig, SamplerEvent}
 use superprof_trace::{ExitStatus, TraceEvent, Tracer};
 
 use super::{LoopResult, Progress, RecordConfig};
-use crate::collect::Collector;
+use crate::collect::{Collector, OffCpu};
+use superprof_profile::SampleKind;
 
 pub(super) fn run(
     cfg: &RecordConfig,
@@ -21,6 +22,7 @@ pub(super) fn run(
     let scfg = PtraceSamplerConfig {
         frequency: cfg.sampler.frequency,
         stack_size: cfg.sampler.stack_size,
+        off_cpu: cfg.sampler.off_cpu,
     };
     let mut exit: Option<ExitStatus> = None;
     let mut stopped_early = false;
@@ -46,7 +48,30 @@ pub(super) fn run(
                     stack: s.stack,
                     stack_full: s.stack_full,
                 };
-                collector.handle(&Record::Sample(record));
+                collector.sample_periods(&record, s.periods);
+            }
+            SamplerEvent::OffCpu(s, wait) => {
+                if named.insert(s.tid) {
+                    collector.read_thread_name(s.pid, s.tid);
+                }
+                let record = SampleRecord {
+                    id: 0,
+                    time: s.time,
+                    pid: s.pid,
+                    tid: s.tid,
+                    cpu: 0,
+                    period: 0,
+                    kernel_ips: Vec::new(),
+                    regs: Some(s.regs),
+                    stack: s.stack,
+                    stack_full: s.stack_full,
+                };
+                collector.off_cpu(&record, off_cpu(wait));
+            }
+            SamplerEvent::OffCpuAgain {
+                time, tid, wait, ..
+            } => {
+                collector.off_cpu_again(tid, time, off_cpu(wait));
             }
             SamplerEvent::Trace(ev) => on_trace_event(collector, &ev, root, &mut exit),
             SamplerEvent::Tick => {
@@ -81,9 +106,22 @@ pub(super) fn run(
     Ok(LoopResult {
         exit: exit.or(killed),
         event: "cpu-clock (ptrace)",
+        off_cpu: cfg.sampler.off_cpu.then_some("ptrace wall-clock"),
         kernel: false,
         frequency: cfg.sampler.frequency,
     })
+}
+
+fn off_cpu(wait: sampler::Wait) -> OffCpu {
+    OffCpu {
+        kind: if wait.preempted {
+            SampleKind::Preempted
+        } else {
+            SampleKind::OffCpu
+        },
+        syscall: wait.syscall,
+        ns: wait.ns,
+    }
 }
 
 fn on_trace_event(

@@ -1,0 +1,452 @@
+//! `record --off-cpu`: where threads wait, against what the fixture measures of itself
+//! (tests/fixtures/offcpu.c), by each mechanism: sched:sched_switch (root), the
+//! context-switches event (an ordinary user at perf_event_paranoid 1), and the ptrace
+//! sampler's wall-clock mode (an ordinary user at paranoid 2).
+//!
+//! Every test holds the CPU lock: they measure time shares, and one of them changes
+//! perf_event_paranoid for a moment.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use common::*;
+
+/// The fixture, built once per test.
+fn fixture(dir: &TempDir) -> PathBuf {
+    compile(dir, "offcpu", &["offcpu.c"], &["-O1", "-g", "-pthread"])
+}
+
+/// A folder an ordinary user may write into.
+fn open_folder(tag: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    run_ok(Command::new("chmod").arg("777").arg(&dir.0));
+    dir
+}
+
+/// The off-CPU profile of one run: folded stacks, the fixture's own figures, stderr.
+struct Run {
+    folded: Folded,
+    truth: BTreeMap<String, f64>,
+    stderr: String,
+    parquet: PathBuf,
+    frequency: f64,
+}
+
+fn record(mut superprof: Command, dir: &TempDir, args: &[&str], cmd: &[&std::ffi::OsStr]) -> Run {
+    let folded = dir.path("off.folded");
+    let parquet = dir.path("off.parquet");
+    let out: Output = run_ok(
+        superprof
+            .args(["record", "-q", "--off-cpu", "-o"])
+            .arg(&folded)
+            .arg("-o")
+            .arg(&parquet)
+            .args(args)
+            .arg("--")
+            .args(cmd),
+    );
+    Run {
+        folded: Folded::read(&folded),
+        truth: fixture_values(&String::from_utf8_lossy(&out.stdout)),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        parquet,
+        frequency: 999.0,
+    }
+}
+
+impl Run {
+    /// The lines of one thread (the folded root is its name).
+    fn thread(&self, name: &str) -> Folded {
+        Folded(
+            self.folded
+                .0
+                .iter()
+                .filter(|(s, _)| s[0] == name)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// Seconds a thread's lines stand for (counts are sampling periods).
+    fn seconds(&self, name: &str) -> f64 {
+        self.thread(name).total() as f64 / self.frequency
+    }
+
+    /// Checks the main thread's share through each function against the fixture's own
+    /// figure for it (seconds, over `wall`), within 5 points, and that its profile adds up to
+    /// its wall-clock time.
+    fn check_shares(&self, shares: &[(&str, &str)]) {
+        let main = self.thread("offcpu");
+        let wall = self.truth["wall"];
+        for (function, key) in shares {
+            assert_close(
+                &format!("{function} (main thread)\n{}", self.stderr),
+                main.share_through(function),
+                self.truth[*key] / wall,
+                5.0,
+            );
+        }
+        let seconds = self.seconds("offcpu");
+        assert!(
+            (seconds - wall).abs() <= 0.05 * wall + 0.01,
+            "the main thread's profile adds up to {seconds:.3} s, its wall time is {wall:.3} s\n{}",
+            self.stderr
+        );
+    }
+
+    /// The leaf frames of the stacks through `function`, with their counts.
+    fn leaves_under(&self, function: &str) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for (s, n) in &self.folded.0 {
+            if s.iter().any(|f| f == function) {
+                *m.entry(s.last().unwrap().clone()).or_default() += n;
+            }
+        }
+        m
+    }
+
+    /// The share of a function's stacks that end in `leaf`.
+    fn leaf_share_under(&self, function: &str, leaf: &str) -> f64 {
+        let l = self.leaves_under(function);
+        let total: u64 = l.values().sum();
+        l.get(leaf).copied().unwrap_or(0) as f64 / total.max(1) as f64
+    }
+}
+
+#[test]
+fn root_records_waits_with_sched_switch() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-root");
+    let exe = fixture(&dir);
+    let r = record(
+        superprof(),
+        &dir,
+        &[],
+        &[exe.as_os_str(), "phases".as_ref()],
+    );
+    assert!(
+        r.stderr.contains("off-CPU time by sched:sched_switch"),
+        "{}",
+        r.stderr
+    );
+    r.check_shares(&[
+        ("compute", "compute"),
+        ("do_sleep", "sleep"),
+        ("wait_pipe", "pipe"),
+    ]);
+    // The waits are named after the system call, from the kernel frames.
+    assert!(r.leaf_share_under("do_sleep", "[off-cpu: clock_nanosleep]") > 0.95);
+    assert!(r.leaf_share_under("wait_pipe", "[off-cpu: read]") > 0.95);
+    // The writer thread sleeps 0.2 s.
+    let writer = r.seconds("writer");
+    assert!((writer - 0.2).abs() < 0.02, "writer: {writer:.3} s");
+
+    // report keeps one kind: on-CPU stacks never end in a wait, off-CPU ones always do.
+    for (flag, off) in [("--on-cpu", false), ("--off-cpu", true)] {
+        let f = dir.path(&format!("kind{off}.folded"));
+        run_ok(
+            superprof()
+                .arg("report")
+                .arg(&r.parquet)
+                .arg(flag)
+                .arg("-o")
+                .arg(&f),
+        );
+        let kept = Folded::read(&f);
+        assert!(kept.total() > 0, "{flag} kept nothing");
+        for (s, n) in &kept.0 {
+            let leaf = s.last().unwrap();
+            let wait = leaf.starts_with("[off-cpu") || leaf == "[preempted]";
+            assert_eq!(wait, off, "{flag} kept {s:?} {n}");
+        }
+    }
+    // The top table has both columns.
+    let out = run_ok(superprof().arg("report").arg(&r.parquet));
+    let top = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        top.contains("On-CPU ms") && top.contains("Off-CPU ms"),
+        "{top}"
+    );
+    assert!(top.contains("[off-cpu: clock_nanosleep]"), "{top}");
+}
+
+#[test]
+fn unprivileged_user_at_paranoid_2_gets_the_ptrace_wall_clock_mode() {
+    let _cpu = cpu_lock();
+    assert_eq!(paranoid(), 2, "this machine's perf_event_paranoid");
+    let dir = open_folder("offcpu-user");
+    let exe = fixture(&dir);
+    let r = record(
+        superprof_as_nobody(),
+        &dir,
+        &[],
+        &[exe.as_os_str(), "phases".as_ref()],
+    );
+    assert!(
+        r.stderr.contains("off-CPU time by ptrace wall-clock"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("wall-clock mode instead"), "{}", r.stderr);
+    r.check_shares(&[
+        ("compute", "compute"),
+        ("do_sleep", "sleep"),
+        ("wait_pipe", "pipe"),
+    ]);
+    assert!(r.leaf_share_under("wait_pipe", "[off-cpu: read]") > 0.95);
+}
+
+fn paranoid() -> i32 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Sets perf_event_paranoid, and puts the old value back when dropped.
+struct Paranoid(String);
+
+impl Paranoid {
+    fn set(level: i32) -> Paranoid {
+        const P: &str = "/proc/sys/kernel/perf_event_paranoid";
+        let old = std::fs::read_to_string(P).unwrap();
+        std::fs::write(P, level.to_string()).unwrap();
+        Paranoid(old)
+    }
+}
+
+impl Drop for Paranoid {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/perf_event_paranoid", self.0.trim());
+    }
+}
+
+#[test]
+fn unprivileged_user_at_paranoid_1_gets_context_switches_with_kernel_frames() {
+    let _cpu = cpu_lock();
+    let dir = open_folder("offcpu-p1");
+    let exe = fixture(&dir);
+    let r = {
+        let _p = Paranoid::set(1);
+        record(
+            superprof_as_nobody(),
+            &dir,
+            &[],
+            &[exe.as_os_str(), "phases".as_ref()],
+        )
+    };
+    assert!(
+        r.stderr.contains("off-CPU time by context-switches"),
+        "{}",
+        r.stderr
+    );
+    r.check_shares(&[
+        ("compute", "compute"),
+        ("do_sleep", "sleep"),
+        ("wait_pipe", "pipe"),
+    ]);
+    assert!(r.leaf_share_under("wait_pipe", "[off-cpu: read]") > 0.95);
+}
+
+#[test]
+fn threads_blocked_on_a_mutex() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-mutex");
+    let exe = fixture(&dir);
+    for (who, sampler) in [("root", "auto"), ("ptrace", "ptrace")] {
+        let r = record(
+            superprof(),
+            &dir,
+            &["--sampler", sampler],
+            &[exe.as_os_str(), "mutex".as_ref()],
+        );
+        let main = r.thread("offcpu");
+        let wall = r.truth["wall"];
+        assert_close(
+            &format!("lock_wait ({who})"),
+            main.share_through("lock_wait"),
+            r.truth["lock_wait"] / wall,
+            5.0,
+        );
+        assert!(
+            r.leaf_share_under("lock_wait", "[off-cpu: futex]") > 0.95,
+            "{who}: {:?}",
+            r.leaves_under("lock_wait")
+        );
+        // The holder computes 0.4 s.
+        let holder = r.thread("holder");
+        let computing = holder.share_through("compute") * r.seconds("holder");
+        assert!(
+            (computing - 0.4).abs() < 0.04,
+            "{who}: holder computes {computing:.3} s"
+        );
+    }
+}
+
+#[test]
+fn a_process_waiting_on_fsync_with_kernel_frames() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-fsync");
+    let exe = fixture(&dir);
+    let file = dir.path("data.bin");
+    let r = record(
+        superprof(),
+        &dir,
+        &[],
+        &[exe.as_os_str(), "fsync".as_ref(), file.as_os_str()],
+    );
+    r.check_shares(&[("flush_file", "fsync")]);
+    // (fsync also works on the CPU, in the kernel: its waits are named fsync.)
+    let leaves = r.leaves_under("flush_file");
+    let waits: u64 = leaves
+        .iter()
+        .filter(|(l, _)| l.starts_with("[off-cpu") || *l == "[preempted]")
+        .map(|(_, n)| n)
+        .sum();
+    let named = leaves.get("[off-cpu: fsync]").copied().unwrap_or(0);
+    assert!(named as f64 > 0.9 * waits as f64 && waits > 0, "{leaves:?}");
+    // Between the program's call and the wait: the kernel's fsync path.
+    let through_kernel = r.folded.0.iter().any(|(s, _)| {
+        let at = s.iter().position(|f| f == "flush_file");
+        at.is_some_and(|i| {
+            s[i..]
+                .iter()
+                .any(|f| f.contains("fsync") && f.starts_with("__x64_sys"))
+        })
+    });
+    assert!(
+        through_kernel || cfg!(not(target_arch = "x86_64")),
+        "{:?}",
+        r.folded
+    );
+}
+
+#[test]
+fn attach_with_pid_and_duration() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-attach");
+    let exe = fixture(&dir);
+    for sampler in ["auto", "ptrace"] {
+        let mut child = Command::new(&exe)
+            .args(["phases", "6"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let folded = dir.path("attach.folded");
+        let out = run_ok(
+            superprof()
+                .args([
+                    "record",
+                    "-q",
+                    "--off-cpu",
+                    "--duration",
+                    "2",
+                    "--sampler",
+                    sampler,
+                ])
+                .arg("-p")
+                .arg(child.id().to_string())
+                .arg("-o")
+                .arg(&folded),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let f = Folded::read(&folded);
+        let main = Folded(
+            f.0.iter()
+                .filter(|(s, _)| s[0] == "offcpu")
+                .cloned()
+                .collect(),
+        );
+        // Two whole rounds of 1 s: 0.5 s computing, 0.3 s asleep, 0.2 s on the pipe.
+        for (function, truth) in [("compute", 0.5), ("do_sleep", 0.3), ("wait_pipe", 0.2)] {
+            assert_close(
+                &format!("{function} ({sampler}, attached)\n{stderr}"),
+                main.share_through(function),
+                truth,
+                5.0,
+            );
+        }
+        let seconds = main.total() as f64 / 999.0;
+        assert!(
+            (seconds - 2.0).abs() < 0.15,
+            "{sampler}: {seconds:.3} s of 2\n{stderr}"
+        );
+        // It runs on, undisturbed.
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn parquet_and_pprof_carry_the_kind_and_the_time() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-files");
+    let exe = fixture(&dir);
+    let r = record(
+        superprof(),
+        &dir,
+        &[],
+        &[exe.as_os_str(), "phases".as_ref()],
+    );
+    // DuckDB: weight per kind; the off-CPU weight is the waits' time in periods.
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import duckdb, sys\n\
+             for k, w in duckdb.sql(f\"select kind, sum(weight) from read_parquet('{sys.argv[1]}') \
+             group by kind\").fetchall(): print(k, w)",
+        )
+        .arg(&r.parquet)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let by_kind: BTreeMap<String, f64> = text
+        .lines()
+        .filter_map(|l| {
+            let (k, w) = l.split_once(' ')?;
+            Some((k.to_owned(), w.parse().ok()?))
+        })
+        .collect();
+    // Main thread: 0.3 s asleep and 0.2 s on the pipe; the writer: 0.2 s asleep.
+    let off = by_kind.get("off-cpu").copied().unwrap_or(0.0) / 999.0;
+    let truth = r.truth["sleep"] + r.truth["pipe"] + 0.2;
+    assert!(
+        (off - truth).abs() < 0.05,
+        "off-CPU {off:.3} s, fixture {truth:.3} s: {text}"
+    );
+    assert!(by_kind.get("cpu").copied().unwrap_or(0.0) > 0.0, "{text}");
+
+    // go tool pprof reads the off-CPU and wall sample types.
+    let pb = dir.path("off.pb.gz");
+    run_ok(superprof().arg("report").arg(&r.parquet).arg("-o").arg(&pb));
+    for index in ["off-cpu", "wall"] {
+        let out = Command::new("go")
+            .args(["tool", "pprof", "-top", &format!("-sample_index={index}")])
+            .arg(&pb)
+            .env("HOME", &dir.0)
+            .output()
+            .expect("go runs (./scripts/test installs golang-go)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("[off-cpu: read]"), "{index}: {text}");
+        assert!(
+            text.contains("Type: ") && text.contains(index),
+            "{index}: {text}"
+        );
+    }
+}
