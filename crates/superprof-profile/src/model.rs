@@ -421,6 +421,39 @@ mod tests {
     }
 
     #[test]
+    fn kinds_by_name_and_wait_frames() {
+        for k in SampleKind::ALL {
+            assert_eq!(SampleKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(SampleKind::parse("idle"), None);
+        assert!(!SampleKind::OnCpu.is_off_cpu());
+        assert!(SampleKind::Preempted.is_off_cpu());
+        let mut p = Profile::default();
+        let name = |p: &mut Profile, k, w| {
+            let f = p.wait_frame(k, w);
+            (
+                p.str(p.frame(f).function).to_owned(),
+                p.str(p.frame(f).module).to_owned(),
+            )
+        };
+        assert_eq!(
+            name(&mut p, SampleKind::OffCpu, Some("read")),
+            ("[off-cpu: read]".to_owned(), WAIT_MODULE.to_owned())
+        );
+        assert_eq!(name(&mut p, SampleKind::OffCpu, None).0, "[off-cpu]");
+        assert_eq!(
+            name(&mut p, SampleKind::Preempted, Some("read")).0,
+            "[preempted]"
+        );
+        let t = p.add_thread(1, 1, "t");
+        p.add_sample(0, t, 0, 1, None);
+        p.add_sample_of(SampleKind::OffCpu, 1, t, 0, 7, None);
+        p.add_sample_of(SampleKind::Preempted, 2, t, 0, 2, None);
+        assert_eq!(p.weight_by_kind(), [1, 7, 2]);
+        assert!(p.has_off_cpu());
+    }
+
+    #[test]
     fn merge_keeps_every_sample_with_its_stack_thread_and_time() {
         let mut a = profile(1, 1_000, 2, 1);
         let b = profile(2, 1_500, 1, 2);

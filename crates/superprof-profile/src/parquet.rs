@@ -912,6 +912,30 @@ mod tests {
     }
 
     #[test]
+    fn kinds_and_the_off_cpu_mechanism_read_back() {
+        use crate::SampleKind;
+        let mut p = profile(3, 2);
+        p.meta.off_cpu = "sched:sched_switch".into();
+        p.meta.frequency = 999;
+        let w = p.wait_frame(SampleKind::OffCpu, Some("read"));
+        let leaf = p.samples[0].stack;
+        let s = Some(p.intern_stack(leaf, w));
+        p.add_sample_of(SampleKind::OffCpu, 10, 0, 0, 250, s);
+        p.add_sample_of(SampleKind::Preempted, 11, 0, 0, 3, leaf);
+        let f = file("kinds", &p, 2);
+        let back = read_with(&f.0, &Limits::default()).unwrap();
+        assert_eq!(back.meta.off_cpu, "sched:sched_switch");
+        let kinds: Vec<(SampleKind, u64)> =
+            back.samples.iter().map(|s| (s.kind, s.weight)).collect();
+        assert_eq!(
+            &kinds[4..],
+            &[(SampleKind::OffCpu, 250), (SampleKind::Preempted, 3)]
+        );
+        assert!(kinds[..4].iter().all(|k| k.0 == SampleKind::OnCpu));
+        assert_eq!(back.weight_by_kind(), [4, 250, 3]);
+    }
+
+    #[test]
     fn a_stack_deeper_than_the_metadata_allows_is_refused_before_decoding() {
         let f = file("deep", &profile(0, 50), 1 << 20);
         let limits = Limits {

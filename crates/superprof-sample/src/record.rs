@@ -321,3 +321,35 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
         stack_full,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn switch(misc: u16, body: &[u8]) -> Option<(u32, u64, bool, bool)> {
+        match parse_record(PERF_RECORD_SWITCH, misc, body, Layout { user_regs: 3 })? {
+            Record::Switch {
+                tid,
+                time,
+                out,
+                preempted,
+                ..
+            } => Some((tid, time, out, preempted)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn switch_records_in_and_out() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&7u32.to_ne_bytes()); // pid
+        body.extend_from_slice(&9u32.to_ne_bytes()); // tid
+        body.extend_from_slice(&1234u64.to_ne_bytes()); // time
+        body.extend_from_slice(&[0; 16]); // cpu, res, identifier
+        assert_eq!(switch(0, &body), Some((9, 1234, false, false)));
+        assert_eq!(switch(1 << 13, &body), Some((9, 1234, true, false)));
+        assert_eq!(switch(3 << 13, &body), Some((9, 1234, true, true)));
+        // Cut short: refused, not read past its end.
+        assert_eq!(switch(0, &body[..12]), None);
+    }
+}

@@ -14,7 +14,7 @@
 //! ```no_run
 //! use superprof_trace::{Tracer, TraceOptions, sampler};
 //! let mut tracer = Tracer::attach(1234, TraceOptions::default())?;
-//! let cfg = sampler::PtraceSamplerConfig { frequency: 99, stack_size: 16384 };
+//! let cfg = sampler::PtraceSamplerConfig { frequency: 99, stack_size: 16384, off_cpu: false };
 //! sampler::run(&mut tracer, &cfg, |event| {
 //!     if let sampler::SamplerEvent::Sample(s) = event {
 //!         println!("{} at {:#x}", s.tid, s.regs.pc);

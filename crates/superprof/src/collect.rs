@@ -700,8 +700,7 @@ impl Collector {
         let mut path = Vec::new();
         let mut thread_index: HashMap<u32, u32> = HashMap::new();
         let period_ns = 1_000_000_000 / u64::from(profile.meta.frequency.max(1));
-        type Place = (u32, Option<StackId>, SampleKind);
-        let mut off_left: HashMap<Place, (u64, u64)> = HashMap::new();
+        let mut carry: Carry<(u32, Option<StackId>, SampleKind)> = Carry::new(period_ns);
         for s in &self.samples {
             let t = *thread_index.entry(s.tid).or_insert_with(|| {
                 let (pid, name) = self.threads.get(&s.tid).cloned().unwrap_or_default();
@@ -746,24 +745,12 @@ impl Collector {
                 profile.add_sample(time, t, s.cpu, s.periods, stack);
                 continue;
             }
-            // Off-CPU time in whole sampling periods, the rest carried to the next stretch
-            // of the same thread in the same place.
-            let carried = off_left.entry((t, stack, s.kind)).or_insert((0, time));
-            carried.0 += s.off_ns;
-            carried.1 = time;
-            let periods = carried.0 / period_ns;
-            if periods > 0 {
-                carried.0 -= periods * period_ns;
+            if let Some(periods) = carry.add((t, stack, s.kind), s.off_ns, time) {
                 profile.add_sample_of(s.kind, time, t, s.cpu, periods, stack);
             }
         }
-        // What is left of each place: a period where it is half of one or more.
-        let mut left: Vec<_> = off_left.into_iter().collect();
-        left.sort_by_key(|(_, (_, time))| *time);
-        for ((t, stack, kind), (ns, time)) in left {
-            if ns * 2 >= period_ns {
-                profile.add_sample_of(kind, time, t, 0, 1, stack);
-            }
+        for ((t, stack, kind), time) in carry.rest() {
+            profile.add_sample_of(kind, time, t, 0, 1, stack);
         }
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;
@@ -773,6 +760,48 @@ impl Collector {
             .map(|(why, n)| (why.as_str().to_owned(), *n))
             .collect();
         profile
+    }
+}
+
+/// Off-CPU time turned into whole sampling periods per place (thread, stack, kind): what is
+/// short of a period is carried to the next stretch of time in the same place, so that many
+/// short waits add up (a pipe ping-pong's waits are microseconds each).
+struct Carry<K> {
+    period_ns: u64,
+    /// Per place: nanoseconds carried, time of the last stretch.
+    left: HashMap<K, (u64, u64)>,
+}
+
+impl<K: std::hash::Hash + Eq + Copy> Carry<K> {
+    fn new(period_ns: u64) -> Carry<K> {
+        Carry {
+            period_ns: period_ns.max(1),
+            left: HashMap::new(),
+        }
+    }
+
+    /// Adds `ns` at `time`: the whole periods now due, if any.
+    fn add(&mut self, key: K, ns: u64, time: u64) -> Option<u64> {
+        let e = self.left.entry(key).or_insert((0, time));
+        e.0 = e.0.saturating_add(ns);
+        e.1 = time;
+        let periods = e.0 / self.period_ns;
+        e.0 -= periods * self.period_ns;
+        (periods > 0).then_some(periods)
+    }
+
+    /// The places left with half a period or more (each one period), at their last time,
+    /// in time order.
+    fn rest(self) -> Vec<(K, u64)> {
+        let half = self.period_ns.div_ceil(2);
+        let mut v: Vec<(K, u64)> = self
+            .left
+            .into_iter()
+            .filter(|(_, (ns, _))| *ns >= half)
+            .map(|(k, (_, time))| (k, time))
+            .collect();
+        v.sort_by_key(|(_, time)| *time);
+        v
     }
 }
 
@@ -810,4 +839,79 @@ fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
 /// the program named it). Its code is named from the process's perf map.
 fn is_anonymous(path: &str) -> bool {
     path.is_empty() || path.starts_with("//anon") || path.starts_with("[anon")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_waits_add_up_to_whole_periods() {
+        let mut c: Carry<u8> = Carry::new(1000);
+        assert_eq!(c.add(1, 400, 1), None);
+        assert_eq!(c.add(1, 400, 2), None);
+        assert_eq!(c.add(1, 400, 3), Some(1)); // 1200: one period, 200 carried
+        assert_eq!(c.add(1, 2850, 4), Some(3)); // 3050
+        assert_eq!(c.add(2, 600, 5), None);
+        assert_eq!(c.add(3, 499, 6), None);
+        // Left: place 1 with 50 (dropped), 2 with 600 (a period), 3 with 499 (dropped).
+        assert_eq!(c.rest(), vec![(2, 5)]);
+    }
+
+    fn kernel_stack(names: &[&str], user_caller: bool) -> (Profile, Option<StackId>) {
+        let mut p = Profile::default();
+        let mut s = None;
+        if user_caller {
+            let f = p.intern_frame_named("read", "libc.so.6", None, 0, 1, false);
+            s = Some(p.intern_stack(s, f));
+        }
+        // Outermost first.
+        for (i, n) in names.iter().enumerate() {
+            let f = p.intern_frame_named(
+                n,
+                superprof_resolve::KERNEL_MODULE,
+                None,
+                0,
+                i as u64,
+                false,
+            );
+            s = Some(p.intern_stack(s, f));
+        }
+        (p, s)
+    }
+
+    #[test]
+    fn waits_are_named_after_the_innermost_system_call_entry() {
+        let (p, s) = kernel_stack(
+            &[
+                "do_syscall_64",
+                "ksys_read",
+                "vfs_read",
+                "pipe_read",
+                "schedule",
+            ],
+            true,
+        );
+        assert_eq!(kernel_wait(&p, s).as_deref(), Some("read"));
+        let (p, s) = kernel_stack(
+            &[
+                "do_syscall_64",
+                "__x64_sys_futex",
+                "do_futex",
+                "futex_wait",
+                "schedule",
+            ],
+            true,
+        );
+        assert_eq!(kernel_wait(&p, s).as_deref(), Some("futex"));
+        let (p, s) = kernel_stack(
+            &["asm_exc_page_fault", "exc_page_fault", "io_schedule"],
+            true,
+        );
+        assert_eq!(kernel_wait(&p, s).as_deref(), Some("page fault"));
+        // None inside the kernel frames: a user frame ends the search.
+        let (p, s) = kernel_stack(&["schedule"], true);
+        assert_eq!(kernel_wait(&p, s), None);
+        assert_eq!(kernel_wait(&p, None), None);
+    }
 }
