@@ -344,6 +344,12 @@ impl Profile {
         self.intern_frame_named(&name, WAIT_MODULE, None, 0, 0, false)
     }
 
+    /// On-CPU samples (their weight: a sample of the ptrace sampler's wall-clock mode may
+    /// stand for several periods).
+    pub fn on_cpu_samples(&self) -> u64 {
+        self.weight_by_kind()[SampleKind::OnCpu as usize]
+    }
+
     /// Whether any sample is off-CPU time.
     pub fn has_off_cpu(&self) -> bool {
         self.samples.iter().any(|s| s.kind.is_off_cpu())

@@ -104,14 +104,15 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     let total = profile.total_weight();
     let threads: std::collections::HashSet<u32> =
         profile.samples.iter().map(|s| s.thread).collect();
-    let delivered = match profile.meta.delivered_frequency(profile.samples.len()) {
+    let on_cpu = profile.on_cpu_samples();
+    let delivered = match profile.meta.delivered_frequency(on_cpu as usize) {
         0.0 => String::new(),
         hz => format!(" ({hz:.0} Hz delivered)"),
     };
     writeln!(
         w,
         "{} samples of {} at {} Hz{delivered}, {} threads, {} lost",
-        total,
+        on_cpu,
         if profile.meta.event.is_empty() {
             "?".into()
         } else {

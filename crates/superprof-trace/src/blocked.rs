@@ -68,8 +68,16 @@ pub struct BlockedReader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffCpuState {
     pub blocked: Blocked,
-    /// Runnable (state R): it waits for a CPU, preempted, not for an event.
-    pub runnable: bool,
+    /// Its state letter in /proc stat: `S` or `D` for a wait; `R` when it was woken and
+    /// waits for a CPU; `t` or `T` when stopped (by a tracer, or a signal).
+    pub state: u8,
+}
+
+impl OffCpuState {
+    /// Waiting for an event of its own (sleeping, blocked): not runnable, not stopped.
+    pub fn waiting(&self) -> bool {
+        !matches!(self.state, b'R' | b't' | b'T' | b'X' | b'Z')
+    }
 }
 
 impl BlockedReader {
@@ -88,9 +96,22 @@ impl BlockedReader {
         let n = self.syscall.read_at(&mut buf, 0).ok()?;
         let blocked = parse(std::str::from_utf8(&buf[..n]).ok()?)?;
         let n = self.stat.read_at(&mut buf, 0).ok()?;
-        let runnable = parse_state(&buf[..n]) == Some(b'R');
-        Some(OffCpuState { blocked, runnable })
+        let state = parse_state(&buf[..n])?;
+        Some(OffCpuState { blocked, state })
     }
+}
+
+/// The threads of process `pid` that wait for an event now (asleep, blocked), with where.
+pub fn waiting_threads(pid: u32) -> Vec<(u32, Blocked)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|tid| {
+            let s = BlockedReader::open(pid, tid)?.read()?;
+            s.waiting().then_some((tid, s.blocked))
+        })
+        .collect()
 }
 
 /// System calls that fail with EINTR when their thread is stopped by ptrace and resumed,

@@ -32,8 +32,6 @@ pub struct PtraceSamplerConfig {
 /// Where an off-CPU sample's thread waited, and for how long.
 #[derive(Debug, Clone, Copy)]
 pub struct Wait {
-    /// Runnable, waiting for a CPU (preempted), rather than for an event.
-    pub preempted: bool,
     /// The system call it is blocked in (None: blocked outside one, as in a page fault).
     pub syscall: Option<u64>,
     /// The wall time the sample stands for, nanoseconds.
@@ -54,6 +52,9 @@ pub struct PtraceSample<'a> {
     /// Sampling periods of CPU time the sample stands for: 1, or more in the wall-clock mode
     /// when the thread ran longer between two samples (so that its CPU time is all counted).
     pub periods: u64,
+    /// Wall-clock mode: nanoseconds the thread waited on a run queue (preempted, or woken and
+    /// not yet running) since the last sample that carried them, to count where it is now.
+    pub preempted_ns: u64,
 }
 
 /// What the sampler reports to its owner.
@@ -91,6 +92,12 @@ struct Credit {
     syscall_file: Option<crate::blocked::BlockedReader>,
     looked_at: u64,
     last_wait: Option<(crate::blocked::Blocked, Vec<u8>)>,
+    /// Run-queue wait (schedstat) at the last reading, and what is not counted yet.
+    last_delay: u64,
+    delay: u64,
+    /// The system call one of our stops interrupted, and the pc it goes on from: once
+    /// restarted, /proc shows it as restart_syscall.
+    restarting: Option<(u64, u64)>,
 }
 
 /// Bytes at the stack pointer compared to tell a thread still blocked in the same place
@@ -140,10 +147,16 @@ pub fn run(
             for (tid, pid) in running {
                 let c = credits.entry(tid).or_insert_with(|| {
                     let clock = sys::CpuTime::open(pid, tid);
-                    let last_cpu = clock.as_ref().and_then(|c| c.read()).unwrap_or(0);
+                    let (last_cpu, last_delay) = clock
+                        .as_ref()
+                        .and_then(|c| c.read_with_delay())
+                        .unwrap_or((0, 0));
                     Credit {
                         clock,
                         last_cpu,
+                        last_delay,
+                        delay: 0,
+                        restarting: None,
                         credit: 0,
                         syscall_file: if cfg.off_cpu {
                             crate::blocked::BlockedReader::open(pid, tid)
@@ -154,11 +167,13 @@ pub fn run(
                         last_wait: None,
                     }
                 });
-                let Some(cpu) = c.clock.as_ref().and_then(|c| c.read()) else {
+                let Some((cpu, delay)) = c.clock.as_ref().and_then(|c| c.read_with_delay()) else {
                     continue;
                 };
                 c.credit += cpu.saturating_sub(c.last_cpu);
                 c.last_cpu = cpu;
+                c.delay += delay.saturating_sub(c.last_delay);
+                c.last_delay = delay;
                 if c.credit >= period_ns && !outstanding.contains(&tid) && tracer.interrupt(tid) {
                     if cfg.off_cpu {
                         // Wall-clock mode: all of the CPU time is counted (the profile adds up
@@ -185,21 +200,27 @@ pub fn run(
                     continue;
                 }
                 c.looked_at = now;
-                let Some(state) = file.read() else { continue };
+                // Blocked, waiting for an event of its own? (Runnable time is the run-queue
+                // wait's, counted exactly; a stop is not the program's wait.)
+                let Some(state) = file.read().filter(|s| s.waiting()) else {
+                    continue;
+                };
                 let mut b = state.blocked;
                 // A call restarted after a stop of ours (a sleep) is restart_syscall now: it
                 // is still the call it was.
-                if let Some((last, _)) = &c.last_wait {
-                    if last.sp == b.sp
-                        && last.pc == b.pc
-                        && b.syscall
-                            .is_some_and(|nr| crate::syscalls::name(nr) == "restart_syscall")
-                    {
-                        b.syscall = last.syscall;
+                if b.syscall
+                    .is_some_and(|nr| crate::syscalls::name(nr) == "restart_syscall")
+                {
+                    let before = match (&c.restarting, &c.last_wait) {
+                        (Some((nr, pc)), _) if *pc == b.pc => Some(*nr),
+                        (_, Some((last, _))) if last.sp == b.sp && last.pc == b.pc => last.syscall,
+                        _ => None,
+                    };
+                    if before.is_some() {
+                        b.syscall = before;
                     }
                 }
                 let wait = Wait {
-                    preempted: state.runnable,
                     syscall: b.syscall,
                     ns: elapsed,
                 };
@@ -226,6 +247,7 @@ pub fn run(
                 }
                 let n = sys::read_memory(pid, b.sp, &mut stack);
                 c.last_wait = Some((b, stack[..n.min(SAME_PLACE_BYTES)].to_vec()));
+                let preempted_ns = std::mem::take(&mut c.delay);
                 on(SamplerEvent::OffCpu(
                     PtraceSample {
                         time: now,
@@ -240,6 +262,7 @@ pub fn run(
                         stack: &stack[..n],
                         stack_full: n == stack.len(),
                         periods: 1,
+                        preempted_ns,
                     },
                     wait,
                 ));
@@ -253,9 +276,15 @@ pub fn run(
         match tracer.next_event(wait_for)? {
             Some(TraceEvent::Stopped { tid, pid }) => {
                 if outstanding.remove(&tid) {
-                    if let Ok(regs) = sys::regs(tid) {
+                    if let Ok(raw) = sys::raw_regs(tid) {
+                        let regs = sys::user_regs(&raw);
                         let n = sys::read_memory(pid, regs.sp, &mut stack);
                         let time = sys::monotonic_ns();
+                        let mut preempted_ns = 0;
+                        if let Some(c) = credits.get_mut(&tid).filter(|_| cfg.off_cpu) {
+                            preempted_ns = std::mem::take(&mut c.delay);
+                            c.restarting = sys::interrupted_syscall(&raw).map(|nr| (nr, regs.pc));
+                        }
                         let sample = PtraceSample {
                             time,
                             pid,
@@ -264,6 +293,7 @@ pub fn run(
                             stack: &stack[..n],
                             stack_full: n == stack.len(),
                             periods: on_cpu_periods.remove(&tid).unwrap_or(1),
+                            preempted_ns,
                         };
                         match off_pending.remove(&tid) {
                             Some((b, wait)) => {

@@ -145,21 +145,39 @@ pub fn clone_shares_memory(tid: u32) -> Option<bool> {
 
 /// The registers unwinding needs.
 pub fn regs(tid: u32) -> io::Result<UserRegs> {
-    let r = raw_regs(tid)?;
+    Ok(user_regs(&raw_regs(tid)?))
+}
+
+/// The registers unwinding needs, of a stopped thread's register set.
+pub fn user_regs(r: &RawRegs) -> UserRegs {
     #[cfg(target_arch = "x86_64")]
-    return Ok(UserRegs {
+    return UserRegs {
         pc: r.rip,
         sp: r.rsp,
         fp: r.rbp,
         lr: 0,
-    });
+    };
     #[cfg(target_arch = "aarch64")]
-    return Ok(UserRegs {
+    return UserRegs {
         pc: r.pc,
         sp: r.sp,
         fp: r.regs[29],
         lr: r.regs[30],
-    });
+    };
+}
+
+/// The system call a thread stopped at `r` was blocked in when the stop interrupted it, which
+/// the kernel restarts when it goes on (as `restart_syscall` for a sleep). x86_64 only (None
+/// on AArch64, whose stop does not tell).
+pub fn interrupted_syscall(r: &RawRegs) -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    return ((-516..=-512).contains(&(r.rax as i64)) && (r.orig_rax as i64) >= 0)
+        .then_some(r.orig_rax);
+    #[cfg(target_arch = "aarch64")]
+    {
+        let _ = r;
+        None
+    }
 }
 
 /// A raw wait status.
@@ -309,11 +327,20 @@ impl CpuTime {
 
     /// Nanoseconds of CPU time so far.
     pub fn read(&self) -> Option<u64> {
+        self.read_with_delay().map(|(cpu, _)| cpu)
+    }
+
+    /// Nanoseconds of CPU time so far, and of waiting on a run queue (runnable, not running:
+    /// preempted, or woken and not yet on a CPU).
+    pub fn read_with_delay(&self) -> Option<(u64, u64)> {
         use std::os::unix::fs::FileExt;
-        let mut buf = [0u8; 64];
+        let mut buf = [0u8; 96];
         let n = self.0.read_at(&mut buf, 0).ok()?;
         let text = std::str::from_utf8(&buf[..n]).ok()?;
-        text.split_whitespace().next()?.parse().ok()
+        let mut w = text.split_whitespace();
+        let cpu = w.next()?.parse().ok()?;
+        let delay = w.next().and_then(|d| d.parse().ok()).unwrap_or(0);
+        Some((cpu, delay))
     }
 }
 

@@ -102,13 +102,28 @@ pub struct Collector {
     awaiting_exec: Option<u32>,
     /// Each thread's last off-CPU stack (trie node), for [`Collector::off_cpu_again`].
     last_off: HashMap<u32, Option<u32>>,
-    /// Threads off the CPU now (context-switch samples): since when, on which CPU, and their
-    /// stack as they left (trie node, without the wait's frame).
-    open_waits: HashMap<u32, (u64, u32, Option<u32>)>,
-    /// Whether each thread's last switch out was a preemption.
-    preempted: HashMap<u32, bool>,
-    /// Threads that exited: their last switch out (after the exit record) is no wait.
+    /// Threads off the CPU now (context switches).
+    open_waits: HashMap<u32, OpenWait>,
+    /// Threads that exited: their last switch out (after the exit record) is no wait (until
+    /// the tid comes back in, a new thread).
     exited: std::collections::HashSet<u32>,
+}
+
+/// A thread off the CPU, from its context-switch sample and PERF_RECORD_SWITCH out, until its
+/// switch back in.
+#[derive(Debug, Clone, Copy)]
+struct OpenWait {
+    since: u64,
+    cpu: u32,
+    /// Its stack as it left (trie node, without the wait's frame); None when the sample was
+    /// lost (the ring was full) and only the switch record came.
+    stack: Option<Option<u32>>,
+    /// Switch-out records seen since the sample: one is this wait's; a second means the
+    /// switch back in was lost, and this wait is stale.
+    outs: u8,
+    preempted: bool,
+    /// The system call it waits in, where known without kernel frames.
+    syscall: Option<u64>,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -363,7 +378,13 @@ impl Collector {
                 ..
             } => self.switch(*tid, *time, *out, *preempted),
             Record::Other { .. } => {}
-            Record::Lost { count, .. } => self.lost += count,
+            Record::Lost { count, .. } => {
+                self.lost += count;
+                // The switches back in of the waits open now may be among the records lost:
+                // closed by a later one, they would take in time the thread spent running.
+                // Dropped instead: lost records lose off-CPU time, never add any.
+                self.open_waits.clear();
+            }
         }
     }
 
@@ -435,44 +456,97 @@ impl Collector {
     /// A thread leaves the CPU (a context-switch sample): its stack now, kept until it comes
     /// back ([`Record::Switch`]), when the time it was away is known.
     pub fn off_cpu_begin(&mut self, s: &SampleRecord) {
-        if self.awaiting_exec == Some(s.pid) || self.exited.remove(&s.tid) {
+        if self.awaiting_exec == Some(s.pid) || self.exited.contains(&s.tid) {
             return;
         }
         let node = self.stack_node(s, None);
-        self.open_waits.insert(s.tid, (s.time, s.cpu, node));
+        self.open_waits.insert(
+            s.tid,
+            OpenWait {
+                since: s.time,
+                cpu: s.cpu,
+                stack: Some(node),
+                outs: 0,
+                preempted: false,
+                syscall: None,
+            },
+        );
     }
 
-    /// A PERF_RECORD_SWITCH: out notes whether the thread was preempted; in closes its wait.
+    /// A thread found blocked in `syscall` when the recording started (attach): its wait is
+    /// open from `s.time` (`s`: its pc, stack pointer and stack from /proc), until its switch
+    /// back in.
+    pub fn off_cpu_already(&mut self, s: &SampleRecord, syscall: Option<u64>) {
+        let node = self.stack_node(s, None);
+        self.open_waits.insert(
+            s.tid,
+            OpenWait {
+                since: s.time,
+                cpu: 0,
+                stack: Some(node),
+                outs: 1,
+                preempted: false,
+                syscall,
+            },
+        );
+    }
+
+    /// A PERF_RECORD_SWITCH: out says whether the thread was preempted (and opens a wait of
+    /// unknown stack when its sample was lost); in closes its wait. Records lost in a full
+    /// ring lose a wait's stack or the wait, never add time that was on the CPU.
     fn switch(&mut self, tid: u32, time: u64, out: bool, preempted: bool) {
-        if out {
-            self.preempted.insert(tid, preempted);
-        } else {
+        if !out {
+            self.exited.remove(&tid);
             self.close_wait(tid, time);
+            return;
+        }
+        if self.exited.contains(&tid) {
+            return;
+        }
+        match self.open_waits.get_mut(&tid) {
+            Some(w) if w.outs == 0 => {
+                w.outs = 1;
+                w.preempted = preempted;
+            }
+            // No sample for this switch (lost), or a stale wait whose switch in was lost.
+            _ => {
+                self.open_waits.insert(
+                    tid,
+                    OpenWait {
+                        since: time,
+                        cpu: 0,
+                        stack: None,
+                        outs: 1,
+                        preempted,
+                        syscall: None,
+                    },
+                );
+            }
         }
     }
 
     fn close_wait(&mut self, tid: u32, time: u64) {
-        let Some((since, cpu, node)) = self.open_waits.remove(&tid) else {
+        let Some(w) = self.open_waits.remove(&tid) else {
             return;
         };
-        let kind = if self.preempted.get(&tid).copied().unwrap_or(false) {
+        let kind = if w.preempted {
             SampleKind::Preempted
         } else {
             SampleKind::OffCpu
         };
-        // (Its name is found at the end, from the kernel frames.)
+        // (Without a system call, its name is found at the end, from the kernel frames.)
         let wait = self.intern_frame(AddrFrame::Wait {
             kind,
-            syscall: None,
+            syscall: w.syscall,
         });
-        let leaf = self.intern_node(node, wait);
+        let leaf = self.intern_node(w.stack.flatten(), wait);
         self.samples.push(PendingSample {
-            time: since,
+            time: w.since,
             tid,
-            cpu,
+            cpu: w.cpu,
             stack: Some(leaf),
             kind,
-            off_ns: time.saturating_sub(since),
+            off_ns: time.saturating_sub(w.since),
             periods: 0,
         });
     }
@@ -506,7 +580,7 @@ impl Collector {
             return;
         }
         let node = self.stack_node(s, off);
-        if off.is_some() {
+        if off.is_some_and(|o| o.kind == SampleKind::OffCpu) {
             self.last_off.insert(s.tid, node);
         }
         self.samples.push(PendingSample {
@@ -807,9 +881,10 @@ impl<K: std::hash::Hash + Eq + Copy> Carry<K> {
 
 /// The system call a stack's kernel frames (leaf first from `leaf`) enter: the innermost
 /// `__x64_sys_NAME` (`__arm64_sys_`, `__ia32_sys_`, `__do_sys_`, `__se_sys_`, `ksys_`,
-/// `do_sys_`, `__sys_`), or "page fault" for a fault's handler.
+/// `do_sys_`, `__sys_`, `kernel_`: `kernel_wait4`), or "page fault" for a fault's handler.
 fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
-    const ENTRIES: [&str; 8] = [
+    const ENTRIES: [&str; 9] = [
+        "kernel_",
         "__x64_sys_",
         "__arm64_sys_",
         "__ia32_sys_",
@@ -904,6 +979,11 @@ mod tests {
             true,
         );
         assert_eq!(kernel_wait(&p, s).as_deref(), Some("futex"));
+        let (p, s) = kernel_stack(
+            &["do_syscall_64", "kernel_wait4", "do_wait", "schedule"],
+            true,
+        );
+        assert_eq!(kernel_wait(&p, s).as_deref(), Some("wait4"));
         let (p, s) = kernel_stack(
             &["asm_exc_page_fault", "exc_page_fault", "io_schedule"],
             true,

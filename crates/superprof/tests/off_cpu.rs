@@ -450,3 +450,99 @@ fn parquet_and_pprof_carry_the_kind_and_the_time() {
         );
     }
 }
+
+#[test]
+fn attach_to_a_thread_blocked_already() {
+    // The thread is asleep before the recording starts and all through it: no switch out is
+    // to come, the wait must still be seen (with perf, from /proc at attach).
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-blocked");
+    let exe = fixture(&dir);
+    for sampler in ["auto", "ptrace"] {
+        let (mut child, mut lines) = spawn_ready(&exe, &["sleep", "2.5"]);
+        let folded = dir.path("blocked.folded");
+        let out = run_ok(
+            superprof()
+                .args([
+                    "record",
+                    "-q",
+                    "--off-cpu",
+                    "--duration",
+                    "1",
+                    "--sampler",
+                    sampler,
+                ])
+                .arg("-p")
+                .arg(child.id().to_string())
+                .arg("-o")
+                .arg(&folded),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let f = Folded::read(&folded);
+        let seconds = f.total() as f64 / 999.0;
+        assert!(
+            (seconds - 1.0).abs() < 0.08,
+            "{sampler}: {seconds:.3} s of 1\n{stderr}"
+        );
+        let waits: u64 =
+            f.0.iter()
+                .filter(|(s, _)| {
+                    s.iter().any(|x| x == "do_sleep")
+                        && s.last().unwrap() == "[off-cpu: clock_nanosleep]"
+                })
+                .map(|(_, n)| n)
+                .sum();
+        assert!(
+            waits as f64 > 0.95 * f.total() as f64,
+            "{sampler}: {:?}",
+            f.0
+        );
+        // Its sleep lasted its whole time.
+        let slept = fixture_values(&lines.next().unwrap().unwrap())["slept"];
+        assert!((slept - 2.5).abs() < 0.05, "{sampler}: slept {slept}");
+        child.wait().unwrap();
+    }
+}
+
+#[test]
+fn time_waiting_for_a_cpu_is_preempted() {
+    // The fixture shares one CPU with a spinner: besides its waits, what its wall time has
+    // more than its CPU time is time it could have run.
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-preempt");
+    let exe = fixture(&dir);
+    let mut spinner = Command::new("taskset")
+        .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+        .spawn()
+        .unwrap();
+    for sampler in ["auto", "ptrace"] {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0", env!("CARGO_BIN_EXE_superprof")])
+            .current_dir(scratch_dir());
+        let r = record(
+            cmd,
+            &dir,
+            &["--sampler", sampler],
+            &[exe.as_os_str(), "phases".as_ref()],
+        );
+        let main = r.thread("offcpu");
+        let t = &r.truth;
+        let runnable = (t["wall"] - t["cpu"] - t["sleep"] - t["pipe"]) / t["wall"];
+        assert!(runnable > 0.1, "the spinner took too little: {t:?}");
+        assert_close(
+            &format!("[preempted] ({sampler})\n{}", r.stderr),
+            main.share_leaf("[preempted]"),
+            runnable,
+            5.0,
+        );
+        let seconds = r.seconds("offcpu");
+        assert!(
+            (seconds - t["wall"]).abs() <= 0.05 * t["wall"] + 0.01,
+            "{sampler}: {seconds:.3} s of {:.3}\n{}",
+            t["wall"],
+            r.stderr
+        );
+    }
+    spinner.kill().unwrap();
+    spinner.wait().unwrap();
+}

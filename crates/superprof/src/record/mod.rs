@@ -76,18 +76,24 @@ impl Recorded {
     pub fn summary(&self) -> String {
         let p = &self.profile;
         let threads: std::collections::HashSet<u32> = p.samples.iter().map(|s| s.thread).collect();
-        let delivered = match p.meta.delivered_frequency(p.samples.len()) {
+        let samples = p.on_cpu_samples();
+        let delivered = match p.meta.delivered_frequency(samples as usize) {
             0.0 => String::new(),
             hz => format!(", {hz:.0} Hz delivered"),
         };
         let off_cpu = if p.meta.off_cpu.is_empty() {
             String::new()
         } else {
-            format!(", off-CPU time by {}", p.meta.off_cpu)
+            let [_, off, preempted] = p.weight_by_kind();
+            format!(
+                ", off-CPU time by {}: {:.2} s",
+                p.meta.off_cpu,
+                (off + preempted) as f64 / f64::from(p.meta.frequency.max(1))
+            )
         };
         format!(
             "superprof: {} samples ({} at {} Hz{delivered}{}{off_cpu}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
-            p.samples.len(),
+            samples,
             p.meta.event,
             p.meta.frequency,
             if self.kernel { "" } else { ", user space only" },
@@ -138,15 +144,20 @@ pub fn show(
     if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {
         eprintln!("superprof: the command {status}");
     }
-    if !cfg.quiet {
-        let stdout = std::io::stdout();
-        let mut lock = stdout.lock();
-        superprof_profile::top::write(profile, cfg.top_rows, &mut lock)?;
-        lock.flush()?;
-    }
+    // The files first: a table cut short (stdout piped into `head`) loses no profile.
     for (path, format) in outputs {
         superprof_resolve::write_output(profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());
+    }
+    if !cfg.quiet {
+        let stdout = std::io::stdout();
+        let mut lock = stdout.lock();
+        superprof_profile::top::write(profile, cfg.top_rows, &mut lock)
+            .and_then(|()| lock.flush())
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::BrokenPipe => Ok(()),
+                _ => Err(e),
+            })?;
     }
     Ok(())
 }
@@ -333,6 +344,9 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
             let clock = Clock::now();
             if let Source::Perf(s) = &source {
                 s.enable()?;
+                if s.off_cpu_event().is_some() {
+                    waits_under_way(collector, pid, cfg.sampler.stack_size);
+                }
             }
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let command = cmdline
@@ -349,6 +363,34 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 cgroup: None,
             })
         }
+    }
+}
+
+/// The threads of an attached process that wait already (no switch out is to come for those
+/// waits): their waits open now, where /proc says they are (user frames: pc and stack
+/// pointer, with the stack read now).
+fn waits_under_way(collector: &mut Collector, pid: u32, stack_size: u32) {
+    let mut stack = vec![0u8; stack_size as usize];
+    for (tid, b) in superprof_trace::blocked::waiting_threads(pid) {
+        let n = superprof_trace::read_memory(pid, b.sp, &mut stack);
+        let record = superprof_sample::SampleRecord {
+            id: 0,
+            time: superprof_sample::monotonic_ns(),
+            pid,
+            tid,
+            cpu: 0,
+            period: 0,
+            kernel_ips: Vec::new(),
+            regs: Some(superprof_unwind::UserRegs {
+                pc: b.pc,
+                sp: b.sp,
+                fp: 0,
+                lr: 0,
+            }),
+            stack: &stack[..n],
+            stack_full: n == stack.len(),
+        };
+        collector.off_cpu_already(&record, b.syscall);
     }
 }
 
@@ -478,7 +520,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     // Per task, a timer starts again in every new task: a tree of short ones goes partly
     // unseen. Say how much, where the rate tells (perf's cpu-clock keeps its rate per task).
     let cpu_s = profile.meta.cpu_time_ns as f64 / 1e9;
-    let seen = profile.samples.len() as f64 / (cpu_s * f64::from(result.frequency.max(1)));
+    let seen = profile.on_cpu_samples() as f64 / (cpu_s * f64::from(result.frequency.max(1)));
     if launched && !per_cpu && result.event.starts_with("cpu-clock") && cpu_s > 0.05 && seen < 0.8 {
         eprintln!(
             "superprof: the samples cover {:.0}% of the {cpu_s:.2} s of {}CPU time the command's \

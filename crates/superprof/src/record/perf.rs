@@ -23,20 +23,41 @@ pub(super) fn run(
     }
     let layout = sampler.layout();
     let mut buf = Vec::with_capacity(1 << 20);
-    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector| {
+    // Records kept for the next round (raw, header and body).
+    let mut held: Vec<u8> = Vec::new();
+    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector, last: bool| {
+        // Every record written before this instant is in its ring now; one written later may
+        // be in a ring drained already this round while an earlier one of another CPU is not
+        // yet seen: those wait for the next round, so that records come in time order across
+        // CPUs (a thread's switch out on one CPU before its switch back in on another).
+        let horizon = if last {
+            u64::MAX
+        } else {
+            superprof_sample::monotonic_ns()
+        };
         buf.clear();
+        buf.append(&mut held);
         sampler.drain(&mut buf);
-        let mut records: Vec<_> = split_records(&buf)
-            .filter_map(|(ty, misc, body)| parse_record(ty, misc, body, layout))
-            .filter(|r| match r {
+        let base = buf.as_ptr() as usize;
+        let mut records: Vec<(Record, std::ops::Range<usize>)> = split_records(&buf)
+            .filter_map(|(ty, misc, body)| {
+                let start = (body.as_ptr() as usize - base).checked_sub(8)?;
+                let raw = start..start + 8 + body.len();
+                Some((parse_record(ty, misc, body, layout)?, raw))
+            })
+            .filter(|(r, _)| match r {
                 Record::Sample(s) => sampler.accept(s),
                 _ => true,
             })
             .collect();
         // Buffers of different CPUs interleave in time; mmap records must precede the
         // samples that need them.
-        records.sort_by_key(|r| r.time());
-        for r in &records {
+        records.sort_by_key(|(r, _)| r.time());
+        for (r, raw) in &records {
+            if r.time() > horizon {
+                held.extend_from_slice(&buf[raw.clone()]);
+                continue;
+            }
             match r {
                 Record::Sample(s) if sampler.is_switch(s) => collector.off_cpu_begin(s),
                 r => collector.handle(r),
@@ -50,7 +71,7 @@ pub(super) fn run(
     let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
     loop {
         sampler.wait(&extra, 50);
-        drain(&mut sampler, collector);
+        drain(&mut sampler, collector, false);
         if launched {
             if let Some(status) = superprof_trace::try_wait(pid) {
                 exit = Some(status);
@@ -66,7 +87,7 @@ pub(super) fn run(
         progress.update(collector);
     }
     sampler.disable();
-    drain(&mut sampler, collector);
+    drain(&mut sampler, collector, true);
     // Threads still off the CPU were so until now.
     collector.close_waits(superprof_sample::monotonic_ns());
     let off_cpu = sampler.off_cpu_event();

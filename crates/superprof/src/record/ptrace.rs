@@ -49,6 +49,7 @@ pub(super) fn run(
                     stack_full: s.stack_full,
                 };
                 collector.sample_periods(&record, s.periods);
+                preempted(collector, &record, s.preempted_ns);
             }
             SamplerEvent::OffCpu(s, wait) => {
                 if named.insert(s.tid) {
@@ -67,6 +68,7 @@ pub(super) fn run(
                     stack_full: s.stack_full,
                 };
                 collector.off_cpu(&record, off_cpu(wait));
+                preempted(collector, &record, s.preempted_ns);
             }
             SamplerEvent::OffCpuAgain {
                 time, tid, wait, ..
@@ -114,13 +116,23 @@ pub(super) fn run(
 
 fn off_cpu(wait: sampler::Wait) -> OffCpu {
     OffCpu {
-        kind: if wait.preempted {
-            SampleKind::Preempted
-        } else {
-            SampleKind::OffCpu
-        },
+        kind: SampleKind::OffCpu,
         syscall: wait.syscall,
         ns: wait.ns,
+    }
+}
+
+/// The run-queue wait a sample carries, as preempted time where the thread is now.
+fn preempted(collector: &mut Collector, record: &SampleRecord, ns: u64) {
+    if ns > 0 {
+        collector.off_cpu(
+            record,
+            OffCpu {
+                kind: SampleKind::Preempted,
+                syscall: None,
+                ns,
+            },
+        );
     }
 }
 
