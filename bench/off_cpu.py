@@ -12,8 +12,9 @@ four context switches. Side by side, on the same machine in one run:
   superprof does).
 
 For each: the program's wall time (it measures itself), the ratio to the program alone, the
-recorder's own CPU time (user+sys of the recorder process, from wait4), samples lost, and how
-much of the two threads' wall time the off-CPU profile accounts for.
+CPU time of the whole run (recorder and program, from wait4), records lost, and how much
+time the off-CPU profile adds up to (both threads: about twice the wall time). The program
+runs on one CPU (taskset), the recorder on the other.
 
 Usage: bench/off_cpu.py [N] [ROUNDS]   (root; default N=100000, ROUNDS=3: medians)
 """
@@ -58,13 +59,17 @@ def main():
     exe = os.path.join(work, "offcpu")
     subprocess.run(["gcc", "-O1", "-g", "-pthread", "-o", exe,
                     os.path.join(ROOT, "tests", "fixtures", "offcpu.c")], check=True)
-    prog = [exe, "pingpong", str(N)]
+    # Both threads on one CPU (the recorder has the other): the same switches every run,
+    # where two CPUs make a ping-pong's time vary threefold from run to run.
+    prog = ["taskset", "-c", "1", exe, "pingpong", str(N)]
     folded = os.path.join(work, "p.folded")
     cases = [
         ("alone", prog),
         ("superprof record (on-CPU)", [SP, "record", "-q", "-o", folded, "--"] + prog),
         ("superprof record --off-cpu (sched_switch)",
          [SP, "record", "-q", "--off-cpu", "-o", folded, "--"] + prog),
+        ("superprof record --off-cpu --stack-size 8192",
+         [SP, "record", "-q", "--off-cpu", "--stack-size", "8192", "-o", folded, "--"] + prog),
         ("superprof record --off-cpu --sampler ptrace",
          [SP, "record", "-q", "--off-cpu", "--sampler", "ptrace", "-o", folded, "--"] + prog),
         ("perf record -e sched:sched_switch -g",
@@ -76,7 +81,7 @@ def main():
     ]
     base = None
     print(f"ping-pong, {N} round trips; medians of {ROUNDS}")
-    print(f"{'recorder':<52} {'wall s':>8} {'ratio':>6} {'rec CPU s':>9} {'lost':>7} {'profile s':>9}")
+    print(f"{'recorder':<52} {'wall s':>8} {'ratio':>6} {'CPU s':>9} {'lost':>7} {'profile s':>9}")
     for name, cmd in cases:
         walls, cpus, lost, covered = [], [], [], []
         for _ in range(ROUNDS):
@@ -92,13 +97,9 @@ def main():
         wall = statistics.median(walls)
         if base is None:
             base = wall
-            cpu = 0.0
-        else:
-            # The recorder's CPU: the children's rusage less the program's (wall x ~2 threads
-            # is not its CPU time; the program alone's rusage is measured the same way).
-            cpu = statistics.median(cpus) - base_cpu
-        if name == "alone":
-            base_cpu = statistics.median(cpus)
+        # CPU time of the whole run: the recorder and the program (the program's own grows
+        # with what the kernel does at each of its switches for the recorder).
+        cpu = statistics.median(cpus)
         prof = f"{statistics.median(covered):.2f}" if covered else "-"
         print(f"{name:<52} {wall:8.3f} {wall / base:6.2f} {cpu:9.2f} {statistics.median(lost):7.0f} {prof:>9}")
     print("(profile s: the seconds the off-CPU profile adds up to, both threads: about 2 x wall)")

@@ -507,6 +507,10 @@ impl Collector {
             Some(w) if w.outs == 0 => {
                 w.outs = 1;
                 w.preempted = preempted;
+                // The thread is off the CPU from here: between its sample (taken as it
+                // starts to leave) and this record, it still ran, writing the sample (µs
+                // with a stack copy), and its CPU clock counted that.
+                w.since = w.since.max(time);
             }
             // No sample for this switch (lost), or a stale wait whose switch in was lost.
             _ => {
