@@ -113,6 +113,11 @@ pub struct Meta {
 }
 
 impl Meta {
+    /// The sampling period in nanoseconds (1 s / `frequency`; `frequency` 0 counts as 1 Hz).
+    pub fn period_ns(&self) -> u64 {
+        1_000_000_000 / u64::from(self.frequency.max(1))
+    }
+
     /// Samples per second of the profiled CPU time: the rate the kernel delivered, where
     /// `frequency` is the one asked (0 when the CPU time is not known).
     pub fn delivered_frequency(&self, samples: usize) -> f64 {

@@ -33,7 +33,7 @@ use parquet::file::properties::WriterProperties;
 use crate::{Frame, Meta, Profile, SampleKind, StackId, StrId};
 
 /// Version of the file layout, in the `superprof.format_version` metadata key.
-pub const FORMAT_VERSION: &str = "1";
+pub const FORMAT_VERSION: &str = "2";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ParquetError {

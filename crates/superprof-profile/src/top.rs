@@ -29,7 +29,8 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
     let mut off_per_stack = vec![0u64; per_stack.len()];
     for s in profile.samples.iter().filter(|s| s.kind.is_off_cpu()) {
         if let Some(id) = s.stack {
-            off_per_stack[id.0 as usize] += s.weight;
+            let w = &mut off_per_stack[id.0 as usize];
+            *w = w.saturating_add(s.weight);
         }
     }
     let mut acc: HashMap<(StrId, StrId), (u64, u64, u64)> = HashMap::new();
@@ -49,12 +50,12 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
             let key = (f.function, f.module);
             let e = acc.entry(key).or_default();
             if depth == 0 {
-                e.0 += w;
+                e.0 = e.0.saturating_add(w);
             }
             if !seen.contains(&key) {
                 seen.push(key);
-                e.1 += w;
-                e.2 += off;
+                e.1 = e.1.saturating_add(w);
+                e.2 = e.2.saturating_add(off);
                 if let Some(file) = f.file.filter(|_| f.line > 0) {
                     *lines
                         .entry(key)
@@ -128,7 +129,7 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     // With off-CPU time: shares of wall-clock time, and each function's time on and off the
     // CPU (through it: its callees' too), in milliseconds.
     let off_cpu = profile.has_off_cpu();
-    let period_ms = 1e3 / f64::from(profile.meta.frequency.max(1));
+    let period_ms = profile.meta.period_ns() as f64 / 1e6;
     if off_cpu {
         let [on, off, preempted] = profile.weight_by_kind();
         writeln!(
@@ -161,7 +162,7 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
             (None, false) => String::new(),
         };
         if off_cpu {
-            let on = row.total_weight - row.total_off_cpu;
+            let on = row.total_weight.saturating_sub(row.total_off_cpu);
             writeln!(
                 w,
                 "{:>7.2}% {:>7.2}% {:>11.1} {:>11.1}  {:<40} {:<20} {}",

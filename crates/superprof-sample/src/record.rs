@@ -83,6 +83,9 @@ pub enum Record<'a> {
         pid: u32,
         tid: u32,
         time: u64,
+        /// The CPU and the id of the event that wrote it (the sample_id trailer).
+        cpu: u32,
+        id: u64,
         out: bool,
         preempted: bool,
     },
@@ -245,10 +248,15 @@ pub fn parse_record<'a>(ty: u32, misc: u16, body: &'a [u8], layout: Layout) -> O
             let pid = c.u32()?;
             let tid = c.u32()?;
             let time = c.u64()?;
+            let cpu = c.u32()?;
+            c.skip(4)?;
+            let id = c.u64()?;
             Record::Switch {
                 pid,
                 tid,
                 time,
+                cpu,
+                id,
                 out: misc & PERF_RECORD_MISC_SWITCH_OUT != 0,
                 preempted: misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0,
             }
@@ -351,5 +359,6 @@ mod tests {
         assert_eq!(switch(3 << 13, &body), Some((9, 1234, true, true)));
         // Cut short: refused, not read past its end.
         assert_eq!(switch(0, &body[..12]), None);
+        assert_eq!(switch(0, &body[..24]), None);
     }
 }

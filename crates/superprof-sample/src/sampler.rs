@@ -137,6 +137,7 @@ impl PerfSampler {
         }
         let frequency = throttle(config.frequency, max_sample_rate());
         let cpus = online_cpus().map_err(io_err("reading the list of online CPUs"))?;
+        let ncpus = cpus.len().max(1);
         let sampler = PerfSampler {
             attr: PerfEventAttr::default(),
             cpus,
@@ -144,8 +145,14 @@ impl PerfSampler {
             others: Vec::new(),
             threads: BTreeSet::new(),
             // A sample at every context switch comes far faster than the clock's: four times
-            // the room (where the rights allow it).
-            data_pages: ring_pages(config.stack_size) * if config.off_cpu { 4 } else { 1 },
+            // the room (where the rights allow it), within 256 MiB for all the CPUs.
+            data_pages: if config.off_cpu {
+                (ring_pages(config.stack_size) * 4)
+                    .min((65536 / ncpus).next_power_of_two() / 2)
+                    .max(ring_pages(config.stack_size))
+            } else {
+                ring_pages(config.stack_size)
+            },
             hung_up: Vec::new(),
             owner: Default::default(),
             event_name: "cycles",
@@ -521,6 +528,12 @@ impl PerfSampler {
             .entry((sample.tid, sample.cpu, switch))
             .or_insert(sample.id)
             == sample.id
+    }
+
+    /// Whether to keep a switch record: as [`PerfSampler::accept`], the first event seen per
+    /// (thread, CPU) only (a thread started while attaching may carry two).
+    pub fn accept_switch(&mut self, tid: u32, cpu: u32, id: u64) -> bool {
+        *self.owner.entry((tid, cpu, true)).or_insert(id) == id
     }
 
     /// Whether a sample is of the context-switch event (the thread leaving the CPU).

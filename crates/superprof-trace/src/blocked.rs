@@ -10,6 +10,8 @@
 pub struct Blocked {
     /// The system call it waits in; None when blocked outside one (a page fault, a stop).
     pub syscall: Option<u64>,
+    /// The call's first argument (a file descriptor, for the calls that take one).
+    pub arg0: u64,
     /// The user stack pointer and pc it goes on from.
     pub sp: u64,
     pub pc: u64,
@@ -24,6 +26,7 @@ pub fn parse(text: &str) -> Option<Blocked> {
     match words.as_slice() {
         ["-1", sp, pc] => Some(Blocked {
             syscall: None,
+            arg0: 0,
             sp: hex(sp)?,
             pc: hex(pc)?,
         }),
@@ -31,6 +34,7 @@ pub fn parse(text: &str) -> Option<Blocked> {
             let nr: u64 = nr.parse().ok()?;
             Some(Blocked {
                 syscall: Some(nr),
+                arg0: hex(args[0])?,
                 sp: hex(sp)?,
                 pc: hex(pc)?,
             })
@@ -114,31 +118,27 @@ pub fn waiting_threads(pid: u32) -> Vec<(u32, Blocked)> {
         .collect()
 }
 
-/// System calls that fail with EINTR when their thread is stopped by ptrace and resumed,
-/// though no signal handler runs (signal(7)): a thread blocked in one must be sampled without
-/// stopping it. The socket calls are among them when the socket has a timeout
-/// (SO_RCVTIMEO, SO_SNDTIMEO), which cannot be seen from outside.
-pub fn eintr_on_stop(name: &str) -> bool {
-    matches!(
-        name,
-        "epoll_wait"
-            | "epoll_pwait"
-            | "epoll_pwait2"
-            | "semop"
-            | "semtimedop"
-            | "rt_sigtimedwait"
-            | "io_getevents"
-            | "io_pgetevents"
-            | "accept"
-            | "accept4"
-            | "connect"
-            | "recvfrom"
-            | "recvmsg"
-            | "recvmmsg"
-            | "sendto"
-            | "sendmsg"
-            | "sendmmsg"
-    )
+/// Whether a thread blocked at `b` in process `pid` may be stopped (ptrace) to read its
+/// registers: only in a system call that the kernel restarts unseen after a stop
+/// (ERESTARTSYS and its kin, or a restart block), and not in one outside a call (a page fault
+/// in `D`: a stop would wait for the disk). Every other call is read without a stop: some
+/// fail with EINTR when their thread is stopped and resumed though no handler runs
+/// (signal(7): epoll_wait, semtimedop, io_getevents, io_uring_enter...), and a read or write
+/// does on a socket with a timeout (SO_RCVTIMEO), which is why those are stopped only on a
+/// file descriptor that is not a socket. `name` is the call's name on this machine.
+pub fn restarts_after_stop(pid: u32, b: &Blocked, name: &str) -> bool {
+    let on_fd = || {
+        // The descriptor's target, as /proc shows it: `socket:[INODE]` for a socket.
+        std::fs::read_link(format!("/proc/{pid}/fd/{}", b.arg0))
+            .is_ok_and(|t| !t.as_os_str().as_encoded_bytes().starts_with(b"socket:"))
+    };
+    match name {
+        "futex" | "nanosleep" | "clock_nanosleep" | "restart_syscall" | "wait4" | "waitid"
+        | "poll" | "ppoll" | "select" | "pselect6" | "pause" | "rt_sigsuspend" | "flock" => true,
+        "read" | "readv" | "pread64" | "preadv" | "preadv2" | "write" | "writev" | "pwrite64"
+        | "pwritev" | "pwritev2" | "fsync" | "fdatasync" => on_fd(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +153,7 @@ mod tests {
             ),
             Some(Blocked {
                 syscall: Some(230),
+                arg0: 0,
                 sp: 0x7fff_baa3_b0e8,
                 pc: 0x7ff3_565e_9503
             })
@@ -161,6 +162,7 @@ mod tests {
             parse("-1 0x7ffc0185fdd8 0x55d0c0001234"),
             Some(Blocked {
                 syscall: None,
+                arg0: 0,
                 sp: 0x7ffc_0185_fdd8,
                 pc: 0x55d0_c000_1234
             })

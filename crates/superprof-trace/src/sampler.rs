@@ -8,10 +8,10 @@
 //! With `off_cpu` (the wall-clock mode), every thread is also looked at once a period of wall
 //! time: one blocked in the kernel then (its /proc syscall file says where) gives an off-CPU
 //! sample standing for the time since it was last looked at. Its stack is read by stopping it
-//! (a stop the system call restarts from unseen), except where a stop would make the call fail
-//! with EINTR ([`crate::blocked::eintr_on_stop`]): then from the pc and stack pointer the
-//! kernel shows, without stopping it. A thread still blocked in the same place as at its last
-//! off-CPU sample is not read again.
+//! where the call restarts unseen after a stop ([`crate::blocked::restarts_after_stop`]), and
+//! otherwise (a call a stop would make fail with EINTR, an uninterruptible wait) from the pc
+//! and stack pointer the kernel shows, without stopping it. A thread still blocked in the
+//! same place as at its last off-CPU sample is not read again.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -84,6 +84,7 @@ pub enum Control {
 }
 
 struct Credit {
+    pid: u32,
     clock: Option<sys::CpuTime>,
     last_cpu: u64,
     credit: u64,
@@ -112,6 +113,24 @@ fn same_place(last: &Option<(Blocked, Vec<u8>)>, b: &Blocked, top: &[u8]) -> boo
 
 use crate::blocked::Blocked;
 
+/// Forgets every thread of process `pid` (it exited, or exec ended its threads).
+fn forget_process(pid: u32, credits: &mut HashMap<u32, Credit>, sets: &mut [&mut HashSet<u32>]) {
+    let gone: Vec<u32> = credits
+        .iter()
+        .filter(|(&t, c)| c.pid == pid || t == pid)
+        .map(|(&t, _)| t)
+        .collect();
+    for t in gone {
+        credits.remove(&t);
+        for set in sets.iter_mut() {
+            set.remove(&t);
+        }
+    }
+    for set in sets.iter_mut() {
+        set.remove(&pid);
+    }
+}
+
 /// Samples until the root process exits or `on` returns [`Control::Stop`].
 pub fn run(
     tracer: &mut Tracer,
@@ -124,7 +143,8 @@ pub fn run(
     let mut credits: HashMap<u32, Credit> = HashMap::new();
     let mut outstanding: HashSet<u32> = HashSet::new();
     // Threads stopped for an off-CPU sample: where they were blocked, and the time it stands for.
-    let mut off_pending: HashMap<u32, (Blocked, Wait)> = HashMap::new();
+    // (Where it was blocked, the wait, when it was looked at before.)
+    let mut off_pending: HashMap<u32, (Blocked, Wait, u64)> = HashMap::new();
     // Threads stopped for an on-CPU sample of more than one period (wall-clock mode).
     let mut on_cpu_periods: HashMap<u32, u64> = HashMap::new();
     let mut top = vec![0u8; SAME_PLACE_BYTES];
@@ -152,6 +172,7 @@ pub fn run(
                         .and_then(|c| c.read_with_delay())
                         .unwrap_or((0, 0));
                     Credit {
+                        pid,
                         clock,
                         last_cpu,
                         last_delay,
@@ -196,9 +217,13 @@ pub fn run(
                 };
                 let now = sys::monotonic_ns();
                 let elapsed = now.saturating_sub(c.looked_at);
-                if elapsed < period_ns || outstanding.contains(&tid) {
+                // (A thread stopped or being stopped for an off-CPU sample is not looked at;
+                // one being stopped for an on-CPU sample is: it may be blocked meanwhile,
+                // and a stop waits for the end of a wait in D, the disk's.)
+                if elapsed < period_ns || off_pending.contains_key(&tid) {
                     continue;
                 }
+                let looked_before = c.looked_at;
                 c.looked_at = now;
                 // Blocked, waiting for an event of its own? (Runnable time is the run-queue
                 // wait's, counted exactly; a stop is not the program's wait.)
@@ -234,14 +259,19 @@ pub fn run(
                     });
                     continue;
                 }
-                let quiet = b
-                    .syscall
-                    .is_none_or(|nr| crate::blocked::eintr_on_stop(&crate::syscalls::name(nr)));
-                if !quiet {
-                    // Stopped, for every register: the call restarts unseen.
-                    if tracer.interrupt(tid) {
+                let stoppable = state.state == b'S'
+                    && !outstanding.contains(&tid)
+                    && b.syscall.is_some_and(|nr| {
+                        crate::blocked::restarts_after_stop(pid, &b, &crate::syscalls::name(nr))
+                    });
+                if stoppable {
+                    // Stopped, for every register: the call restarts unseen. Looked at again
+                    // first: still in the same call the moment before the stop (it could
+                    // have gone on into another since).
+                    let still = file.read().is_some_and(|a| a == state);
+                    if still && tracer.interrupt(tid) {
                         outstanding.insert(tid);
-                        off_pending.insert(tid, (b, wait));
+                        off_pending.insert(tid, (b, wait, looked_before));
                     }
                     continue;
                 }
@@ -280,6 +310,10 @@ pub fn run(
                         let regs = sys::user_regs(&raw);
                         let n = sys::read_memory(pid, regs.sp, &mut stack);
                         let time = sys::monotonic_ns();
+                        // A call that failed with EINTR at our stop (the thread went into one
+                        // that does in the moment between our look and the stop) is made to
+                        // run again, as the kernel restarts the others.
+                        sys::undo_eintr(tid, &raw);
                         let mut preempted_ns = 0;
                         if let Some(c) = credits.get_mut(&tid).filter(|_| cfg.off_cpu) {
                             preempted_ns = std::mem::take(&mut c.delay);
@@ -296,10 +330,14 @@ pub fn run(
                             preempted_ns,
                         };
                         match off_pending.remove(&tid) {
-                            Some((b, wait)) => {
+                            Some((b, mut wait, looked_before)) => {
                                 if let Some(c) = credits.get_mut(&tid) {
                                     c.last_wait =
                                         Some((b, stack[..n.min(SAME_PLACE_BYTES)].to_vec()));
+                                    // It stands for the time up to its stop (which a wait
+                                    // can delay).
+                                    wait.ns = time.saturating_sub(looked_before);
+                                    c.looked_at = time;
                                 }
                                 on(SamplerEvent::OffCpu(sample, wait));
                             }
@@ -314,6 +352,9 @@ pub fn run(
                 tracer.resume(tid);
             }
             Some(TraceEvent::ProcessExited { pid, status }) => {
+                forget_process(pid, &mut credits, &mut [&mut outstanding]);
+                off_pending.retain(|t, _| credits.contains_key(t));
+                on_cpu_periods.retain(|t, _| credits.contains_key(t));
                 let root = pid == tracer.root();
                 on(SamplerEvent::Trace(TraceEvent::ProcessExited {
                     pid,
@@ -328,13 +369,15 @@ pub fn run(
                     TraceEvent::ThreadExited { tid, .. } => {
                         outstanding.remove(&tid);
                         off_pending.remove(&tid);
+                        on_cpu_periods.remove(&tid);
                         credits.remove(&tid);
                         None
                     }
                     TraceEvent::Exec { pid } => {
-                        outstanding.remove(&pid);
-                        off_pending.remove(&pid);
-                        credits.remove(&pid);
+                        // Its other threads are gone (exec ends them, with no event).
+                        forget_process(pid, &mut credits, &mut [&mut outstanding]);
+                        off_pending.retain(|t, _| credits.contains_key(t));
+                        on_cpu_periods.retain(|t, _| credits.contains_key(t));
                         Some(pid)
                     }
                     TraceEvent::Breakpoint { tid, .. } | TraceEvent::Stepped { tid, .. } => {

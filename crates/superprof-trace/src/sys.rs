@@ -166,6 +166,35 @@ pub fn user_regs(r: &RawRegs) -> UserRegs {
     };
 }
 
+/// Makes a thread stopped at `r`, whose system call just failed with EINTR because of the
+/// stop (no signal is pending for it), run the call again when it goes on: pc back on the
+/// `syscall` instruction, the call's number in rax, as the kernel's own restart does. x86_64
+/// only (nothing elsewhere).
+pub fn undo_eintr(tid: u32, r: &RawRegs) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if r.rax as i64 != -(libc::EINTR as i64) || (r.orig_rax as i64) < 0 || signal_pending(tid) {
+            return;
+        }
+        let mut n = *r;
+        n.rip = r.rip.wrapping_sub(2);
+        n.rax = r.orig_rax;
+        let _ = set_raw_regs(tid, &n);
+    }
+    #[cfg(target_arch = "aarch64")]
+    let _ = (tid, r);
+}
+
+/// Whether a signal is pending for thread `tid` (its own, or its process's), from /proc.
+fn signal_pending(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return true; // (unknown: leave it be)
+    };
+    status.lines().any(|l| {
+        matches!(l.split_once(':'), Some(("SigPnd" | "ShdPnd", v)) if !v.trim().trim_start_matches('0').is_empty())
+    })
+}
+
 /// The system call a thread stopped at `r` was blocked in when the stop interrupted it, which
 /// the kernel restarts when it goes on (as `restart_syscall` for a sleep). x86_64 only (None
 /// on AArch64, whose stop does not tell).

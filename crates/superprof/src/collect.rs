@@ -104,9 +104,12 @@ pub struct Collector {
     last_off: HashMap<u32, Option<u32>>,
     /// Threads off the CPU now (context switches).
     open_waits: HashMap<u32, OpenWait>,
-    /// Threads that exited: their last switch out (after the exit record) is no wait (until
-    /// the tid comes back in, a new thread).
+    /// Threads that exited: their last switch out (after the exit record) is no wait.
     exited: std::collections::HashSet<u32>,
+    /// Each thread's last on-CPU sample time (while off-CPU time is recorded).
+    last_on_cpu: HashMap<u32, u64>,
+    /// Context switches are recorded (off-CPU time by perf).
+    switches: bool,
 }
 
 /// A thread off the CPU, from its context-switch sample and PERF_RECORD_SWITCH out, until its
@@ -124,6 +127,8 @@ struct OpenWait {
     preempted: bool,
     /// The system call it waits in, where known without kernel frames.
     syscall: Option<u64>,
+    /// Records were lost while it was open: its switch back in may be among them.
+    doubtful: bool,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -362,7 +367,10 @@ impl Collector {
             }
             Record::Exit { pid, tid, .. } => {
                 self.open_waits.remove(tid);
-                self.exited.insert(*tid);
+                self.last_on_cpu.remove(tid);
+                if self.switches {
+                    self.exited.insert(*tid);
+                }
                 // The pid may be reused by a later process, which must not see these mappings.
                 if pid == tid {
                     self.processes.remove(pid);
@@ -382,8 +390,11 @@ impl Collector {
                 self.lost += count;
                 // The switches back in of the waits open now may be among the records lost:
                 // closed by a later one, they would take in time the thread spent running.
-                // Dropped instead: lost records lose off-CPU time, never add any.
-                self.open_waits.clear();
+                // A doubtful wait is dropped if the thread was seen on a CPU meanwhile (lost
+                // records lose off-CPU time, never add running time to it).
+                for w in self.open_waits.values_mut() {
+                    w.doubtful = true;
+                }
             }
         }
     }
@@ -450,7 +461,16 @@ impl Collector {
     }
 
     fn sample(&mut self, s: &SampleRecord) {
+        if self.switches {
+            self.last_on_cpu.insert(s.tid, s.time);
+        }
         self.sample_as(s, None, 1);
+    }
+
+    /// Context switches will be recorded (perf's off-CPU time): exits and on-CPU samples are
+    /// kept track of for them.
+    pub fn expect_switches(&mut self) {
+        self.switches = true;
     }
 
     /// A thread leaves the CPU (a context-switch sample): its stack now, kept until it comes
@@ -469,6 +489,7 @@ impl Collector {
                 outs: 0,
                 preempted: false,
                 syscall: None,
+                doubtful: false,
             },
         );
     }
@@ -487,6 +508,7 @@ impl Collector {
                 outs: 1,
                 preempted: false,
                 syscall,
+                doubtful: false,
             },
         );
     }
@@ -500,8 +522,8 @@ impl Collector {
             self.close_wait(tid, time);
             return;
         }
-        if self.exited.contains(&tid) {
-            return;
+        if self.exited.remove(&tid) {
+            return; // its last switch out: nothing more of it is to come
         }
         match self.open_waits.get_mut(&tid) {
             Some(w) if w.outs == 0 => {
@@ -523,6 +545,7 @@ impl Collector {
                         outs: 1,
                         preempted,
                         syscall: None,
+                        doubtful: false,
                     },
                 );
             }
@@ -533,6 +556,9 @@ impl Collector {
         let Some(w) = self.open_waits.remove(&tid) else {
             return;
         };
+        if w.doubtful && self.last_on_cpu.get(&tid).is_some_and(|&t| t > w.since) {
+            return;
+        }
         let kind = if w.preempted {
             SampleKind::Preempted
         } else {
@@ -744,7 +770,9 @@ impl Collector {
         }
         // Trie nodes are created parent-first, so one forward pass maps them all.
         let mut stack_of: Vec<Option<StackId>> = Vec::with_capacity(self.nodes.len());
-        for &(parent, frame) in &self.nodes {
+        // The frame of each wait named from its kernel frames (by node).
+        let mut wait_named: HashMap<u32, superprof_profile::FrameId> = HashMap::new();
+        for (i, &(parent, frame)) in self.nodes.iter().enumerate() {
             let mut s = parent.and_then(|p| stack_of[p as usize]);
             match self.frames[frame as usize] {
                 // A wait of no known system call: named after the kernel's entry to the
@@ -755,6 +783,7 @@ impl Collector {
                 } => {
                     let name = kernel_wait(&profile, s);
                     let fid = profile.wait_frame(SampleKind::OffCpu, name.as_deref());
+                    wait_named.insert(i as u32, fid);
                     s = Some(profile.intern_stack(s, fid));
                 }
                 _ => {
@@ -777,7 +806,7 @@ impl Collector {
         }
         let mut path = Vec::new();
         let mut thread_index: HashMap<u32, u32> = HashMap::new();
-        let period_ns = 1_000_000_000 / u64::from(profile.meta.frequency.max(1));
+        let period_ns = profile.meta.period_ns();
         let mut carry: Carry<(u32, Option<StackId>, SampleKind)> = Carry::new(period_ns);
         for s in &self.samples {
             let t = *thread_index.entry(s.tid).or_insert_with(|| {
@@ -794,12 +823,16 @@ impl Collector {
                 path.clear();
                 let mut n = Some(leaf);
                 while let Some(i) = n {
-                    let (parent, frame) = self.nodes[i as usize];
-                    path.push(frame);
-                    n = parent;
+                    path.push(i);
+                    n = self.nodes[i as usize].0;
                 }
                 stack = None;
-                for &frame in path.iter().rev() {
+                for &node in path.iter().rev() {
+                    let frame = self.nodes[node as usize].1;
+                    if let Some(&fid) = wait_named.get(&node) {
+                        stack = Some(profile.intern_stack(stack, fid));
+                        continue;
+                    }
                     match self.frames[frame as usize] {
                         AddrFrame::Unknown { pid, addr } if namer.has_jitdump(pid) => {
                             let fid = namer.anonymous_frame_at(
@@ -830,6 +863,8 @@ impl Collector {
         for ((t, stack, kind), time) in carry.rest() {
             profile.add_sample_of(kind, time, t, 0, 1, stack);
         }
+        // (Those last ones came after later samples: the timelines want time order.)
+        profile.samples.sort_by_key(|s| s.time_ns);
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;
         profile.meta.truncated_by = self
@@ -883,35 +918,39 @@ impl<K: std::hash::Hash + Eq + Copy> Carry<K> {
     }
 }
 
-/// The system call a stack's kernel frames (leaf first from `leaf`) enter: the innermost
-/// `__x64_sys_NAME` (`__arm64_sys_`, `__ia32_sys_`, `__do_sys_`, `__se_sys_`, `ksys_`,
-/// `do_sys_`, `__sys_`, `kernel_`: `kernel_wait4`), or "page fault" for a fault's handler.
+/// The system call a stack's kernel frames (leaf first from `leaf`) wait in: "page fault"
+/// under a fault's handler; else the outermost system call entry, `__x64_sys_NAME`
+/// (`__arm64_sys_`, `__ia32_sys_`); else, where the entry was inlined or is not there, the
+/// innermost of `__do_sys_`, `__se_sys_`, `ksys_`, `do_sys_`, `__sys_`, `kernel_`
+/// (`kernel_wait4`).
 fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
-    const ENTRIES: [&str; 9] = [
-        "kernel_",
-        "__x64_sys_",
-        "__arm64_sys_",
-        "__ia32_sys_",
+    const ENTRIES: [&str; 3] = ["__x64_sys_", "__arm64_sys_", "__ia32_sys_"];
+    const INNER: [&str; 6] = [
         "__do_sys_",
         "__se_sys_",
         "ksys_",
         "do_sys_",
         "__sys_",
+        "kernel_",
     ];
+    let mut entry = None;
+    let mut inner = None;
     for fid in profile.stack_frames(leaf) {
         let f = profile.frame(fid);
         if profile.str(f.module) != superprof_resolve::KERNEL_MODULE {
-            return None; // past the kernel frames
+            break; // past the kernel frames
         }
         let name = profile.str(f.function);
-        if let Some(call) = ENTRIES.iter().find_map(|p| name.strip_prefix(p)) {
-            return Some(call.to_owned());
-        }
         if matches!(name, "exc_page_fault" | "do_page_fault" | "do_mem_abort") {
             return Some("page fault".to_owned());
         }
+        if let Some(call) = ENTRIES.iter().find_map(|p| name.strip_prefix(p)) {
+            entry = Some(call); // the outermost wins
+        } else if inner.is_none() {
+            inner = INNER.iter().find_map(|p| name.strip_prefix(p));
+        }
     }
-    None
+    entry.or(inner).map(str::to_owned)
 }
 
 /// An executable mapping of no file: JIT code (perf names it `//anon`, or `[anon:NAME]` when

@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::*;
@@ -289,40 +289,40 @@ fn threads_blocked_on_a_mutex() {
 
 #[test]
 fn a_process_waiting_on_fsync_with_kernel_frames() {
+    // With perf, kernel frames between the program's call and the wait; with ptrace, an
+    // uninterruptible wait (D) read without a stop, which would wait for the disk.
     let _cpu = cpu_lock();
     let dir = TempDir::new("offcpu-fsync");
     let exe = fixture(&dir);
     let file = dir.path("data.bin");
-    let r = record(
-        superprof(),
-        &dir,
-        &[],
-        &[exe.as_os_str(), "fsync".as_ref(), file.as_os_str()],
-    );
-    r.check_shares(&[("flush_file", "fsync")]);
-    // (fsync also works on the CPU, in the kernel: its waits are named fsync.)
-    let leaves = r.leaves_under("flush_file");
-    let waits: u64 = leaves
-        .iter()
-        .filter(|(l, _)| l.starts_with("[off-cpu") || *l == "[preempted]")
-        .map(|(_, n)| n)
-        .sum();
-    let named = leaves.get("[off-cpu: fsync]").copied().unwrap_or(0);
-    assert!(named as f64 > 0.9 * waits as f64 && waits > 0, "{leaves:?}");
-    // Between the program's call and the wait: the kernel's fsync path.
-    let through_kernel = r.folded.0.iter().any(|(s, _)| {
-        let at = s.iter().position(|f| f == "flush_file");
-        at.is_some_and(|i| {
-            s[i..]
-                .iter()
-                .any(|f| f.contains("fsync") && f.starts_with("__x64_sys"))
-        })
-    });
-    assert!(
-        through_kernel || cfg!(not(target_arch = "x86_64")),
-        "{:?}",
-        r.folded
-    );
+    for sampler in ["auto", "ptrace"] {
+        let r = record(
+            superprof(),
+            &dir,
+            &["--sampler", sampler],
+            &[exe.as_os_str(), "fsync".as_ref(), file.as_os_str()],
+        );
+        r.check_shares(&[("flush_file", "fsync")]);
+        // (fsync also works on the CPU, in the kernel: its waits are named fsync.)
+        let leaves = r.leaves_under("flush_file");
+        let waits: u64 = leaves
+            .iter()
+            .filter(|(l, _)| l.starts_with("[off-cpu") || *l == "[preempted]")
+            .map(|(_, n)| n)
+            .sum();
+        let named = leaves.get("[off-cpu: fsync]").copied().unwrap_or(0);
+        assert!(
+            named as f64 > 0.9 * waits as f64 && waits > 0,
+            "{sampler}: {leaves:?}"
+        );
+        if sampler == "auto" && cfg!(target_arch = "x86_64") {
+            let through_kernel = r.folded.0.iter().any(|(s, _)| {
+                let at = s.iter().position(|f| f == "flush_file");
+                at.is_some_and(|i| s[i..].iter().any(|f| f == "__x64_sys_fsync"))
+            });
+            assert!(through_kernel, "{:?}", r.folded);
+        }
+    }
 }
 
 #[test]
@@ -545,4 +545,86 @@ fn time_waiting_for_a_cpu_is_preempted() {
     }
     spinner.kill().unwrap();
     spinner.wait().unwrap();
+}
+
+/// A Python program that measures its own waits: 0.3 s computing, time.sleep(0.3), 0.2 s on
+/// a pipe (a thread writes after 0.2 s), 0.3 s for a lock another thread holds.
+const PYTHON_WAITS: &str = r#"
+import ctypes, os, threading, time
+def name(n):  # the thread's comm: the root of its folded stacks
+    ctypes.CDLL(None).prctl(15, n.encode(), 0, 0, 0)
+def compute(s):
+    end = time.monotonic() + s
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+def do_sleep(): time.sleep(0.3)
+def wait_pipe(r): os.read(r, 1)
+def wait_lock(l):
+    with l: pass
+t0 = time.monotonic()
+t = time.monotonic(); compute(0.3); c = time.monotonic() - t
+t = time.monotonic(); do_sleep(); s = time.monotonic() - t
+r, w = os.pipe()
+threading.Thread(target=lambda: (name("writer"), time.sleep(0.2), os.write(w, b"x"))).start()
+t = time.monotonic(); wait_pipe(r); p = time.monotonic() - t
+lock = threading.Lock(); held = threading.Event()
+def holder():
+    name("holder")
+    with lock:
+        held.set(); time.sleep(0.3)
+threading.Thread(target=holder).start(); held.wait()
+t = time.monotonic(); wait_lock(lock); l = time.monotonic() - t
+print(f"compute={c:.4f} sleep={s:.4f} pipe={p:.4f} lock={l:.4f} wall={time.monotonic() - t0:.4f}")
+"#;
+
+#[test]
+fn debians_python_waits_as_it_measures_them() {
+    // Debian's stripped python3.11 (scripts/test installs it): its waits, named after the
+    // system call, against what the script measures of itself, by sched:sched_switch (root)
+    // and by the wall-clock mode.
+    let _cpu = cpu_lock();
+    let python = Path::new("/usr/bin/python3.11");
+    assert!(python.exists(), "scripts/test installs python3.11");
+    let dir = open_folder("offcpu-python");
+    let script = dir.path("waits.py");
+    std::fs::write(&script, PYTHON_WAITS).unwrap();
+    for (who, sampler) in [("root", "auto"), ("ptrace", "ptrace")] {
+        let r = record(
+            superprof(),
+            &dir,
+            &["--sampler", sampler],
+            &[python.as_os_str(), script.as_os_str()],
+        );
+        // Python's main thread is named after the program.
+        let main = r.thread("python3.11");
+        let t = &r.truth;
+        let through = |leaf: &str| {
+            main.0
+                .iter()
+                .filter(|(s, _)| s.last().is_some_and(|l| l == leaf))
+                .map(|(_, n)| *n as f64 / 999.0)
+                .sum::<f64>()
+        };
+        for (leaf, key) in [
+            ("[off-cpu: clock_nanosleep]", "sleep"),
+            ("[off-cpu: read]", "pipe"),
+            ("[off-cpu: futex]", "lock"),
+        ] {
+            let seconds = through(leaf);
+            assert!(
+                (seconds - t[key]).abs() < 0.03,
+                "{who}: {leaf} {seconds:.3} s, the script waited {:.3} s\n{}",
+                t[key],
+                r.stderr
+            );
+        }
+        let seconds = r.seconds("python3.11");
+        assert!(
+            seconds > t["wall"] - 0.06 && seconds < t["wall"] * 1.05 + 0.1,
+            "{who}: the main thread adds up to {seconds:.3} s, the script ran {:.3} s\n{}",
+            t["wall"],
+            r.stderr
+        );
+    }
 }

@@ -21,6 +21,9 @@ pub(super) fn run(
     if sampler.kernel_stacks() {
         collector.expect_kernel_frames();
     }
+    if sampler.off_cpu_event().is_some() {
+        collector.expect_switches();
+    }
     let layout = sampler.layout();
     let mut buf = Vec::with_capacity(1 << 20);
     // Records kept for the next round (raw, header and body).
@@ -47,6 +50,7 @@ pub(super) fn run(
             })
             .filter(|(r, _)| match r {
                 Record::Sample(s) => sampler.accept(s),
+                Record::Switch { tid, cpu, id, .. } => sampler.accept_switch(*tid, *cpu, *id),
                 _ => true,
             })
             .collect();
@@ -87,9 +91,10 @@ pub(super) fn run(
         progress.update(collector);
     }
     sampler.disable();
+    // Threads still off the CPU were so until now (not until the last records are read).
+    let stopped = superprof_sample::monotonic_ns();
     drain(&mut sampler, collector, true);
-    // Threads still off the CPU were so until now.
-    collector.close_waits(superprof_sample::monotonic_ns());
+    collector.close_waits(stopped);
     let off_cpu = sampler.off_cpu_event();
     let event = sampler.event_name();
     let kernel = sampler.kernel_stacks();
