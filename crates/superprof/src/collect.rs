@@ -922,7 +922,8 @@ impl<K: std::hash::Hash + Eq + Copy> Carry<K> {
 /// under a fault's handler; else the outermost system call entry, `__x64_sys_NAME`
 /// (`__arm64_sys_`, `__ia32_sys_`); else, where the entry was inlined or is not there, the
 /// innermost of `__do_sys_`, `__se_sys_`, `ksys_`, `do_sys_`, `__sys_`, `kernel_`
-/// (`kernel_wait4`).
+/// (`kernel_wait4`); else the function the system call dispatcher (`do_syscall_64`,
+/// `invoke_syscall`) called, less a `do_` (`do_readv`).
 fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
     const ENTRIES: [&str; 3] = ["__x64_sys_", "__arm64_sys_", "__ia32_sys_"];
     const INNER: [&str; 6] = [
@@ -933,8 +934,18 @@ fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
         "__sys_",
         "kernel_",
     ];
+    const DISPATCHERS: [&str; 6] = [
+        "do_syscall_64",
+        "x64_sys_call",
+        "invoke_syscall",
+        "el0_svc_common",
+        "do_int80_syscall_32",
+        "__do_fast_syscall_32",
+    ];
     let mut entry = None;
     let mut inner = None;
+    let mut dispatched = None;
+    let mut callee: Option<&str> = None;
     for fid in profile.stack_frames(leaf) {
         let f = profile.frame(fid);
         if profile.str(f.module) != superprof_resolve::KERNEL_MODULE {
@@ -949,8 +960,16 @@ fn kernel_wait(profile: &Profile, leaf: Option<StackId>) -> Option<String> {
         } else if inner.is_none() {
             inner = INNER.iter().find_map(|p| name.strip_prefix(p));
         }
+        if dispatched.is_none() && DISPATCHERS.contains(&name) {
+            dispatched = callee.filter(|c| !DISPATCHERS.contains(c)).map(|c| {
+                c.trim_start_matches("__")
+                    .strip_prefix("do_")
+                    .unwrap_or(c.trim_start_matches("__"))
+            });
+        }
+        callee = Some(name);
     }
-    entry.or(inner).map(str::to_owned)
+    entry.or(inner).or(dispatched).map(str::to_owned)
 }
 
 /// An executable mapping of no file: JIT code (perf names it `//anon`, or `[anon:NAME]` when
