@@ -210,13 +210,7 @@ impl PerfSampler {
         mode: TargetMode,
         config: &SamplerConfig,
     ) -> Result<(), SampleError> {
-        let probe_tid = match mode {
-            TargetMode::Launched => pid,
-            TargetMode::Attached => *list_threads(pid)
-                .map_err(|_| SampleError::NoSuchProcess(pid))?
-                .first()
-                .ok_or(SampleError::NoSuchProcess(pid))?,
-        };
+        let probe_tid = probe_tid(pid, mode)?;
         self.choose_attr_with(
             pid,
             mode,
@@ -320,13 +314,7 @@ impl PerfSampler {
         if !self.kernel_stacks {
             return Err(refused("only user space may be sampled here"));
         }
-        let probe_tid = match mode {
-            TargetMode::Launched => pid,
-            TargetMode::Attached => *list_threads(pid)
-                .map_err(|_| SampleError::NoSuchProcess(pid))?
-                .first()
-                .ok_or(SampleError::NoSuchProcess(pid))?,
-        };
+        let probe_tid = probe_tid(pid, mode)?;
         let mut candidates = Vec::new();
         if let Some(id) = sys::tracepoint_id("sched", "sched_switch") {
             candidates.push(("sched:sched_switch", sys::PERF_TYPE_TRACEPOINT, id));
@@ -643,6 +631,18 @@ fn make_attr(
         clockid: libc::CLOCK_MONOTONIC,
         sample_max_stack: 127,
         ..Default::default()
+    }
+}
+
+/// The thread to try events on: a launched child itself, an attached process's first thread.
+fn probe_tid(pid: u32, mode: TargetMode) -> Result<u32, SampleError> {
+    match mode {
+        TargetMode::Launched => Ok(pid),
+        TargetMode::Attached => list_threads(pid)
+            .map_err(|_| SampleError::NoSuchProcess(pid))?
+            .first()
+            .copied()
+            .ok_or(SampleError::NoSuchProcess(pid)),
     }
 }
 

@@ -283,12 +283,7 @@ pub fn run(
                         time: now,
                         pid,
                         tid,
-                        regs: UserRegs {
-                            pc: b.pc,
-                            sp: b.sp,
-                            fp: 0,
-                            lr: 0,
-                        },
+                        regs: UserRegs::at(b.pc, b.sp),
                         stack: &stack[..n],
                         stack_full: n == stack.len(),
                         periods: 1,

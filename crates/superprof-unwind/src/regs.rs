@@ -10,6 +10,17 @@ pub struct UserRegs {
 }
 
 impl UserRegs {
+    /// A thread's pc and stack pointer alone (read without stopping it: the other registers
+    /// unknown, 0).
+    pub fn at(pc: u64, sp: u64) -> UserRegs {
+        UserRegs {
+            pc,
+            sp,
+            fp: 0,
+            lr: 0,
+        }
+    }
+
     /// `sample_regs_user` mask for the registers above (`perf_regs.h` of this architecture).
     #[cfg(target_arch = "x86_64")]
     pub const PERF_REGS_MASK: u64 = (1 << 6) | (1 << 7) | (1 << 8); // bp, sp, ip

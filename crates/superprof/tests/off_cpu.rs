@@ -57,6 +57,24 @@ fn record(mut superprof: Command, dir: &TempDir, args: &[&str], cmd: &[&std::ffi
     }
 }
 
+/// Records `offcpu phases` (run by `superprof`), checks that `mechanism` recorded the waits
+/// and the main thread's shares: computing, asleep, on the pipe.
+fn phases(superprof: Command, dir: &TempDir, args: &[&str], mechanism: &str) -> Run {
+    let exe = fixture(dir);
+    let r = record(superprof, dir, args, &[exe.as_os_str(), "phases".as_ref()]);
+    assert!(
+        r.stderr.contains(&format!("off-CPU time by {mechanism}")),
+        "{}",
+        r.stderr
+    );
+    r.check_shares(&[
+        ("compute", "compute"),
+        ("do_sleep", "sleep"),
+        ("wait_pipe", "pipe"),
+    ]);
+    r
+}
+
 impl Run {
     /// The lines of one thread (the folded root is its name).
     fn thread(&self, name: &str) -> Folded {
@@ -120,23 +138,7 @@ impl Run {
 fn root_records_waits_with_sched_switch() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("offcpu-root");
-    let exe = fixture(&dir);
-    let r = record(
-        superprof(),
-        &dir,
-        &[],
-        &[exe.as_os_str(), "phases".as_ref()],
-    );
-    assert!(
-        r.stderr.contains("off-CPU time by sched:sched_switch"),
-        "{}",
-        r.stderr
-    );
-    r.check_shares(&[
-        ("compute", "compute"),
-        ("do_sleep", "sleep"),
-        ("wait_pipe", "pipe"),
-    ]);
+    let r = phases(superprof(), &dir, &[], "sched:sched_switch");
     // The waits are named after the system call, from the kernel frames.
     assert!(r.leaf_share_under("do_sleep", "[off-cpu: clock_nanosleep]") > 0.95);
     assert!(r.leaf_share_under("wait_pipe", "[off-cpu: read]") > 0.95);
@@ -178,24 +180,8 @@ fn unprivileged_user_at_paranoid_2_gets_the_ptrace_wall_clock_mode() {
     let _cpu = cpu_lock();
     assert_eq!(paranoid(), 2, "this machine's perf_event_paranoid");
     let dir = open_folder("offcpu-user");
-    let exe = fixture(&dir);
-    let r = record(
-        superprof_as_nobody(),
-        &dir,
-        &[],
-        &[exe.as_os_str(), "phases".as_ref()],
-    );
-    assert!(
-        r.stderr.contains("off-CPU time by ptrace wall-clock"),
-        "{}",
-        r.stderr
-    );
+    let r = phases(superprof_as_nobody(), &dir, &[], "ptrace wall-clock");
     assert!(r.stderr.contains("wall-clock mode instead"), "{}", r.stderr);
-    r.check_shares(&[
-        ("compute", "compute"),
-        ("do_sleep", "sleep"),
-        ("wait_pipe", "pipe"),
-    ]);
     assert!(r.leaf_share_under("wait_pipe", "[off-cpu: read]") > 0.95);
 }
 
@@ -229,26 +215,10 @@ impl Drop for Paranoid {
 fn unprivileged_user_at_paranoid_1_gets_context_switches_with_kernel_frames() {
     let _cpu = cpu_lock();
     let dir = open_folder("offcpu-p1");
-    let exe = fixture(&dir);
     let r = {
         let _p = Paranoid::set(1);
-        record(
-            superprof_as_nobody(),
-            &dir,
-            &[],
-            &[exe.as_os_str(), "phases".as_ref()],
-        )
+        phases(superprof_as_nobody(), &dir, &[], "context-switches")
     };
-    assert!(
-        r.stderr.contains("off-CPU time by context-switches"),
-        "{}",
-        r.stderr
-    );
-    r.check_shares(&[
-        ("compute", "compute"),
-        ("do_sleep", "sleep"),
-        ("wait_pipe", "pipe"),
-    ]);
     assert!(r.leaf_share_under("wait_pipe", "[off-cpu: read]") > 0.95);
 }
 

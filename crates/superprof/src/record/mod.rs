@@ -381,12 +381,7 @@ fn waits_under_way(collector: &mut Collector, pid: u32, stack_size: u32) {
             cpu: 0,
             period: 0,
             kernel_ips: Vec::new(),
-            regs: Some(superprof_unwind::UserRegs {
-                pc: b.pc,
-                sp: b.sp,
-                fp: 0,
-                lr: 0,
-            }),
+            regs: Some(superprof_unwind::UserRegs::at(b.pc, b.sp)),
             stack: &stack[..n],
             stack_full: n == stack.len(),
         };

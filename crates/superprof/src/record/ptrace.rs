@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use superprof_sample::{Record, SampleRecord};
-use superprof_trace::sampler::{self, Control, PtraceSamplerConfig, SamplerEvent};
+use superprof_trace::sampler::{self, Control, PtraceSample, PtraceSamplerConfig, SamplerEvent};
 use superprof_trace::{ExitStatus, TraceEvent, Tracer};
 
 use super::{LoopResult, Progress, RecordConfig};
@@ -36,18 +36,7 @@ pub(super) fn run(
                 if named.insert(s.tid) {
                     collector.read_thread_name(s.pid, s.tid);
                 }
-                let record = SampleRecord {
-                    id: 0,
-                    time: s.time,
-                    pid: s.pid,
-                    tid: s.tid,
-                    cpu: 0,
-                    period: 1_000_000_000 / scfg.frequency.max(1) as u64,
-                    kernel_ips: Vec::new(),
-                    regs: Some(s.regs),
-                    stack: s.stack,
-                    stack_full: s.stack_full,
-                };
+                let record = record_of(&s);
                 collector.sample_periods(&record, s.periods);
                 preempted(collector, &record, s.preempted_ns);
             }
@@ -55,18 +44,7 @@ pub(super) fn run(
                 if named.insert(s.tid) {
                     collector.read_thread_name(s.pid, s.tid);
                 }
-                let record = SampleRecord {
-                    id: 0,
-                    time: s.time,
-                    pid: s.pid,
-                    tid: s.tid,
-                    cpu: 0,
-                    period: 0,
-                    kernel_ips: Vec::new(),
-                    regs: Some(s.regs),
-                    stack: s.stack,
-                    stack_full: s.stack_full,
-                };
+                let record = record_of(&s);
                 collector.off_cpu(&record, off_cpu(wait));
                 preempted(collector, &record, s.preempted_ns);
             }
@@ -112,6 +90,22 @@ pub(super) fn run(
         kernel: false,
         frequency: cfg.sampler.frequency,
     })
+}
+
+/// A ptrace sample as the collector takes it (its weight is given beside it).
+fn record_of<'a>(s: &PtraceSample<'a>) -> SampleRecord<'a> {
+    SampleRecord {
+        id: 0,
+        time: s.time,
+        pid: s.pid,
+        tid: s.tid,
+        cpu: 0,
+        period: 0,
+        kernel_ips: Vec::new(),
+        regs: Some(s.regs),
+        stack: s.stack,
+        stack_full: s.stack_full,
+    }
 }
 
 fn off_cpu(wait: sampler::Wait) -> OffCpu {
