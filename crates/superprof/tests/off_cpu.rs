@@ -270,9 +270,37 @@ fn a_process_waiting_on_fsync_with_kernel_frames() {
             superprof(),
             &dir,
             &["--sampler", sampler],
-            &[exe.as_os_str(), "fsync".as_ref(), file.as_os_str()],
+            &[
+                exe.as_os_str(),
+                "fsync".as_ref(),
+                file.as_os_str(),
+                "8".as_ref(),
+            ],
         );
-        r.check_shares(&[("flush_file", "fsync")]);
+        // The wall-clock mode looks once a period: a share from n looks has
+        // σ = √(p(1−p)/n); 4σ, or the 5 points where that is wider.
+        let main = r.thread("offcpu");
+        let wall = r.truth["wall"];
+        let truth = r.truth["fsync"] / wall;
+        let looks = wall * 999.0;
+        let sigma = (truth * (1.0 - truth) / looks).sqrt();
+        let allowed = if sampler == "ptrace" {
+            (400.0 * sigma).max(5.0)
+        } else {
+            5.0
+        };
+        assert_close(
+            &format!("flush_file ({sampler})\n{}", r.stderr),
+            main.share_through("flush_file"),
+            truth,
+            allowed,
+        );
+        let seconds = r.seconds("offcpu");
+        assert!(
+            (seconds - wall).abs() <= 0.05 * wall + 0.01,
+            "{sampler}: {seconds:.3} s of {wall:.3}\n{}",
+            r.stderr
+        );
         // (fsync also works on the CPU, in the kernel: its waits are named fsync.)
         let leaves = r.leaves_under("flush_file");
         let waits: u64 = leaves
