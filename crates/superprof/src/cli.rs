@@ -51,6 +51,18 @@ pub enum Command {
     Preload(PreloadArgs),
     /// Profile a built-in demo workload: prints the top table and writes demo.svg
     Demo(DemoArgs),
+    /// Print a shell completion script: `source <(superprof completions bash)`, or save it in
+    /// the shell's completion folder
+    Completions {
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) of superprof, or of one of its subcommands:
+    /// `superprof man > superprof.1`, `superprof man record | man -l -`
+    Man {
+        #[arg(value_name = "SUBCOMMAND")]
+        subcommand: Option<String>,
+    },
     /// Calls the empty region `stat` measures its probe engine's cost on (run by `stat`)
     #[command(hide = true, name = "__stat-calibration")]
     StatCalibration {

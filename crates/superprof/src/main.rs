@@ -12,6 +12,7 @@ mod qemu;
 mod record;
 mod region;
 mod report;
+mod shell;
 mod stat;
 mod sys;
 mod syscalls;
@@ -102,6 +103,8 @@ fn run(command: cli::Command) -> anyhow::Result<i32> {
         cli::Command::Preload(args) => preload::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
         cli::Command::Demo(args) => demo::run(&args),
+        cli::Command::Completions { shell } => shell::completions(shell),
+        cli::Command::Man { subcommand } => shell::man(subcommand.as_deref()),
         cli::Command::StatCalibration {
             calls,
             kind,
