@@ -272,6 +272,8 @@ pub fn run(
                     if still && tracer.interrupt(tid) {
                         outstanding.insert(tid);
                         off_pending.insert(tid, (b, wait, looked_before));
+                    } else {
+                        c.looked_at = looked_before; // (its time goes to the next look)
                     }
                     continue;
                 }

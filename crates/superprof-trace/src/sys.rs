@@ -195,13 +195,12 @@ fn signal_pending(tid: u32) -> bool {
     })
 }
 
-/// The system call a thread stopped at `r` was blocked in when the stop interrupted it, which
-/// the kernel restarts when it goes on (as `restart_syscall` for a sleep). x86_64 only (None
-/// on AArch64, whose stop does not tell).
+/// The system call a thread stopped at `r` was blocked in when the stop interrupted it, where
+/// the kernel restarts it as `restart_syscall` when the thread goes on (a sleep's restart
+/// block: -ERESTART_RESTARTBLOCK). x86_64 only (None on AArch64, whose stop does not tell).
 pub fn interrupted_syscall(r: &RawRegs) -> Option<u64> {
     #[cfg(target_arch = "x86_64")]
-    return ((-516..=-512).contains(&(r.rax as i64)) && (r.orig_rax as i64) >= 0)
-        .then_some(r.orig_rax);
+    return (r.rax as i64 == -516 && (r.orig_rax as i64) >= 0).then_some(r.orig_rax);
     #[cfg(target_arch = "aarch64")]
     {
         let _ = r;
