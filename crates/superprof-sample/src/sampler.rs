@@ -145,10 +145,12 @@ impl PerfSampler {
             others: Vec::new(),
             threads: BTreeSet::new(),
             // A sample at every context switch comes far faster than the clock's: four times
-            // the room (where the rights allow it), within 256 MiB for all the CPUs.
+            // the room (where the rights allow it), within 256 MiB (65,536 pages) for all the
+            // CPUs.
             data_pages: if config.off_cpu {
+                let cap = 1 << (65536 / ncpus).max(1).ilog2();
                 (ring_pages(config.stack_size) * 4)
-                    .min((65536 / ncpus).next_power_of_two() / 2)
+                    .min(cap)
                     .max(ring_pages(config.stack_size))
             } else {
                 ring_pages(config.stack_size)

@@ -43,14 +43,6 @@ pub fn parse(text: &str) -> Option<Blocked> {
     }
 }
 
-/// Where thread `tid` of process `pid` waits, if it is blocked in the kernel now (needs the
-/// right to trace it). None when it runs (or is runnable), or has gone.
-pub fn blocked(pid: u32, tid: u32) -> Option<Blocked> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-    // (A page of text at most; the kernel writes one line.)
-    parse(text.get(..text.len().min(4096))?)
-}
-
 /// The state letter of a /proc stat line (`PID (COMM) S ...`; the name may hold spaces and
 /// parentheses, so the state follows the last `)`).
 pub fn parse_state(stat: &[u8]) -> Option<u8> {
@@ -192,8 +184,10 @@ mod tests {
         let pid = child.id();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let b = loop {
-            if let Some(b) = blocked(pid, pid).filter(|b| b.syscall.is_some()) {
-                break b;
+            let state = BlockedReader::open(pid, pid).and_then(|r| r.read());
+            if let Some(s) = state.filter(|s| s.blocked.syscall.is_some()) {
+                assert!(s.waiting(), "{s:?}");
+                break s.blocked;
             }
             assert!(std::time::Instant::now() < deadline, "never blocked");
             std::thread::sleep(std::time::Duration::from_millis(20));

@@ -114,13 +114,13 @@ pub struct Collector {
 
 /// A thread off the CPU, from its context-switch sample and PERF_RECORD_SWITCH out, until its
 /// switch back in.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct OpenWait {
     since: u64,
     cpu: u32,
     /// Its stack as it left (trie node, without the wait's frame); None when the sample was
-    /// lost (the ring was full) and only the switch record came.
-    stack: Option<Option<u32>>,
+    /// lost (the ring was full) and only the switch record came, or nothing could be unwound.
+    stack: Option<u32>,
     /// Switch-out records seen since the sample: one is this wait's; a second means the
     /// switch back in was lost, and this wait is stale.
     outs: u8,
@@ -437,16 +437,17 @@ impl Collector {
     /// Adds a stretch of off-CPU time of a thread: `s` gives where it waited (registers and
     /// stack as at a sample, kernel frames where recorded). Its stack ends in a frame that
     /// names the wait.
-    pub fn off_cpu(&mut self, s: &SampleRecord, off: OffCpu) {
-        self.sample_as(s, Some(off), 0);
+    /// `preempted_ns`: run-queue time to count where the thread is too (unwound once).
+    pub fn off_cpu(&mut self, s: &SampleRecord, off: OffCpu, preempted_ns: u64) {
+        self.sample_as(s, Some(off), 0, preempted_ns);
     }
 
     /// More off-CPU time of thread `tid`, in the same place as its last off-CPU sample (a
-    /// thread still blocked where it was): nothing to unwind again. False when the thread has
-    /// no off-CPU sample yet.
-    pub fn off_cpu_again(&mut self, tid: u32, time: u64, off: OffCpu) -> bool {
+    /// thread still blocked where it was): nothing to unwind again. (Nothing when the thread
+    /// has no off-CPU sample yet.)
+    pub fn off_cpu_again(&mut self, tid: u32, time: u64, off: OffCpu) {
         let Some(&stack) = self.last_off.get(&tid) else {
-            return false;
+            return;
         };
         self.samples.push(PendingSample {
             time,
@@ -457,14 +458,13 @@ impl Collector {
             off_ns: off.ns,
             periods: 0,
         });
-        true
     }
 
     fn sample(&mut self, s: &SampleRecord) {
         if self.switches {
             self.last_on_cpu.insert(s.tid, s.time);
         }
-        self.sample_as(s, None, 1);
+        self.sample_as(s, None, 1, 0);
     }
 
     /// Context switches will be recorded (perf's off-CPU time): exits and on-CPU samples are
@@ -479,17 +479,14 @@ impl Collector {
         if self.awaiting_exec == Some(s.pid) || self.exited.contains(&s.tid) {
             return;
         }
-        let node = self.stack_node(s, None);
+        let stack = self.stack_node(s);
         self.open_waits.insert(
             s.tid,
             OpenWait {
                 since: s.time,
                 cpu: s.cpu,
-                stack: Some(node),
-                outs: 0,
-                preempted: false,
-                syscall: None,
-                doubtful: false,
+                stack,
+                ..OpenWait::default()
             },
         );
     }
@@ -498,17 +495,15 @@ impl Collector {
     /// open from `s.time` (`s`: its pc, stack pointer and stack from /proc), until its switch
     /// back in.
     pub fn off_cpu_already(&mut self, s: &SampleRecord, syscall: Option<u64>) {
-        let node = self.stack_node(s, None);
+        let stack = self.stack_node(s);
         self.open_waits.insert(
             s.tid,
             OpenWait {
                 since: s.time,
-                cpu: 0,
-                stack: Some(node),
+                stack,
                 outs: 1,
-                preempted: false,
                 syscall,
-                doubtful: false,
+                ..OpenWait::default()
             },
         );
     }
@@ -540,12 +535,9 @@ impl Collector {
                     tid,
                     OpenWait {
                         since: time,
-                        cpu: 0,
-                        stack: None,
                         outs: 1,
                         preempted,
-                        syscall: None,
-                        doubtful: false,
+                        ..OpenWait::default()
                     },
                 );
             }
@@ -565,20 +557,39 @@ impl Collector {
             SampleKind::OffCpu
         };
         // (Without a system call, its name is found at the end, from the kernel frames.)
-        let wait = self.intern_frame(AddrFrame::Wait {
+        let off = OffCpu {
             kind,
             syscall: w.syscall,
+            ns: time.saturating_sub(w.since),
+        };
+        self.push_wait(w.stack, tid, w.since, w.cpu, off);
+    }
+
+    /// An off-CPU sample at `stack` (a trie node, without the wait): the wait's frame on top.
+    /// Returns the node of its leaf.
+    fn push_wait(
+        &mut self,
+        stack: Option<u32>,
+        tid: u32,
+        time: u64,
+        cpu: u32,
+        off: OffCpu,
+    ) -> Option<u32> {
+        let wait = self.intern_frame(AddrFrame::Wait {
+            kind: off.kind,
+            syscall: off.syscall,
         });
-        let leaf = self.intern_node(w.stack.flatten(), wait);
+        let leaf = Some(self.intern_node(stack, wait));
         self.samples.push(PendingSample {
-            time: w.since,
+            time,
             tid,
-            cpu: w.cpu,
-            stack: Some(leaf),
-            kind,
-            off_ns: time.saturating_sub(w.since),
+            cpu,
+            stack: leaf,
+            kind: off.kind,
+            off_ns: off.ns,
             periods: 0,
         });
+        leaf
     }
 
     /// Ends the waits still open at the end of the recording, at `time`: the threads were
@@ -600,45 +611,58 @@ impl Collector {
         id
     }
 
-    /// An on-CPU sample that stands for `periods` sampling periods of CPU time.
-    pub fn sample_periods(&mut self, s: &SampleRecord, periods: u64) {
-        self.sample_as(s, None, periods);
+    /// An on-CPU sample that stands for `periods` sampling periods of CPU time (and
+    /// `preempted_ns` of run-queue time, counted where it is).
+    pub fn sample_periods(&mut self, s: &SampleRecord, periods: u64, preempted_ns: u64) {
+        self.sample_as(s, None, periods, preempted_ns);
     }
 
-    fn sample_as(&mut self, s: &SampleRecord, off: Option<OffCpu>, periods: u64) {
+    /// One unwind, then the sample (on-CPU, or `off`), and the preempted time beside it.
+    fn sample_as(
+        &mut self,
+        s: &SampleRecord,
+        off: Option<OffCpu>,
+        periods: u64,
+        preempted_ns: u64,
+    ) {
         if self.awaiting_exec == Some(s.pid) {
             return;
         }
-        let node = self.stack_node(s, off);
-        if off.is_some_and(|o| o.kind == SampleKind::OffCpu) {
-            self.last_off.insert(s.tid, node);
+        let node = self.stack_node(s);
+        match off {
+            Some(off) => {
+                let leaf = self.push_wait(node, s.tid, s.time, s.cpu, off);
+                if off.kind == SampleKind::OffCpu {
+                    self.last_off.insert(s.tid, leaf);
+                }
+            }
+            None => self.samples.push(PendingSample {
+                time: s.time,
+                tid: s.tid,
+                cpu: s.cpu,
+                stack: node,
+                kind: SampleKind::OnCpu,
+                off_ns: 0,
+                periods,
+            }),
         }
-        self.samples.push(PendingSample {
-            time: s.time,
-            tid: s.tid,
-            cpu: s.cpu,
-            stack: node,
-            kind: off.map_or(SampleKind::OnCpu, |o| o.kind),
-            off_ns: off.map_or(0, |o| o.ns),
-            periods,
-        });
+        if preempted_ns > 0 {
+            let off = OffCpu {
+                kind: SampleKind::Preempted,
+                syscall: None,
+                ns: preempted_ns,
+            };
+            self.push_wait(node, s.tid, s.time, s.cpu, off);
+        }
     }
 
-    /// Unwinds a sample and interns its stack (with the wait's frame at the leaf for an
-    /// off-CPU one): the trie node of its leaf.
-    fn stack_node(&mut self, s: &SampleRecord, off: Option<OffCpu>) -> Option<u32> {
+    /// Unwinds a sample and interns its stack: the trie node of its leaf.
+    fn stack_node(&mut self, s: &SampleRecord) -> Option<u32> {
         self.threads
             .entry(s.tid)
             .or_insert_with(|| (s.pid, String::new()));
         self.note_owner(s.pid);
         self.path_frames.clear();
-        if let Some(off) = off {
-            let id = self.intern_frame(AddrFrame::Wait {
-                kind: off.kind,
-                syscall: off.syscall,
-            });
-            self.path_frames.push(id);
-        }
         for &ip in &s.kernel_ips {
             let id = self.intern_frame(AddrFrame::Kernel(ip));
             self.path_frames.push(id);

@@ -32,14 +32,16 @@ impl Arch {
 
 /// The name of syscall `nr` of `arch`; `syscall_NR` for a number with no name.
 pub fn name_for(arch: Arch, nr: u64) -> String {
+    known_name_for(arch, nr).map_or_else(|| format!("syscall_{nr}"), str::to_owned)
+}
+
+/// The name of syscall `nr` of `arch`, if it has one (no allocation).
+pub fn known_name_for(arch: Arch, nr: u64) -> Option<&'static str> {
     let table: &[&str] = match arch {
         Arch::X86_64 => &names::X86_64,
         Arch::Aarch64 => &names::AARCH64,
     };
-    table
-        .get(nr as usize)
-        .filter(|n| !n.is_empty())
-        .map_or_else(|| format!("syscall_{nr}"), |n| (*n).to_owned())
+    table.get(nr as usize).copied().filter(|n| !n.is_empty())
 }
 
 /// The name of syscall `nr` of the ABI that PTRACE_GET_SYSCALL_INFO reports (AUDIT_ARCH_*).

@@ -37,16 +37,14 @@ pub(super) fn run(
                     collector.read_thread_name(s.pid, s.tid);
                 }
                 let record = record_of(&s);
-                collector.sample_periods(&record, s.periods);
-                preempted(collector, &record, s.preempted_ns);
+                collector.sample_periods(&record, s.periods, s.preempted_ns);
             }
             SamplerEvent::OffCpu(s, wait) => {
                 if named.insert(s.tid) {
                     collector.read_thread_name(s.pid, s.tid);
                 }
                 let record = record_of(&s);
-                collector.off_cpu(&record, off_cpu(wait));
-                preempted(collector, &record, s.preempted_ns);
+                collector.off_cpu(&record, off_cpu(wait), s.preempted_ns);
             }
             SamplerEvent::OffCpuAgain {
                 time, tid, wait, ..
@@ -113,20 +111,6 @@ fn off_cpu(wait: sampler::Wait) -> OffCpu {
         kind: SampleKind::OffCpu,
         syscall: wait.syscall,
         ns: wait.ns,
-    }
-}
-
-/// The run-queue wait a sample carries, as preempted time where the thread is now.
-fn preempted(collector: &mut Collector, record: &SampleRecord, ns: u64) {
-    if ns > 0 {
-        collector.off_cpu(
-            record,
-            OffCpu {
-                kind: SampleKind::Preempted,
-                syscall: None,
-                ns,
-            },
-        );
     }
 }
 
