@@ -113,6 +113,30 @@ fn same_place(last: &Option<(Blocked, Vec<u8>)>, b: &Blocked, top: &[u8]) -> boo
 
 use crate::blocked::Blocked;
 
+/// Brings a thread's CPU-time credit and run-queue wait up to now (its schedstat); whether
+/// they could be read.
+fn catch_up(c: &mut Credit) -> bool {
+    let Some((cpu, delay)) = c.clock.as_ref().and_then(|c| c.read_with_delay()) else {
+        return false;
+    };
+    c.credit += cpu.saturating_sub(c.last_cpu);
+    c.last_cpu = cpu;
+    c.delay += delay.saturating_sub(c.last_delay);
+    c.last_delay = delay;
+    true
+}
+
+/// The name of system call `nr` on this machine (no allocation: called at every look).
+fn syscall_name(nr: u64) -> Option<&'static str> {
+    crate::syscalls::known_name_for(crate::syscalls::Arch::NATIVE, nr)
+}
+
+/// Whether `nr` is restart_syscall, which the kernel runs to go on with a call a stop
+/// interrupted (a sleep, a futex wait with a timeout).
+fn is_restart(nr: u64) -> bool {
+    syscall_name(nr) == Some("restart_syscall")
+}
+
 /// Forgets every thread of process `pid` (it exited, or exec ended its threads).
 fn forget_process(pid: u32, credits: &mut HashMap<u32, Credit>, sets: &mut [&mut HashSet<u32>]) {
     let gone: Vec<u32> = credits
@@ -188,13 +212,9 @@ pub fn run(
                         last_wait: None,
                     }
                 });
-                let Some((cpu, delay)) = c.clock.as_ref().and_then(|c| c.read_with_delay()) else {
+                if !catch_up(c) {
                     continue;
-                };
-                c.credit += cpu.saturating_sub(c.last_cpu);
-                c.last_cpu = cpu;
-                c.delay += delay.saturating_sub(c.last_delay);
-                c.last_delay = delay;
+                }
                 if c.credit >= period_ns && !outstanding.contains(&tid) && tracer.interrupt(tid) {
                     if cfg.off_cpu {
                         // Wall-clock mode: all of the CPU time is counted (the profile adds up
@@ -233,9 +253,7 @@ pub fn run(
                 let mut b = state.blocked;
                 // A call restarted after a stop of ours (a sleep) is restart_syscall now: it
                 // is still the call it was.
-                if b.syscall
-                    .is_some_and(|nr| crate::syscalls::name(nr) == "restart_syscall")
-                {
+                if b.syscall.is_some_and(is_restart) {
                     let before = match (&c.restarting, &c.last_wait) {
                         (Some((nr, pc)), _) if *pc == b.pc => Some(*nr),
                         (_, Some((last, _))) if last.sp == b.sp && last.pc == b.pc => last.syscall,
@@ -261,9 +279,9 @@ pub fn run(
                 }
                 let stoppable = state.state == b'S'
                     && !outstanding.contains(&tid)
-                    && b.syscall.is_some_and(|nr| {
-                        crate::blocked::restarts_after_stop(pid, &b, &crate::syscalls::name(nr))
-                    });
+                    && b.syscall
+                        .and_then(syscall_name)
+                        .is_some_and(|n| crate::blocked::restarts_after_stop(pid, &b, n));
                 if stoppable {
                     // Stopped, for every register: the call restarts unseen. Looked at again
                     // first: still in the same call the moment before the stop (it could
@@ -302,51 +320,68 @@ pub fn run(
         };
         match tracer.next_event(wait_for)? {
             Some(TraceEvent::Stopped { tid, pid }) => {
-                if outstanding.remove(&tid) {
-                    if let Ok(raw) = sys::raw_regs(tid) {
-                        let regs = sys::user_regs(&raw);
-                        let n = sys::read_memory(pid, regs.sp, &mut stack);
-                        let time = sys::monotonic_ns();
-                        // A call that failed with EINTR at our stop (the thread went into one
-                        // that does in the moment between our look and the stop) is made to
-                        // run again, as the kernel restarts the others.
-                        sys::undo_eintr(tid, &raw);
-                        let mut preempted_ns = 0;
-                        if let Some(c) = credits.get_mut(&tid).filter(|_| cfg.off_cpu) {
-                            preempted_ns = std::mem::take(&mut c.delay);
-                            c.restarting = sys::interrupted_syscall(&raw).map(|nr| (nr, regs.pc));
+                let ours = outstanding.remove(&tid);
+                let raw = if ours { sys::raw_regs(tid).ok() } else { None };
+                let mut n = 0;
+                if let Some(raw) = &raw {
+                    n = sys::read_memory(pid, sys::user_regs(raw).sp, &mut stack);
+                    // A call that failed with EINTR at our stop (the thread went into one
+                    // that does in the moment between our look and the stop) is made to
+                    // run again, as the kernel restarts the others.
+                    sys::undo_eintr(tid, raw);
+                }
+                // Registers and stack copied: the thread goes on before the sample is
+                // unwound (it is not kept stopped while superprof works).
+                tracer.resume(tid);
+                if let Some(raw) = raw {
+                    let regs = sys::user_regs(&raw);
+                    let time = sys::monotonic_ns();
+                    let mut preempted_ns = 0;
+                    let mut periods = on_cpu_periods.remove(&tid).unwrap_or(1);
+                    if let Some(c) = credits.get_mut(&tid).filter(|_| cfg.off_cpu) {
+                        // The CPU time it used until the stop counts here too (a stop
+                        // can wait for a long system call to end: an fsync's work).
+                        if catch_up(c) && !off_pending.contains_key(&tid) {
+                            let more = c.credit / period_ns;
+                            c.credit -= more * period_ns;
+                            periods += more;
                         }
-                        let sample = PtraceSample {
-                            time,
-                            pid,
-                            tid,
-                            regs,
-                            stack: &stack[..n],
-                            stack_full: n == stack.len(),
-                            periods: on_cpu_periods.remove(&tid).unwrap_or(1),
-                            preempted_ns,
-                        };
-                        match off_pending.remove(&tid) {
-                            Some((b, mut wait, looked_before)) => {
-                                if let Some(c) = credits.get_mut(&tid) {
-                                    c.last_wait =
-                                        Some((b, stack[..n.min(SAME_PLACE_BYTES)].to_vec()));
-                                    // It stands for the time up to its stop (which a wait
-                                    // can delay).
-                                    wait.ns = time.saturating_sub(looked_before);
-                                    c.looked_at = time;
-                                }
-                                on(SamplerEvent::OffCpu(sample, wait));
+                        preempted_ns = std::mem::take(&mut c.delay);
+                        // (A restart_syscall interrupted again is still the call the
+                        // first stop found.)
+                        match sys::interrupted_syscall(&raw) {
+                            Some(nr) if is_restart(nr) => {}
+                            found => c.restarting = found.map(|nr| (nr, regs.pc)),
+                        }
+                    }
+                    let sample = PtraceSample {
+                        time,
+                        pid,
+                        tid,
+                        regs,
+                        stack: &stack[..n],
+                        stack_full: n == stack.len(),
+                        periods,
+                        preempted_ns,
+                    };
+                    match off_pending.remove(&tid) {
+                        Some((b, mut wait, looked_before)) => {
+                            if let Some(c) = credits.get_mut(&tid) {
+                                c.last_wait = Some((b, stack[..n.min(SAME_PLACE_BYTES)].to_vec()));
+                                // It stands for the time up to its stop (which a wait
+                                // can delay).
+                                wait.ns = time.saturating_sub(looked_before);
+                                c.looked_at = time;
                             }
-                            None => {
-                                on(SamplerEvent::Sample(sample));
-                            }
+                            on(SamplerEvent::OffCpu(sample, wait));
+                        }
+                        None => {
+                            on(SamplerEvent::Sample(sample));
                         }
                     }
                 }
                 off_pending.remove(&tid);
                 on_cpu_periods.remove(&tid);
-                tracer.resume(tid);
             }
             Some(TraceEvent::ProcessExited { pid, status }) => {
                 forget_process(pid, &mut credits, &mut [&mut outstanding]);
