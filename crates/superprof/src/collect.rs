@@ -110,7 +110,14 @@ pub struct Collector {
     last_on_cpu: HashMap<u32, u64>,
     /// Context switches are recorded (off-CPU time by perf).
     switches: bool,
+    /// Each thread's last switches back in: (time, whether a wait ending there was counted),
+    /// oldest first. A switch out (or its sample) committed late to another CPU's ring can
+    /// come after the switch in that ended it: its wait ends at the first of these after it.
+    last_ins: HashMap<u32, std::collections::VecDeque<(u64, bool)>>,
 }
+
+/// How many switches back in are kept per thread for records that come late.
+const LAST_INS: usize = 8;
 
 /// A thread off the CPU, from its context-switch sample and PERF_RECORD_SWITCH out, until its
 /// switch back in.
@@ -129,6 +136,8 @@ struct OpenWait {
     syscall: Option<u64>,
     /// Records were lost while it was open: its switch back in may be among them.
     doubtful: bool,
+    /// Its switch back in, already seen (its sample came after it): it ends there.
+    until: Option<u64>,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -366,7 +375,9 @@ impl Collector {
                 self.threads.insert(*tid, (*pid, name));
             }
             Record::Exit { pid, tid, .. } => {
+                self.settle_late(*tid);
                 self.open_waits.remove(tid);
+                self.last_ins.remove(tid);
                 self.last_on_cpu.remove(tid);
                 if self.switches {
                     self.exited.insert(*tid);
@@ -479,16 +490,58 @@ impl Collector {
         if self.awaiting_exec == Some(s.pid) || self.exited.contains(&s.tid) {
             return;
         }
+        let late = self.late(s.tid, s.time);
+        if late.is_some_and(|(_, counted)| counted) {
+            return; // its wait is counted already (from its switch out, without a stack)
+        }
         let stack = self.stack_node(s);
+        if let Some((until, _)) = late {
+            self.mark_counted(s.tid, until);
+            if self.open_waits.contains_key(&s.tid) {
+                // A later wait is open: this one is counted now, as it is.
+                let off = OffCpu {
+                    kind: SampleKind::OffCpu,
+                    syscall: None,
+                    ns: until.saturating_sub(s.time),
+                };
+                self.push_wait(stack, s.tid, s.time, s.cpu, off);
+                return;
+            }
+        } else {
+            self.settle_late(s.tid);
+        }
         self.open_waits.insert(
             s.tid,
             OpenWait {
                 since: s.time,
                 cpu: s.cpu,
                 stack,
+                until: late.map(|(until, _)| until),
                 ..OpenWait::default()
             },
         );
+    }
+
+    /// The switch back in that ended a wait begun at `time`, when it was seen already (the
+    /// record of `time` came late): (its time, whether that wait is counted).
+    fn late(&self, tid: u32, time: u64) -> Option<(u64, bool)> {
+        let ins = self.last_ins.get(&tid)?;
+        ins.iter().copied().find(|&(at, _)| at > time)
+    }
+
+    fn mark_counted(&mut self, tid: u32, until: u64) {
+        if let Some(i) = self.last_ins.get_mut(&tid) {
+            if let Some(e) = i.iter_mut().find(|(at, _)| *at == until) {
+                e.1 = true;
+            }
+        }
+    }
+
+    /// Closes `tid`'s wait if its switch back in was seen already (its switch out never came).
+    fn settle_late(&mut self, tid: u32) {
+        if self.open_waits.get(&tid).is_some_and(|w| w.until.is_some()) {
+            self.close_wait(tid, u64::MAX);
+        }
     }
 
     /// A thread found blocked in `syscall` when the recording started (attach): its wait is
@@ -514,12 +567,48 @@ impl Collector {
     fn switch(&mut self, tid: u32, time: u64, out: bool, preempted: bool) {
         if !out {
             self.exited.remove(&tid);
-            self.close_wait(tid, time);
+            let counted = self.close_wait(tid, time) == Some(time);
+            let ins = self.last_ins.entry(tid).or_default();
+            if ins.back().is_none_or(|&(at, _)| at < time) {
+                if ins.len() == LAST_INS {
+                    ins.pop_front();
+                }
+                ins.push_back((time, counted));
+            }
             return;
         }
         if self.exited.remove(&tid) {
             return; // its last switch out: nothing more of it is to come
         }
+        if let Some((until, counted)) = self.late(tid, time) {
+            // Its switch back in came first (this record was committed late).
+            match self.open_waits.get_mut(&tid) {
+                Some(w) if w.outs == 0 && w.until == Some(until) => {
+                    w.outs = 1;
+                    w.preempted = preempted;
+                    w.since = w.since.max(time);
+                    self.close_wait(tid, until);
+                }
+                _ if !counted => {
+                    self.mark_counted(tid, until);
+                    let kind = if preempted {
+                        SampleKind::Preempted
+                    } else {
+                        SampleKind::OffCpu
+                    };
+                    let ns = until.saturating_sub(time);
+                    let off = OffCpu {
+                        kind,
+                        syscall: None,
+                        ns,
+                    };
+                    self.push_wait(None, tid, time, 0, off);
+                }
+                _ => {}
+            }
+            return;
+        }
+        self.settle_late(tid);
         match self.open_waits.get_mut(&tid) {
             Some(w) if w.outs == 0 => {
                 w.outs = 1;
@@ -544,12 +633,13 @@ impl Collector {
         }
     }
 
-    fn close_wait(&mut self, tid: u32, time: u64) {
-        let Some(w) = self.open_waits.remove(&tid) else {
-            return;
-        };
+    /// Ends `tid`'s wait at `time` (or at its switch back in, when that was seen already).
+    /// Returns when it ended, if it was counted.
+    fn close_wait(&mut self, tid: u32, time: u64) -> Option<u64> {
+        let w = self.open_waits.remove(&tid)?;
+        let time = w.until.unwrap_or(time);
         if w.doubtful && self.last_on_cpu.get(&tid).is_some_and(|&t| t > w.since) {
-            return;
+            return None;
         }
         let kind = if w.preempted {
             SampleKind::Preempted
@@ -563,6 +653,7 @@ impl Collector {
             ns: time.saturating_sub(w.since),
         };
         self.push_wait(w.stack, tid, w.since, w.cpu, off);
+        Some(time)
     }
 
     /// An off-CPU sample at `stack` (a trie node, without the wait): the wait's frame on top.
@@ -1017,6 +1108,92 @@ mod tests {
         assert_eq!(c.add(3, 499, 6), None);
         // Left: place 1 with 50 (dropped), 2 with 600 (a period), 3 with 499 (dropped).
         assert_eq!(c.rest(), vec![(2, 5)]);
+    }
+
+    /// A thread's wait, its records in the order given: (kind, ns) of each wait counted.
+    fn waits(order: &[(&str, u64)]) -> Vec<(SampleKind, u64)> {
+        let mut c = Collector::default();
+        c.expect_switches();
+        for &(what, time) in order {
+            let switch = |out, preempted| Record::Switch {
+                pid: 7,
+                tid: 7,
+                time,
+                cpu: 0,
+                id: 0,
+                out,
+                preempted,
+            };
+            match what {
+                "sample" => c.off_cpu_begin(&SampleRecord {
+                    id: 0,
+                    time,
+                    pid: 7,
+                    tid: 7,
+                    cpu: 1,
+                    period: 1,
+                    kernel_ips: Vec::new(),
+                    regs: None,
+                    stack: &[],
+                    stack_full: false,
+                }),
+                "out" => c.handle(&switch(true, false)),
+                "preempt" => c.handle(&switch(true, true)),
+                "in" => c.handle(&switch(false, false)),
+                _ => unreachable!(),
+            }
+        }
+        c.close_waits(1_000_000);
+        c.samples.iter().map(|s| (s.kind, s.off_ns)).collect()
+    }
+
+    #[test]
+    fn a_wait_ends_at_its_switch_in_whatever_order_its_records_come() {
+        let off = SampleKind::OffCpu;
+        // In order: from the switch out (after the sample) to the switch in.
+        let inorder = [("sample", 100), ("out", 110), ("in", 500)];
+        assert_eq!(waits(&inorder), vec![(off, 390)]);
+        // The switch in first (the others committed late on another CPU): the same.
+        assert_eq!(
+            waits(&[("in", 500), ("sample", 100), ("out", 110)]),
+            vec![(off, 390)]
+        );
+        // (Closed by the switch in before its switch out came: from its sample, the µs the
+        // sample took to write counted in.)
+        assert_eq!(
+            waits(&[("sample", 100), ("in", 500), ("out", 110)]),
+            vec![(off, 400)]
+        );
+        // Preempted, its sample lost, the switch out late.
+        assert_eq!(
+            waits(&[("in", 500), ("preempt", 110)]),
+            vec![(SampleKind::Preempted, 390)]
+        );
+        // A late wait whose switch out never comes ends at its switch in, not at the end.
+        assert_eq!(waits(&[("in", 500), ("sample", 100)]), vec![(off, 400)]);
+        assert_eq!(
+            waits(&[("in", 500), ("sample", 100), ("sample", 700), ("out", 710)]),
+            vec![(off, 400), (off, 1_000_000 - 710)]
+        );
+        // A second wait open when the first's records come: both, each its own length.
+        assert_eq!(
+            waits(&[
+                ("in", 500),
+                ("sample", 700),
+                ("out", 710),
+                ("sample", 100),
+                ("out", 110),
+                ("in", 900),
+            ]),
+            vec![(off, 400), (off, 190)]
+        );
+        // Its switch out and its sample late, each once: counted once.
+        assert_eq!(
+            waits(&[("in", 500), ("out", 110), ("sample", 100)]),
+            vec![(off, 390)]
+        );
+        // A switch in with nothing open counts nothing; nor does a later one.
+        assert_eq!(waits(&[("in", 500), ("in", 900)]), vec![]);
     }
 
     fn kernel_stack(names: &[&str], user_caller: bool) -> (Profile, Option<StackId>) {

@@ -10,6 +10,9 @@ use super::{LoopResult, Progress, RecordConfig};
 use crate::collect::Collector;
 use crate::sys;
 
+/// How long before a drain a record must be stamped to be taken in that round.
+const HORIZON_SLACK_NS: u64 = 20_000_000;
+
 pub(super) fn run(
     cfg: &RecordConfig,
     mut sampler: PerfSampler,
@@ -29,14 +32,16 @@ pub(super) fn run(
     // Records kept for the next round (raw, header and body).
     let mut held: Vec<u8> = Vec::new();
     let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector, last: bool| {
-        // Every record written before this instant is in its ring now; one written later may
-        // be in a ring drained already this round while an earlier one of another CPU is not
-        // yet seen: those wait for the next round, so that records come in time order across
-        // CPUs (a thread's switch out on one CPU before its switch back in on another).
+        // Every record stamped before this instant is in its ring now (but for a CPU stalled
+        // between a record's stamp and its commit: a vCPU the host did not run); one stamped
+        // later may be in a ring drained already this round while an earlier one of another
+        // CPU is not yet seen: those wait for the next round, so that records come in time
+        // order across CPUs (a thread's switch out on one CPU before its switch back in on
+        // another). The collector copes with the rare record later still.
         let horizon = if last {
             u64::MAX
         } else {
-            superprof_sample::monotonic_ns()
+            superprof_sample::monotonic_ns().saturating_sub(HORIZON_SLACK_NS)
         };
         buf.clear();
         buf.append(&mut held);
