@@ -210,8 +210,49 @@ pub fn check_text_output(path: &Path) -> Result<(), OutputError> {
         .map_err(|e| OutputError(format!("cannot write output '{}': {e}", path.display())))
 }
 
-/// Writes a text output whole (a temporary file renamed over `output`), or to stdout.
-pub fn write_text(output: Option<&Path>, text: &str) -> std::io::Result<()> {
+/// Where results go without `-o`: stdout, unless superprof launched the program, whose
+/// output stdout is (then stderr, as perf stat, strace and time do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Console {
+    Stdout,
+    Stderr,
+}
+
+impl Console {
+    /// The console of a run that launched its program (`launched`) or attached to one.
+    pub fn of_run(launched: bool) -> Console {
+        if launched {
+            Console::Stderr
+        } else {
+            Console::Stdout
+        }
+    }
+
+    /// Writes `what` to this console whole; a reader gone (stdout piped into `head`) is no
+    /// error.
+    pub fn write_with(
+        self,
+        what: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let written = match self {
+            Console::Stdout => {
+                let mut o = std::io::stdout().lock();
+                what(&mut o).and_then(|()| std::io::Write::flush(&mut o))
+            }
+            Console::Stderr => {
+                let mut o = std::io::stderr().lock();
+                what(&mut o).and_then(|()| std::io::Write::flush(&mut o))
+            }
+        };
+        match written {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            r => r,
+        }
+    }
+}
+
+/// Writes a text output whole (a temporary file renamed over `output`), or to `console`.
+pub fn write_text(output: Option<&Path>, console: Console, text: &str) -> std::io::Result<()> {
     match output {
         Some(out) => {
             superprof_profile::write_atomic(out, |w| std::io::Write::write_all(w, text.as_bytes()))
@@ -219,12 +260,7 @@ pub fn write_text(output: Option<&Path>, text: &str) -> std::io::Result<()> {
                     std::io::Error::new(e.kind(), format!("cannot write '{}': {e}", out.display()))
                 })
         }
-        None => {
-            use std::io::Write;
-            let mut o = std::io::stdout().lock();
-            o.write_all(text.as_bytes())?;
-            o.flush()
-        }
+        None => console.write_with(|w| w.write_all(text.as_bytes())),
     }
 }
 

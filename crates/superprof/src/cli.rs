@@ -411,3 +411,11 @@ pub struct TargetArgs {
     #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
     pub command: Vec<String>,
 }
+
+impl TargetArgs {
+    /// Where results go without -o: stderr when superprof launches the command (its output
+    /// owns stdout), stdout when it attaches.
+    pub fn console(&self) -> superprof_resolve::Console {
+        superprof_resolve::Console::of_run(self.pid.is_none())
+    }
+}

@@ -123,8 +123,9 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         profile.meta.lost_samples
     );
     if !args.quiet {
-        let stdout = std::io::stdout();
-        superprof_profile::top::write(&profile, 30, &mut stdout.lock())?;
+        // The program's output owns stdout.
+        superprof_resolve::Console::Stderr
+            .write_with(|w| superprof_profile::top::write(&profile, 30, w))?;
     }
     for (path, format) in &outputs {
         superprof_resolve::write_output(&profile, path, *format)?;

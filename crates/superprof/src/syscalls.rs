@@ -29,7 +29,10 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
             superprof_profile::output::create_log(out)
                 .with_context(|| format!("cannot write output '{}'", out.display()))?,
         )),
-        None => Sink::Stderr(std::io::stderr()),
+        None => match args.target.console() {
+            superprof_resolve::Console::Stderr => Sink::Stderr(std::io::stderr()),
+            superprof_resolve::Console::Stdout => Sink::Stdout(std::io::stdout()),
+        },
     };
     let opts = TraceOptions {
         follow_forks: args.follow_forks,
@@ -140,9 +143,11 @@ fn event_json(e: &SyscallEvent, start_ns: u64) -> serde_json::Value {
     })
 }
 
-/// Where the log goes as it happens: stderr, or the -o file (buffered, flushed every tick).
+/// Where the log goes as it happens: stderr (a launched command's output owns stdout), stdout
+/// (attached), or the -o file (buffered, flushed every tick).
 enum Sink {
     Stderr(std::io::Stderr),
+    Stdout(std::io::Stdout),
     File(std::io::BufWriter<std::fs::File>),
 }
 
@@ -150,12 +155,14 @@ impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             Sink::Stderr(e) => e.write(buf),
+            Sink::Stdout(o) => o.write(buf),
             Sink::File(f) => f.write(buf),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Sink::Stderr(e) => e.flush(),
+            Sink::Stdout(o) => o.flush(),
             Sink::File(f) => f.flush(),
         }
     }

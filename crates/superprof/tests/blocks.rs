@@ -633,7 +633,8 @@ fn annotate_table_and_csv() {
             .arg(&exe)
             .arg("100"),
     );
-    let text = String::from_utf8_lossy(&out.stdout);
+    // (On stderr: the program's output owns stdout.)
+    let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("executions"), "{text}");
     // The loop's first instruction has 100 in the margin, and the disassembly shows its branch.
     let loop_line = text

@@ -338,7 +338,7 @@ fn work_alpha_row(exe: &Path) -> String {
             .arg("0.4")
             .current_dir(exe.parent().unwrap()),
     );
-    let table = String::from_utf8_lossy(&out.stdout);
+    let table = String::from_utf8_lossy(&out.stderr);
     table
         .lines()
         .find(|l| l.contains(" work_alpha "))

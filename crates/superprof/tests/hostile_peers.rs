@@ -449,7 +449,8 @@ fn thread_and_function_names_with_control_characters_are_printed_escaped() {
             .arg(&exe)
             .arg("0.5"),
     );
-    let top = String::from_utf8_lossy(&out.stdout);
+    // (On stderr: the program's output owns stdout.)
+    let top = String::from_utf8_lossy(&out.stderr);
     let tree = String::from_utf8_lossy(
         &run_ok(
             superprof()

@@ -139,7 +139,8 @@ fn inlined_function_has_its_own_frame_with_file_and_line() {
         .position(|l| l.contains("INLINED_LINE"))
         .unwrap()
         + 1;
-    let table = String::from_utf8_lossy(&out.stdout);
+    // (On stderr: the program's output owns stdout.)
+    let table = String::from_utf8_lossy(&out.stderr);
     let row = table
         .lines()
         .find(|l| l.contains(" inlined_step "))

@@ -707,12 +707,16 @@ fn per_call_prints_every_invocation() {
                 "tenfold",
                 "-e",
                 "page-faults",
-                "--",
+                "-o",
             ])
+            .arg(dir.path("pc.csv"))
+            .arg("--")
             .arg(&exe)
             .arg("threads"),
     );
-    let text = String::from_utf8_lossy(&out.stdout);
+    // The program's stdout is its own (what it prints alone: nothing).
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    let text = std::fs::read_to_string(dir.path("pc.csv")).unwrap();
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("region,tid,page-faults,time-elapsed-ns"));
     let rows: Vec<&str> = lines.collect();

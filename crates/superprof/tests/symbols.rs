@@ -50,7 +50,8 @@ fn debug_info_is_found_through_gnu_debuglink() {
             .arg("0.6")
             .current_dir(&dir.0),
     );
-    let table = String::from_utf8_lossy(&out.stdout);
+    // (On stderr: the program's output owns stdout.)
+    let table = String::from_utf8_lossy(&out.stderr);
     let row = table
         .lines()
         .find(|l| l.contains(" work_alpha "))

@@ -108,7 +108,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
         .blocks
         .sort_by(|a, b| b.count.cmp(&a.count).then(a.start.cmp(&b.start)));
     let text = output::render(&report, args.format, args.annotate)?;
-    superprof_resolve::write_text(args.output.as_deref(), &text)?;
+    superprof_resolve::write_text(args.output.as_deref(), args.target.console(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
         eprintln!("superprof: the command {status}");
     }

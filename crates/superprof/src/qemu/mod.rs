@@ -314,20 +314,21 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         backend.let_go();
     }
     let mut symbols = superprof_symbols::Symbolizer::default();
+    // A launched QEMU's output (its serial console) owns stdout.
+    let console = superprof_resolve::Console::of_run(launched.is_some());
     if args.one_shot {
         if samples.is_empty() {
             bail!("no sample could be taken");
         }
         let several = samples.iter().any(|s| s.vcpu > 0);
+        let mut text = String::new();
         for s in &samples {
             if several {
-                println!("vcpu{}:", s.vcpu);
+                text.push_str(&format!("vcpu{}:\n", s.vcpu));
             }
-            print!(
-                "{}",
-                one_stack(&sampler, &mut symbols, s, args.show_addresses)
-            );
+            text.push_str(&one_stack(&sampler, &mut symbols, s, args.show_addresses));
         }
+        console.write_with(|w| w.write_all(text.as_bytes()))?;
     }
     if let Some(mut l) = launched.take() {
         if !gone {
@@ -365,8 +366,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         bail!("no samples were taken");
     }
     let profile = build_profile(&sampler, &mut symbols, &samples, args, elapsed);
-    let stdout = std::io::stdout();
-    superprof_profile::top::write(&profile, 20, &mut stdout.lock())?;
+    console.write_with(|w| superprof_profile::top::write(&profile, 20, w))?;
     for (path, format) in &outputs {
         superprof_resolve::write_output(&profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());

@@ -5,7 +5,7 @@ mod cgroup;
 mod perf;
 mod ptrace;
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -150,14 +150,9 @@ pub fn show(
         eprintln!("superprof: wrote {}", path.display());
     }
     if !cfg.quiet {
-        let stdout = std::io::stdout();
-        let mut lock = stdout.lock();
-        superprof_profile::top::write(profile, cfg.top_rows, &mut lock)
-            .and_then(|()| lock.flush())
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::BrokenPipe => Ok(()),
-                _ => Err(e),
-            })?;
+        // A launched command's output owns stdout.
+        let console = superprof_resolve::Console::of_run(matches!(cfg.target, Target::Command(_)));
+        console.write_with(|w| superprof_profile::top::write(profile, cfg.top_rows, w))?;
     }
     Ok(())
 }

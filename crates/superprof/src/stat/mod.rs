@@ -333,7 +333,11 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     results.engine = session.engine.name();
     tally(&mut results, &costs);
     let text = output::render(&results, args.format, args.per_call)?;
-    superprof_resolve::write_text(args.output.as_deref(), &text)?;
+    superprof_resolve::write_text(
+        args.output.as_deref(),
+        superprof_resolve::Console::of_run(args.pid.is_none()),
+        &text,
+    )?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
         eprintln!(
             "superprof: the command {status}{}",
