@@ -20,6 +20,7 @@
 //! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
 //! ```
 
+pub mod diff;
 mod escape;
 pub mod filter;
 pub mod firefox;

@@ -100,8 +100,220 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
     out
 }
 
-/// Writes the table, at most `limit` rows.
+/// How a table is laid out: how many rows, full names or shortened ones, and the width of the
+/// terminal it is shown on (None: not a terminal, no width to fit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableStyle {
+    pub rows: usize,
+    /// Full function names (templates and argument lists kept).
+    pub verbose: bool,
+    pub width: Option<usize>,
+}
+
+impl TableStyle {
+    /// `rows` rows, names shortened, no terminal.
+    pub fn rows(rows: usize) -> TableStyle {
+        TableStyle {
+            rows,
+            verbose: false,
+            width: None,
+        }
+    }
+}
+
+/// The widest a function column gets off a terminal.
+const FUNCTION_MAX: usize = 60;
+/// The widest a module column gets.
+const MODULE_MAX: usize = 24;
+/// The narrowest the name columns get on a narrow terminal.
+const FUNCTION_MIN: usize = 20;
+const MODULE_MIN: usize = 12;
+
+/// The Function and Module columns of a table (top, and the comparison's): names escaped and
+/// shortened ([`shorten`], unless verbose), the module by its file name, and widths that fit
+/// the longest name shown (and the terminal, on one). A name longer than its column is cut,
+/// the cut marked with `…`.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    function: usize,
+    module: usize,
+    /// The location's room on a terminal (0: left out).
+    location: Option<usize>,
+    verbose: bool,
+}
+
+impl Layout {
+    /// The layout for `rows` (function, module) after `used` columns (the figures and the
+    /// spaces before the function).
+    pub fn new<'a>(
+        rows: impl IntoIterator<Item = (&'a str, &'a str)>,
+        used: usize,
+        style: &TableStyle,
+    ) -> Layout {
+        let (mut f, mut m) = ("Function".len(), "Module".len());
+        for (function, module) in rows {
+            f = f.max(width(&name(function, style.verbose)));
+            m = m.max(width(&escape(module_name(module))));
+        }
+        let mut module = m.min(MODULE_MAX);
+        let mut location = None;
+        let function = match style.width {
+            // Each line fits the terminal: the location gives way first (cut, or left out
+            // where only a few columns remain), then the module's column (to its minimum),
+            // then the function's.
+            Some(cols) => {
+                let room = cols.saturating_sub(used + 4);
+                let function = f.min(room.saturating_sub(MODULE_MIN).max(FUNCTION_MIN));
+                module = module.min(room.saturating_sub(function).max(MODULE_MIN));
+                let left = room.saturating_sub(function + module);
+                location = Some(if left < 8 { 0 } else { left });
+                function
+            }
+            None if style.verbose => f,
+            None => f.min(FUNCTION_MAX),
+        };
+        Layout {
+            function,
+            module,
+            location,
+            verbose: style.verbose,
+        }
+    }
+
+    /// The header of the name columns.
+    pub fn header(&self) -> String {
+        format!(
+            "{:<fw$}  {:<mw$}",
+            "Function",
+            "Module",
+            fw = self.function,
+            mw = self.module
+        )
+        .trim_end()
+        .to_owned()
+    }
+
+    /// A row's name columns: function, module and location.
+    pub fn cells(&self, function: &str, module: &str, location: &str) -> String {
+        let f = fit(&name(function, self.verbose), self.function);
+        let m = fit(&escape(module_name(module)), self.module);
+        let location = match self.location {
+            Some(w) => fit(location, w),
+            None => location.to_owned(),
+        };
+        format!(
+            "{f}{}  {m}{}  {location}",
+            " ".repeat(self.function.saturating_sub(width(&f))),
+            " ".repeat(self.module.saturating_sub(width(&m))),
+        )
+        .trim_end()
+        .to_owned()
+    }
+}
+
+/// A module by its file name.
+fn module_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// A function's name as a table shows it: escaped, shortened unless `verbose`.
+fn name(function: &str, verbose: bool) -> String {
+    let e = escape(function);
+    if verbose {
+        e.into_owned()
+    } else {
+        shorten(&e)
+    }
+}
+
+/// Columns a text takes (one per character: names are escaped to printable ASCII, and the
+/// cut mark is one column).
+fn width(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// `s` in at most `w` columns: cut, the cut marked with `…`.
+fn fit(s: &str, w: usize) -> String {
+    if width(s) <= w {
+        return s.to_owned();
+    }
+    if w == 0 {
+        return String::new();
+    }
+    let mut out: String = s.chars().take(w.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// A demangled name without what makes it long and rarely tells functions apart: template
+/// and generic arguments become `<…>`, a non-empty argument list `(…)`.
+/// `std::vector<int, std::allocator<int> >::push_back(int const&)` reads
+/// `std::vector<…>::push_back(…)`; a Rust qualified path keeps its outer brackets
+/// (`<alloc::vec::Vec<…> as core::ops::drop::Drop>::drop`), and `operator<`, `operator()`,
+/// `(anonymous namespace)` and closures' `{{closure}}` stay as they are.
+pub fn shorten(name: &str) -> String {
+    let b = name.as_bytes();
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let prev = out.as_bytes().last().copied();
+        let after_ident = prev.is_some_and(|p| p.is_ascii_alphanumeric() || p == b'_');
+        if c == b'<' && after_ident && !out.ends_with("operator") && !out.ends_with("operator<") {
+            // Template or generic arguments: skip to the matching '>'.
+            if let Some(end) = matching(b, i, b'<', b'>') {
+                out.push_str("<…>");
+                i = end + 1;
+                continue;
+            }
+        }
+        // An operator's name ends in its symbol (`operator<`, `operator()`): a '(' after it
+        // opens the argument list; right after `operator` it is the symbol.
+        let segment = out.rsplit("::").next().unwrap_or("");
+        let operator = segment.starts_with("operator") && segment != "operator";
+        let params = after_ident || prev == Some(b'>') || operator;
+        if c == b'(' && params && !out.ends_with("operator") {
+            if let Some(end) = matching(b, i, b'(', b')') {
+                out.push_str(if end == i + 1 { "()" } else { "(…)" });
+                i = end + 1;
+                continue;
+            }
+        }
+        // Copy one character (names may hold any text).
+        let ch = name[i..].chars().next().unwrap_or('?');
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// The index of the bracket that closes the one at `open` (nested ones counted), if any.
+fn matching(b: &[u8], open: usize, l: u8, r: u8) -> Option<usize> {
+    let mut depth = 0usize;
+    for (k, &c) in b.iter().enumerate().skip(open) {
+        if c == l {
+            depth += 1;
+        } else if c == r {
+            // `->` inside a template argument list is not a closing bracket.
+            if r == b'>' && k > 0 && b[k - 1] == b'-' {
+                continue;
+            }
+            depth -= 1;
+            if depth == 0 {
+                return Some(k);
+            }
+        }
+    }
+    None
+}
+
+/// Writes the table, at most `limit` rows, names shortened.
 pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<()> {
+    write_styled(profile, &TableStyle::rows(limit), w)
+}
+
+/// Writes the table as `style` says.
+pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) -> io::Result<()> {
     let total = profile.total_weight();
     let threads: std::collections::HashSet<u32> =
         profile.samples.iter().map(|s| s.thread).collect();
@@ -130,6 +342,26 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
     // CPU (through it: its callees' too), in milliseconds.
     let off_cpu = profile.has_off_cpu();
     let period_ms = profile.meta.period_ns() as f64 / 1e6;
+    let rows: Vec<(TopRow, String)> = rows(profile)
+        .into_iter()
+        .take(style.rows)
+        .map(|row| {
+            let location = match (row.hottest_line.as_deref().map(escape), row.inlined) {
+                (Some(l), true) => format!("{l} [inlined]"),
+                (Some(l), false) => l.into_owned(),
+                (None, true) => "[inlined]".to_owned(),
+                (None, false) => String::new(),
+            };
+            (row, location)
+        })
+        .collect();
+    let used = if off_cpu { 43 } else { 29 };
+    let layout = Layout::new(
+        rows.iter()
+            .map(|(r, _)| (r.function.as_str(), r.module.as_str())),
+        used,
+        style,
+    );
     if off_cpu {
         let [on, off, preempted] = profile.weight_by_kind();
         writeln!(
@@ -142,50 +374,45 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
         )?;
         writeln!(
             w,
-            "{:>8} {:>8} {:>11} {:>11}  {:<40} Module",
-            "Self%", "Total%", "On-CPU ms", "Off-CPU ms", "Function"
+            "{:>8} {:>8} {:>11} {:>11}  {}",
+            "Self%",
+            "Total%",
+            "On-CPU ms",
+            "Off-CPU ms",
+            layout.header()
         )?;
     } else {
         writeln!(
             w,
-            "{:>8} {:>8} {:>9}  {:<40} Module",
-            "Self%", "Total%", "Samples", "Function"
+            "{:>8} {:>8} {:>9}  {}",
+            "Self%",
+            "Total%",
+            "Samples",
+            layout.header()
         )?;
     }
     let pct = |x: u64| 100.0 * x as f64 / total as f64;
-    for row in rows(profile).into_iter().take(limit) {
-        let module = row.module.rsplit('/').next().unwrap_or(&row.module);
-        let location = match (row.hottest_line.as_deref().map(escape), row.inlined) {
-            (Some(l), true) => format!("{l} [inlined]"),
-            (Some(l), false) => l.into_owned(),
-            (None, true) => "[inlined]".to_owned(),
-            (None, false) => String::new(),
-        };
+    for (row, location) in &rows {
+        let names = layout.cells(&row.function, &row.module, location);
         if off_cpu {
             let on = row.total_weight.saturating_sub(row.total_off_cpu);
             writeln!(
                 w,
-                "{:>7.2}% {:>7.2}% {:>11.1} {:>11.1}  {:<40} {:<20} {}",
+                "{:>7.2}% {:>7.2}% {:>11.1} {:>11.1}  {names}",
                 pct(row.self_weight),
                 pct(row.total_weight),
                 on as f64 * period_ms,
                 row.total_off_cpu as f64 * period_ms,
-                escape(&row.function),
-                escape(module),
-                location
             )?;
-            continue;
+        } else {
+            writeln!(
+                w,
+                "{:>7.2}% {:>7.2}% {:>9}  {names}",
+                pct(row.self_weight),
+                pct(row.total_weight),
+                row.self_weight,
+            )?;
         }
-        writeln!(
-            w,
-            "{:>7.2}% {:>7.2}% {:>9}  {:<40} {:<20} {}",
-            pct(row.self_weight),
-            pct(row.total_weight),
-            row.self_weight,
-            escape(&row.function),
-            escape(module),
-            location
-        )?;
     }
     Ok(())
 }
@@ -193,6 +420,85 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
 #[cfg(test)]
 mod tests {
     use crate::Profile;
+
+    #[test]
+    fn long_names_are_shortened() {
+        use super::shorten;
+        for (long, short) in [
+            (
+                "std::vector<int, std::allocator<int> >::push_back(int const&)",
+                "std::vector<…>::push_back(…)",
+            ),
+            ("main", "main"),
+            ("f()", "f()"),
+            ("A::f(int) const", "A::f(…) const"),
+            (
+                "<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop",
+                "<alloc::vec::Vec<…> as core::ops::drop::Drop>::drop",
+            ),
+            (
+                "(anonymous namespace)::g(char*)",
+                "(anonymous namespace)::g(…)",
+            ),
+            (
+                "bool operator<< <int>(int, int)",
+                "bool operator<< <int>(…)",
+            ),
+            ("operator<(A const&, A const&)", "operator<(…)"),
+            ("Foo::operator()(int) const", "Foo::operator()(…) const"),
+            (
+                "std::function<void ()>::operator()() const",
+                "std::function<…>::operator()() const",
+            ),
+            ("a::{{closure}}", "a::{{closure}}"),
+            (
+                "x::{lambda(int)#1}::operator()",
+                "x::{lambda(…)#1}::operator()",
+            ),
+            ("f<a->b>(x)", "f<…>(…)"),
+            ("unbalanced<(", "unbalanced<("),
+            ("[off-cpu: futex]", "[off-cpu: futex]"),
+        ] {
+            assert_eq!(shorten(long), short, "{long}");
+        }
+    }
+
+    #[test]
+    fn columns_fit_the_names_and_the_terminal() {
+        use super::{Layout, TableStyle};
+        let long = "a_function_with_a_very_long_name_indeed_longer_than_sixty_columns_x";
+        let rows = [
+            ("short", "/usr/lib/libc.so.6"),
+            (long, "/a/very/long/path/to/some_module_with_a_long_name.so"),
+        ];
+        // Off a terminal: the function column is capped, the module named by its file.
+        let l = Layout::new(rows, 28, &TableStyle::rows(10));
+        let cells = l.cells("short", "/usr/lib/libc.so.6", "c.c:1");
+        assert!(cells.starts_with("short "), "{cells}");
+        assert!(cells.contains("  libc.so.6 "), "{cells}");
+        let cut = l.cells(long, "m", "");
+        assert_eq!(cut.chars().take_while(|&c| c != ' ').count(), 60, "{cut}");
+        assert!(cut.contains('…'));
+        // Every row's module column starts at the same place.
+        let at = |s: &str, m: &str| s.find(m).unwrap();
+        assert_eq!(at(&cells, "libc"), at(&l.cells("x", "/b/libc", ""), "libc"));
+        assert_eq!(l.header().find("Module"), Some(at(&cells, "libc")));
+        // Verbose: the whole name.
+        let full = TableStyle {
+            verbose: true,
+            ..TableStyle::rows(10)
+        };
+        let l = Layout::new(rows, 28, &full);
+        assert!(l.cells(long, "m", "").starts_with(long));
+        // On an 80-column terminal: the line fits.
+        let narrow = TableStyle {
+            width: Some(80),
+            ..TableStyle::rows(10)
+        };
+        let l = Layout::new(rows, 28, &narrow);
+        let line = format!("{}{}", " ".repeat(28), l.cells(long, rows[1].1, "x.c:10"));
+        assert!(line.chars().count() <= 80, "{line}");
+    }
 
     #[test]
     fn recursion_counts_once_in_total() {

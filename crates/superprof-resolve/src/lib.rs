@@ -232,15 +232,15 @@ impl Console {
     /// error.
     pub fn write_with(
         self,
-        what: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+        what: impl FnOnce(&mut (dyn std::io::Write + Send)) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
         let written = match self {
             Console::Stdout => {
-                let mut o = std::io::stdout().lock();
+                let mut o = std::io::BufWriter::new(std::io::stdout());
                 what(&mut o).and_then(|()| std::io::Write::flush(&mut o))
             }
             Console::Stderr => {
-                let mut o = std::io::stderr().lock();
+                let mut o = std::io::BufWriter::new(std::io::stderr());
                 what(&mut o).and_then(|()| std::io::Write::flush(&mut o))
             }
         };

@@ -96,6 +96,9 @@ pub struct RecordArgs {
     /// Do not print the top table
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Full function names in the table (templates and argument lists kept)
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Sampler: perf (perf_event_open), ptrace (works where perf_event_open is denied), or
     /// auto (perf, falling back to ptrace with a notice)
     #[arg(long, value_enum, default_value_t = SamplerArg::Auto)]
@@ -156,6 +159,16 @@ pub struct ReportArgs {
     /// Keep only off-CPU samples: waits and preemptions (of a profile recorded with --off-cpu)
     #[arg(long = "off-cpu")]
     pub off_cpu: bool,
+    /// Compare with this earlier profile: FILE is the after, BEFORE the before (top, folded
+    /// `stack BEFORE AFTER`, or a differential svg); the filters apply to both
+    #[arg(long, value_name = "BEFORE")]
+    pub diff: Option<PathBuf>,
+    /// With --diff: sample counts instead of shares of each profile's total
+    #[arg(long, requires = "diff")]
+    pub absolute: bool,
+    /// Full function names in the table (templates and argument lists kept)
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -391,6 +404,9 @@ pub struct PreloadArgs {
     /// Do not print the top table
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Full function names in the table (templates and argument lists kept)
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// The command (after `--`)
     #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<String>,

@@ -19,6 +19,7 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         outputs: vec![args.output.clone()],
         duration: None,
         quiet: false,
+        verbose: false,
         target: Target::Command(vec![
             exe.to_string_lossy().into_owned(),
             "__demo-workload".into(),

@@ -124,8 +124,9 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     );
     if !args.quiet {
         // The program's output owns stdout.
-        superprof_resolve::Console::Stderr
-            .write_with(|w| superprof_profile::top::write(&profile, 30, w))?;
+        let console = superprof_resolve::Console::Stderr;
+        let style = crate::sys::table_style(console, 30, args.verbose);
+        console.write_with(|w| superprof_profile::top::write_styled(&profile, &style, w))?;
     }
     for (path, format) in &outputs {
         superprof_resolve::write_output(&profile, path, *format)?;

@@ -14,6 +14,11 @@ pub struct ReportConfig {
     pub format: OutputFormat,
     pub output: Option<PathBuf>,
     pub filter: Filter,
+    /// The profile to compare with (`--diff BEFORE`), and in counts (`--absolute`).
+    pub diff: Option<PathBuf>,
+    pub absolute: bool,
+    /// Full function names in the table.
+    pub verbose: bool,
 }
 
 impl ReportConfig {
@@ -44,6 +49,9 @@ impl ReportConfig {
             file: a.file,
             format,
             output: a.output,
+            diff: a.diff,
+            absolute: a.absolute,
+            verbose: a.verbose,
             filter: Filter {
                 tids: a.tids,
                 since_ns: secs(a.since, "since")?,
@@ -69,27 +77,71 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
         superprof_profile::output::check_writable(out)
             .with_context(|| format!("cannot write output '{}'", out.display()))?;
     }
-    let profile = superprof_profile::parquet::read(&cfg.file)
-        .with_context(|| format!("cannot read profile '{}'", cfg.file.display()))?;
-    let profile = if cfg.filter.is_empty() {
-        profile
-    } else {
-        cfg.filter.apply(&profile)
+    if cfg.diff.is_some() && !superprof_profile::diff::supports(cfg.format) {
+        bail!("--diff writes top, folded or svg");
+    }
+    let read = |file: &std::path::Path| -> Result<superprof_profile::Profile> {
+        let profile = superprof_profile::parquet::read(file)
+            .with_context(|| format!("cannot read profile '{}'", file.display()))?;
+        Ok(if cfg.filter.is_empty() {
+            profile
+        } else {
+            cfg.filter.apply(&profile)
+        })
     };
-    let title = format!("superprof: {}", profile.meta.command.join(" "));
+    let profile = read(&cfg.file)?;
+    let before = cfg.diff.as_deref().map(read).transpose()?;
+    if let Some(b) = &before {
+        if cfg.absolute
+            && (b.meta.event != profile.meta.event || b.meta.frequency != profile.meta.frequency)
+        {
+            eprintln!(
+                "superprof: the profiles were sampled differently ({} at {} Hz before, {} at {} \
+                 Hz after): their counts are not of the same thing",
+                superprof_profile::escape(&b.meta.event),
+                b.meta.frequency,
+                superprof_profile::escape(&profile.meta.event),
+                profile.meta.frequency
+            );
+        }
+    }
+    let title = match &before {
+        Some(b) => format!(
+            "superprof: {} against {}",
+            profile.meta.command.join(" "),
+            b.meta.command.join(" ")
+        ),
+        None => format!("superprof: {}", profile.meta.command.join(" ")),
+    };
+    // The table fits the terminal it is shown on (a file gets names shortened, no width).
+    let console = superprof_resolve::Console::Stdout;
+    let style = crate::sys::table_style(console, 40, cfg.verbose);
+    let style = superprof_profile::top::TableStyle {
+        width: style.width.filter(|_| cfg.output.is_none()),
+        ..style
+    };
+    let write = |w: &mut (dyn Write + Send)| -> std::io::Result<()> {
+        match &before {
+            Some(b) => {
+                let opts = superprof_profile::diff::DiffOptions {
+                    absolute: cfg.absolute,
+                    style,
+                };
+                superprof_profile::diff::write(b, &profile, cfg.format, opts, &title, w)
+            }
+            None if cfg.format == OutputFormat::Top => {
+                superprof_profile::top::write_styled(&profile, &style, w)
+            }
+            None => superprof_profile::output::write(&profile, cfg.format, &title, w),
+        }
+    };
     match &cfg.output {
         Some(out) => {
-            superprof_profile::write_atomic(out, |w| {
-                superprof_profile::output::write(&profile, cfg.format, &title, w)
-            })
-            .with_context(|| format!("cannot write '{}'", out.display()))?;
+            superprof_profile::write_atomic(out, |w| write(w))
+                .with_context(|| format!("cannot write '{}'", out.display()))?;
             eprintln!("superprof: wrote {}", out.display());
         }
-        None => {
-            let mut stdout = std::io::stdout();
-            superprof_profile::output::write(&profile, cfg.format, &title, &mut stdout)?;
-            stdout.flush()?;
-        }
+        None => console.write_with(write)?,
     }
     Ok(0)
 }

@@ -57,6 +57,40 @@ pub fn install_stop_handler() {
     }
 }
 
+/// The width of the terminal `console` is, if it is one (`COLUMNS` first, as ls reads it).
+pub fn console_width(console: superprof_resolve::Console) -> Option<usize> {
+    let fd = match console {
+        superprof_resolve::Console::Stdout => libc::STDOUT_FILENO,
+        superprof_resolve::Console::Stderr => libc::STDERR_FILENO,
+    };
+    // SAFETY: isatty only asks the kernel about the descriptor.
+    if unsafe { libc::isatty(fd) } != 1 {
+        return None;
+    }
+    let columns = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok());
+    if let Some(c) = columns.filter(|&c: &usize| c > 0) {
+        return Some(c);
+    }
+    // SAFETY: a winsize is plain integers; all zero is a valid value.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+}
+
+/// How a table of `rows` rows is laid out on `console`.
+pub fn table_style(
+    console: superprof_resolve::Console,
+    rows: usize,
+    verbose: bool,
+) -> superprof_profile::top::TableStyle {
+    superprof_profile::top::TableStyle {
+        rows,
+        verbose,
+        width: console_width(console),
+    }
+}
+
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }

@@ -127,6 +127,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         outputs: Vec::new(),
         duration: args.duration,
         quiet: true,
+        verbose: false,
         target,
         top_rows: 0,
     };

@@ -366,7 +366,8 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         bail!("no samples were taken");
     }
     let profile = build_profile(&sampler, &mut symbols, &samples, args, elapsed);
-    console.write_with(|w| superprof_profile::top::write(&profile, 20, w))?;
+    let style = sys::table_style(console, 20, args.verbose);
+    console.write_with(|w| superprof_profile::top::write_styled(&profile, &style, w))?;
     for (path, format) in &outputs {
         superprof_resolve::write_output(&profile, path, *format)?;
         eprintln!("superprof: wrote {}", path.display());

@@ -32,6 +32,8 @@ pub struct RecordConfig {
     pub outputs: Vec<PathBuf>,
     pub duration: Option<Duration>,
     pub quiet: bool,
+    /// Full function names in the table.
+    pub verbose: bool,
     pub target: Target,
     /// Rows of the top table.
     pub top_rows: usize,
@@ -53,6 +55,7 @@ impl RecordConfig {
             outputs: a.outputs,
             duration: a.duration,
             quiet: a.quiet,
+            verbose: a.verbose,
             target: match a.target.pid {
                 Some(pid) => Target::Pid(pid),
                 None => Target::Command(a.target.command),
@@ -152,7 +155,8 @@ pub fn show(
     if !cfg.quiet {
         // A launched command's output owns stdout.
         let console = superprof_resolve::Console::of_run(matches!(cfg.target, Target::Command(_)));
-        console.write_with(|w| superprof_profile::top::write(profile, cfg.top_rows, w))?;
+        let style = sys::table_style(console, cfg.top_rows, cfg.verbose);
+        console.write_with(|w| superprof_profile::top::write_styled(profile, &style, w))?;
     }
     Ok(())
 }
