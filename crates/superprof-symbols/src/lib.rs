@@ -213,6 +213,15 @@ impl Symbolizer {
             Some(outer) if outer.function.is_none() => {
                 outer.function = symbol;
             }
+            // DWARF of line tables only names a function without its path (`crunch_numbers`):
+            // the symbol table's name of the same function is whole.
+            Some(outer) => {
+                if let (Some(name), Some(sym)) = (&outer.function, &symbol) {
+                    if qualifies(sym, name) {
+                        outer.function = symbol;
+                    }
+                }
+            }
             None => {
                 if let Some(name) = symbol {
                     frames.push(SymFrame {
@@ -223,7 +232,6 @@ impl Symbolizer {
                     });
                 }
             }
-            _ => {}
         }
         frames.reverse();
         frames
@@ -273,7 +281,40 @@ fn dwarf_frames(loader: &Loader, svma: u64) -> Vec<SymFrame> {
     out
 }
 
+/// Whether `symbol` is `name` with its path (and, for C++, its argument list): the same
+/// function named in full.
+fn qualifies(symbol: &str, name: &str) -> bool {
+    if symbol.len() <= name.len() || name.is_empty() {
+        return false;
+    }
+    let Some(at) = symbol.rfind(&format!("::{name}")) else {
+        return false;
+    };
+    let rest = &symbol[at + 2 + name.len()..];
+    rest.is_empty() || rest.starts_with('(') || rest.starts_with('<')
+}
+
 /// Demangles a Rust or C++ symbol name; other names come back unchanged.
 pub fn demangle(name: &str) -> String {
     addr2line::demangle_auto(name.into(), None).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_symbol_names_a_bare_dwarf_name_in_full() {
+        use super::qualifies;
+        assert!(qualifies(
+            "superprof::demo::crunch_numbers",
+            "crunch_numbers"
+        ));
+        assert!(qualifies("geometry::Mesh::relax(int)", "relax"));
+        assert!(qualifies(
+            "core::ptr::drop_in_place<u8>",
+            "drop_in_place<u8>"
+        ));
+        assert!(!qualifies("a::crunch_numbers_fast", "crunch_numbers"));
+        assert!(!qualifies("main", "main"));
+        assert!(!qualifies("other::thing", "crunch_numbers"));
+    }
 }

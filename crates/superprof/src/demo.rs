@@ -20,6 +20,8 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         duration: None,
         quiet: false,
         verbose: false,
+        // The workload (superprof's own) prints nothing: the demo's table is on stdout.
+        console: Some(superprof_resolve::Console::Stdout),
         target: Target::Command(vec![
             exe.to_string_lossy().into_owned(),
             "__demo-workload".into(),

@@ -8,6 +8,7 @@ mod demo;
 mod engine;
 mod inprocess;
 mod preload;
+mod progress;
 mod qemu;
 mod record;
 mod region;

@@ -62,8 +62,12 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     let mut totals: HashMap<String, Totals> = HashMap::new();
     let mut events = 0u64;
     let mut stopped = false;
+    // A progress line where the log does not go to the terminal itself.
+    let mut progress = crate::progress::Progress::new(args.output.is_some() || args.summary_only);
+    let mut seen = 0u64;
     let mut exit = syscalls::trace(&mut tracer, launched, |ev| {
         let Some(ev) = ev else {
+            progress.update(|| format!("{seen} syscalls"));
             if let Err(e) = sink.flush() {
                 write_error.get_or_insert(e);
             }
@@ -73,6 +77,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
             }
             return Control::Continue;
         };
+        seen += 1;
         let t = totals.entry(ev.name.clone()).or_default();
         t.calls += 1;
         t.errors += ev.errno.is_some() as u64;
@@ -94,6 +99,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         }
         Control::Continue
     })?;
+    progress.clear();
     if launched && exit.is_none() && stopped {
         // Ctrl-C or --duration: end the command as strace's -p detach would not; we started it.
         exit = tracer.terminate(Duration::from_secs(5), |_| {})?;

@@ -128,6 +128,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         duration: args.duration,
         quiet: true,
         verbose: false,
+        console: None,
         target,
         top_rows: 0,
     };

@@ -73,6 +73,26 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
+    /// The progress line's counts: the blocks probed, and the executions counted so far
+    /// where they are at hand (the in-process counters, breakpoint stops).
+    fn so_far(&self) -> String {
+        let probed = self.probed_blocks.len() + self.cover.len();
+        let mut counted: u64 = self.bp_hits.values().sum();
+        if let Some(inproc) = &self.inproc {
+            counted += self
+                .patched
+                .iter()
+                .map(|&(_, _, c)| inproc.count(c))
+                .sum::<u64>();
+        }
+        let stops = self.counts.stops;
+        match self.engine {
+            Engine::Uprobe(_) => format!("{probed} blocks probed"),
+            Engine::InProcess => format!("{probed} blocks probed, {counted} executions"),
+            Engine::Ptrace => format!("{stops} breakpoint stops"),
+        }
+    }
+
     /// Places what can be placed; true when every region is. `tid`: a stopped thread of
     /// `pid` (the in-process engine runs system calls in it).
     fn place_all(&mut self, tracer: &mut Tracer, tid: u32, pid: u32) -> Result<bool> {
@@ -595,7 +615,9 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     let start = Instant::now();
     let duration = args.duration;
     let mut exit = None;
+    let mut progress = crate::progress::Progress::new(true);
     loop {
+        progress.update(|| s.so_far());
         if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
             break;
         }
@@ -637,6 +659,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             other => tracer.resume_after(&other),
         }
     }
+    progress.clear();
     if launched && exit.is_none() {
         exit = tracer.terminate(Duration::from_secs(5), |_| {})?;
     }

@@ -7,6 +7,7 @@
 mod sampler;
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -259,7 +260,12 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.subsec_nanos() as u64);
     let mut jitter = Jitter(seed | 1);
+    // A progress line, unless a launched QEMU's console shares the terminal.
+    let mut progress = crate::progress::Progress::new(
+        !args.one_shot && (launched.is_none() || !std::io::stdout().is_terminal()),
+    );
     loop {
+        progress.update(|| format!("{} samples", samples.len()));
         if sys::stop_requested() || (!args.one_shot && start.elapsed() >= duration) {
             break;
         }
@@ -308,6 +314,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             break;
         }
     }
+    progress.clear();
     let elapsed = start.elapsed();
     // A sample cut short may have left the guest stopped.
     if !gone {

@@ -5,9 +5,8 @@ mod cgroup;
 mod perf;
 mod ptrace;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_profile::{OutputFormat, Profile};
@@ -34,6 +33,9 @@ pub struct RecordConfig {
     pub quiet: bool,
     /// Full function names in the table.
     pub verbose: bool,
+    /// Where the table goes, when not where the target says (stderr for a launched
+    /// command, whose output owns stdout; stdout when attached).
+    pub console: Option<superprof_resolve::Console>,
     pub target: Target,
     /// Rows of the top table.
     pub top_rows: usize,
@@ -56,6 +58,7 @@ impl RecordConfig {
             duration: a.duration,
             quiet: a.quiet,
             verbose: a.verbose,
+            console: None,
             target: match a.target.pid {
                 Some(pid) => Target::Pid(pid),
                 None => Target::Command(a.target.command),
@@ -154,7 +157,9 @@ pub fn show(
     }
     if !cfg.quiet {
         // A launched command's output owns stdout.
-        let console = superprof_resolve::Console::of_run(matches!(cfg.target, Target::Command(_)));
+        let console = cfg.console.unwrap_or_else(|| {
+            superprof_resolve::Console::of_run(matches!(cfg.target, Target::Command(_)))
+        });
         let style = sys::table_style(console, cfg.top_rows, cfg.verbose);
         console.write_with(|w| superprof_profile::top::write_styled(profile, &style, w))?;
     }
@@ -400,43 +405,36 @@ struct LoopResult {
 }
 
 /// The progress line on stderr (when it is a terminal).
-struct Progress {
-    enabled: bool,
-    start: Instant,
-    last: Instant,
+/// Record's progress line: samples, threads and lost records so far.
+pub(crate) struct Progress {
+    line: crate::progress::Progress,
 }
 
 impl Progress {
     fn new(cfg: &RecordConfig) -> Progress {
         Progress {
-            enabled: std::io::stderr().is_terminal() && !cfg.quiet,
-            start: Instant::now(),
-            last: Instant::now(),
+            line: crate::progress::Progress::new(!cfg.quiet),
         }
     }
 
     fn update(&mut self, collector: &Collector) {
-        if self.enabled && self.last.elapsed() >= Duration::from_millis(250) {
-            self.last = Instant::now();
-            eprint!(
-                "\r\x1b[K[superprof] {:.1} s, {} samples, {} threads, {} lost",
-                self.start.elapsed().as_secs_f64(),
+        self.line.update(|| {
+            format!(
+                "{} samples, {} threads, {} lost",
                 collector.sample_count(),
                 collector.thread_count(),
                 collector.lost
-            );
-        }
+            )
+        });
     }
 
-    fn clear(&self) {
-        if self.enabled {
-            eprint!("\r\x1b[K");
-        }
+    fn clear(&mut self) {
+        self.line.clear();
     }
 
     /// Ctrl-C, or the end of --duration.
     fn should_stop(&self, cfg: &RecordConfig) -> bool {
-        sys::stop_requested() || cfg.duration.is_some_and(|d| self.start.elapsed() >= d)
+        sys::stop_requested() || cfg.duration.is_some_and(|d| self.line.elapsed() >= d)
     }
 }
 
@@ -508,7 +506,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     profile.meta.frequency = result.frequency;
     profile.meta.off_cpu = result.off_cpu.unwrap_or_default().to_owned();
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
-    profile.meta.duration_ns = progress.start.elapsed().as_nanos() as u64;
+    profile.meta.duration_ns = progress.line.elapsed().as_nanos() as u64;
     superprof_resolve::stamp(&mut profile.meta);
     let profile = collector.finish(profile, started.clock.monotonic_ns);
     // Per task, a timer starts again in every new task: a tree of short ones goes partly

@@ -1793,8 +1793,13 @@ impl Session {
             Engine::Uprobe(_) | Engine::InProcess => Duration::from_millis(10),
             Engine::Ptrace => Duration::from_millis(50),
         };
+        let mut progress = crate::progress::Progress::new(!self.calibrating);
         loop {
             self.drain_hits(root);
+            progress.update(|| {
+                let calls: u64 = self.results.as_ref().map_or(0, |r| r.calls.iter().sum());
+                format!("{calls} calls")
+            });
             // (The calibration run ends by itself, even after a stop signal: within its
             // deadline.)
             let stop = sys::stop_requested() && !self.calibrating;
@@ -1910,6 +1915,7 @@ impl Session {
                 other => tracer.resume_after(&other),
             }
         }
+        progress.clear();
         // The last hits, then the probes closed (the kernel removes them), then their
         // definitions.
         self.drain_hits(root);
