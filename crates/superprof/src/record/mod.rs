@@ -479,6 +479,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         }
     };
     progress.clear();
+    let ended_ns = superprof_sample::monotonic_ns();
     // The tree has ended (or was ended): its cgroup goes.
     let per_cpu = started.cgroup.is_some();
     drop(started.cgroup);
@@ -506,7 +507,9 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     profile.meta.frequency = result.frequency;
     profile.meta.off_cpu = result.off_cpu.unwrap_or_default().to_owned();
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
-    profile.meta.duration_ns = progress.line.elapsed().as_nanos() as u64;
+    // From the recording's start (before the command's exec: its first samples and waits
+    // can come before the loop starts, by as long as the setup took) to its end.
+    profile.meta.duration_ns = ended_ns.saturating_sub(started.clock.monotonic_ns);
     superprof_resolve::stamp(&mut profile.meta);
     let profile = collector.finish(profile, started.clock.monotonic_ns);
     // Per task, a timer starts again in every new task: a tree of short ones goes partly
