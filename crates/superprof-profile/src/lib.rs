@@ -25,6 +25,7 @@ mod escape;
 pub mod filter;
 pub mod firefox;
 pub mod folded;
+pub mod html;
 mod model;
 pub mod output;
 pub mod parquet;

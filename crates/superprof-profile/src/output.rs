@@ -35,16 +35,18 @@ pub enum OutputFormat {
     Pprof,
     Speedscope,
     Firefox,
+    Html,
 }
 
 /// File extensions and the formats they select (the longest match wins).
-const EXTENSIONS: [(&str, OutputFormat); 6] = [
+const EXTENSIONS: [(&str, OutputFormat); 7] = [
     (".speedscope.json", OutputFormat::Speedscope),
     (".firefox.json", OutputFormat::Firefox),
     (".pb.gz", OutputFormat::Pprof),
     (".parquet", OutputFormat::Parquet),
     (".folded", OutputFormat::Folded),
     (".svg", OutputFormat::Svg),
+    (".html", OutputFormat::Html),
 ];
 
 impl OutputFormat {
@@ -68,12 +70,13 @@ impl OutputFormat {
             "pprof" => OutputFormat::Pprof,
             "speedscope" => OutputFormat::Speedscope,
             "firefox" => OutputFormat::Firefox,
+            "html" => OutputFormat::Html,
             _ => return None,
         })
     }
 
     pub fn extensions() -> &'static str {
-        ".parquet, .folded, .svg, .pb.gz, .speedscope.json, .firefox.json"
+        ".parquet, .folded, .svg, .pb.gz, .speedscope.json, .firefox.json, .html"
     }
 
     /// Binary formats are not written to a terminal.
@@ -98,6 +101,7 @@ pub fn write(
         OutputFormat::Pprof => crate::pprof::write(profile, w),
         OutputFormat::Speedscope => crate::speedscope::write(profile, w),
         OutputFormat::Firefox => crate::firefox::write(profile, w),
+        OutputFormat::Html => crate::html::write(profile, title, w),
     }
 }
 

@@ -84,7 +84,7 @@ pub struct RecordArgs {
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
     pub frequency: u32,
     /// Output file; the format follows the extension (.parquet, .folded, .svg, .pb.gz,
-    /// .speedscope.json, .firefox.json). Repeat for several. Default: superprof.parquet
+    /// .speedscope.json, .firefox.json, .html). Repeat for several. Default: superprof.parquet
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub outputs: Vec<PathBuf>,
     /// Stop recording after this many seconds
@@ -131,7 +131,7 @@ pub struct ReportArgs {
     /// The profile to read (a .parquet file written by superprof)
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// Output format: top, tree, folded, svg, parquet, pprof, speedscope, firefox
+    /// Output format: top, tree, folded, svg, parquet, pprof, speedscope, firefox, html
     /// (default: from the extension of -o, else top)
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,

@@ -25,7 +25,7 @@ impl ReportConfig {
     pub fn from_args(a: ReportArgs) -> Result<ReportConfig> {
         let format = match (&a.format, &a.output) {
             (Some(name), _) => OutputFormat::from_name(name).ok_or_else(|| {
-                anyhow!("unknown format '{name}': use top, tree, folded, svg, parquet, pprof, speedscope or firefox")
+                anyhow!("unknown format '{name}': use top, tree, folded, svg, parquet, pprof, speedscope, firefox or html")
             })?,
             (None, Some(out)) => OutputFormat::from_path(out).ok_or_else(|| {
                 anyhow!(
