@@ -67,6 +67,7 @@ fn check(
     jit_name: fn(&str) -> Option<&'static str>,
     named: f64,
     perf: Perf,
+    since: Option<f64>,
 ) {
     let folded = dir.path("jit.folded");
     let out = run_ok(
@@ -94,6 +95,27 @@ fn check(
         (a + b) as f64 >= named * total as f64,
         "{cmd:?}: hotA {a} + hotB {b} of {total}: {l:?}"
     );
+    // The split, from the samples after `since` seconds where the program times only its
+    // part after a warm-up.
+    let (a, b) = match since {
+        Some(s) => {
+            let out = run_ok(
+                superprof()
+                    .arg("report")
+                    .arg(dir.path("jit.parquet"))
+                    .args(["--format", "folded", "--since", &s.to_string()]),
+            );
+            let l = leaves(&Folded::parse(&String::from_utf8_lossy(&out.stdout)));
+            let count = |which: &str| -> u64 {
+                l.iter()
+                    .filter(|(k, _)| jit_name(k) == Some(which))
+                    .map(|(_, n)| n)
+                    .sum()
+            };
+            (count("hotA"), count("hotB"))
+        }
+        None => (a, b),
+    };
     let share = a as f64 / (a + b) as f64;
     let want = own["hotA"];
     let sigma = (want * (1.0 - want) / (a + b) as f64).sqrt();
@@ -180,6 +202,7 @@ fn node_perf_basic_prof_names_js_functions() {
         js_name,
         0.85,
         Perf::Record,
+        None,
     );
 }
 
@@ -195,6 +218,10 @@ fn java_perf_map_at_exit_names_methods() {
             "-XX:+UnlockDiagnosticVMOptions",
             "-XX:+DumpPerfMapAtExit",
             "-XX:+PreserveFramePointer",
+            // hotA and hotB stay calls: inlined into main's compiled loop, their samples
+            // would be main's, one or the other or both as the JIT decided.
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Hot::hot*",
             "-cp",
             dir.0.to_str().unwrap(),
             "Hot",
@@ -202,6 +229,7 @@ fn java_perf_map_at_exit_names_methods() {
         java_name,
         0.85,
         Perf::Record,
+        Some(1.5),
     );
 }
 
@@ -255,6 +283,10 @@ fn java_jitdump_names_methods_with_lines() {
             "java",
             &format!("-agentpath:{}", agent.display()),
             "-XX:+PreserveFramePointer",
+            // hotA and hotB stay calls: inlined into main's compiled loop, their samples
+            // would be main's, one or the other or both as the JIT decided.
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Hot::hot*",
             "-cp",
             dir.0.to_str().unwrap(),
             "Hot",
@@ -262,6 +294,7 @@ fn java_jitdump_names_methods_with_lines() {
         java_name,
         0.85,
         Perf::InjectJit,
+        Some(1.5),
     );
     // The source lines the agent wrote: hotA and hotB are lines 4 and 5 of Hot.java.
     let top =
@@ -297,6 +330,7 @@ fn node_jitdump_names_js_functions() {
         js_name,
         0.85,
         Perf::InjectJit,
+        None,
     );
     // The dump is there, and no perf map of that process: the names came from the dump.
     let pid = std::fs::read_dir(&dir.0)

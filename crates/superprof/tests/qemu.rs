@@ -386,6 +386,35 @@ fn profile_for_long(k: &Kernels, q: &Qemu, folded: &Path) -> std::process::Child
     child
 }
 
+/// On a terminal, a progress line with the samples so far (issue 17); none on a pipe (the
+/// other tests).
+#[test]
+fn a_progress_line_on_a_terminal() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("qemu-progress");
+    let k = build(&dir, Arch::Aarch64);
+    let q = start_qemu(&dir, Arch::Aarch64, &k);
+    let cmd = format!(
+        "{} qemu --kernel {} --qmp {} --interval 1 --duration 1.5 -o {}",
+        env!("CARGO_BIN_EXE_superprof"),
+        k.kernel.display(),
+        q.qmp.display(),
+        dir.path("p.folded").display()
+    );
+    let out = run_ok(Command::new("script").args(["-qec", &cmd, "/dev/null"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text
+        .split("\r\x1b[K")
+        .filter(|l| l.starts_with("[superprof] "))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(" s, ") && l.contains(" samples")),
+        "{text:?}"
+    );
+}
+
 #[test]
 fn qemu_ending_mid_run_keeps_the_samples() {
     let _cpu = cpu_lock();
