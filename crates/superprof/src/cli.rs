@@ -107,6 +107,19 @@ pub struct RecordArgs {
     /// with the stack it waited in: the profile adds up to wall-clock time per thread
     #[arg(long = "off-cpu")]
     pub off_cpu: bool,
+    /// After the recording, send the profile to a server: pyroscope:http://HOST:PORT (the
+    /// local outputs are written too)
+    #[arg(long, value_name = "DEST")]
+    pub push: Option<String>,
+    /// The application the pushed profile belongs to (default: the command's name)
+    #[arg(long, value_name = "NAME", requires = "push")]
+    pub app: Option<String>,
+    /// A label of the pushed profile (repeat for several)
+    #[arg(long = "label", value_name = "KEY=VALUE", requires = "push")]
+    pub labels: Vec<String>,
+    /// The tenant, for a multi-tenant server (the X-Scope-OrgID header)
+    #[arg(long, value_name = "ID", requires = "push")]
+    pub tenant: Option<String>,
     #[command(flatten)]
     pub target: TargetArgs,
 }

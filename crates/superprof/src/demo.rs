@@ -22,6 +22,7 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         verbose: false,
         // The workload (superprof's own) prints nothing: the demo's table is on stdout.
         console: Some(superprof_resolve::Console::Stdout),
+        push: None,
         target: Target::Command(vec![
             exe.to_string_lossy().into_owned(),
             "__demo-workload".into(),

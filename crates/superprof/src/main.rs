@@ -9,6 +9,7 @@ mod engine;
 mod inprocess;
 mod preload;
 mod progress;
+mod push;
 mod qemu;
 mod record;
 mod region;

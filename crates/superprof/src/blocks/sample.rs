@@ -129,6 +129,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         quiet: true,
         verbose: false,
         console: None,
+        push: None,
         target,
         top_rows: 0,
     };

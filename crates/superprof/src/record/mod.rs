@@ -36,6 +36,8 @@ pub struct RecordConfig {
     /// Where the table goes, when not where the target says (stderr for a launched
     /// command, whose output owns stdout; stdout when attached).
     pub console: Option<superprof_resolve::Console>,
+    /// `--push DEST`, with `--app`, `--label`s and `--tenant` as given.
+    pub push: Option<PushArgs>,
     pub target: Target,
     /// Rows of the top table.
     pub top_rows: usize,
@@ -59,6 +61,12 @@ impl RecordConfig {
             quiet: a.quiet,
             verbose: a.verbose,
             console: None,
+            push: a.push.map(|dest| PushArgs {
+                dest,
+                app: a.app,
+                labels: a.labels,
+                tenant: a.tenant,
+            }),
             target: match a.target.pid {
                 Some(pid) => Target::Pid(pid),
                 None => Target::Command(a.target.command),
@@ -115,9 +123,29 @@ impl Recorded {
     }
 }
 
+/// What `--push` asks, unchecked.
+#[derive(Debug, Clone)]
+pub struct PushArgs {
+    pub dest: String,
+    pub app: Option<String>,
+    pub labels: Vec<String>,
+    pub tenant: Option<String>,
+}
+
 /// Records, prints the table, writes the output; returns the exit code for superprof.
 pub fn run(cfg: &RecordConfig) -> Result<i32> {
     let outputs = check_outputs(cfg)?;
+    // A bad destination or label costs nothing: checked before the recording.
+    let push = match &cfg.push {
+        Some(p) => Some((
+            crate::push::Dest::parse(&p.dest)?,
+            p.labels
+                .iter()
+                .map(|l| crate::push::parse_label(l))
+                .collect::<Result<Vec<_>>>()?,
+        )),
+        None => None,
+    };
     let recorded = record(cfg)?;
     match recorded.exit {
         // A launched command's status is superprof's, whatever there is to show.
@@ -128,6 +156,26 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         .into()),
         exit => {
             show(cfg, &recorded, &outputs)?;
+            if let (Some((dest, labels)), Some(p)) = (push, &cfg.push) {
+                let app = p.app.clone().unwrap_or_else(|| {
+                    recorded
+                        .profile
+                        .meta
+                        .command
+                        .first()
+                        .and_then(|c| c.rsplit('/').next())
+                        .filter(|c| !c.is_empty())
+                        .unwrap_or("superprof")
+                        .to_owned()
+                });
+                let opts = crate::push::PushOptions {
+                    app,
+                    labels,
+                    tenant: p.tenant.clone(),
+                    give_up_after: Duration::from_secs(8),
+                };
+                crate::push::push(&dest, &recorded.profile, &opts)?;
+            }
             Ok(exit.map_or(0, |e| e.shell_code()))
         }
     }

@@ -1,0 +1,184 @@
+//! `record --push pyroscope:URL` (issue 18, first part): the profile goes to Pyroscope's ingest
+//! API. No Pyroscope server package is installable here: an HTTP server in the test takes the
+//! request and checks it, and its pprof body is the profile written locally, byte for byte.
+//! A server that is down or refuses: one line, a non-zero exit, the local file kept.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::thread;
+
+use common::*;
+
+/// One HTTP request: (request line, headers in lower case, body).
+type Request = (String, Vec<(String, String)>, Vec<u8>);
+
+/// Serves one request with `status`, and gives it back.
+fn serve_one(listener: TcpListener, status: &'static str) -> thread::JoinHandle<Request> {
+    thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut r = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap();
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("a content-length");
+        let mut body = vec![0; len];
+        r.read_exact(&mut body).unwrap();
+        let mut w = stream;
+        write!(
+            w,
+            "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        (line.trim_end().to_owned(), headers, body)
+    })
+}
+
+#[test]
+fn a_recording_is_pushed_to_pyroscopes_ingest() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("push");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = serve_one(listener, "200 OK");
+    let local = dir.path("p.pb.gz");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&local)
+            .arg("--push")
+            .arg(format!("pyroscope:http://127.0.0.1:{port}"))
+            .args([
+                "--app",
+                "split-test",
+                "--label",
+                "env=ci",
+                "--label",
+                "az=b1",
+            ])
+            .args(["--tenant", "team-a", "--"])
+            .arg(&exe)
+            .arg("0.5"),
+    );
+    let (line, headers, body) = server.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("pushed"), "{stderr}");
+    let (method, rest) = line.split_once(' ').unwrap();
+    assert_eq!(method, "POST");
+    let target = rest.rsplit_once(' ').unwrap().0;
+    let (path, query) = target.split_once('?').unwrap();
+    assert_eq!(path, "/ingest");
+    let q: std::collections::BTreeMap<&str, &str> =
+        query.split('&').filter_map(|p| p.split_once('=')).collect();
+    assert_eq!(
+        q["name"], "split-test.cpu%7Benv%3Dci%2Caz%3Db1%7D",
+        "{query}"
+    );
+    assert_eq!(q["spyName"], "superprof");
+    assert_eq!(q["format"], "pprof");
+    let (from, until): (u64, u64) = (q["from"].parse().unwrap(), q["until"].parse().unwrap());
+    assert!(
+        from >= before.saturating_sub(1) && until > from && until <= from + 5,
+        "{query}"
+    );
+    // The delivered rate, as the summary gives it.
+    let rate: f64 = q["sampleRate"].parse().unwrap();
+    let said: f64 = stderr
+        .split(" Hz delivered")
+        .next()
+        .and_then(|s| s.rsplit(", ").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!((rate - said).abs() <= 1.0, "{rate} against {said}");
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "x-scope-orgid" && v == "team-a"),
+        "{headers:?}"
+    );
+    // The pushed profile is the local one.
+    assert_eq!(body, std::fs::read(&local).unwrap());
+}
+
+/// A non-zero exit whose last line (after the recording's own) says why the push failed.
+fn failed_to_push(out: &std::process::Output, why: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("superprof: cannot push") && last.contains(why),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("cannot push").count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_server_down_or_refusing_gives_one_line_and_the_local_file() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("push-down");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    // Down: a port nobody listens on.
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let local = dir.path("down.folded");
+    let out = superprof()
+        .args(["record", "-q", "-o"])
+        .arg(&local)
+        .arg("--push")
+        .arg(format!("pyroscope:http://127.0.0.1:{port}"))
+        .arg("--")
+        .arg(&exe)
+        .arg("0.2")
+        .output()
+        .unwrap();
+    failed_to_push(&out, "Connection refused");
+    assert!(local.exists());
+    // Refusing (400): at once, without retrying.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = serve_one(listener, "400 Bad Request");
+    let local = dir.path("refused.folded");
+    let out = superprof()
+        .args(["record", "-q", "-o"])
+        .arg(&local)
+        .arg("--push")
+        .arg(format!("pyroscope:http://127.0.0.1:{port}"))
+        .arg("--")
+        .arg(&exe)
+        .arg("0.2")
+        .output()
+        .unwrap();
+    server.join().unwrap();
+    failed_to_push(&out, "400");
+    assert!(local.exists());
+    // A bad destination costs nothing: refused before the command runs.
+    let out = superprof()
+        .args(["record", "--push", "parca-ish:http://x", "--"])
+        .arg(&exe)
+        .arg("5")
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "--push");
+}
