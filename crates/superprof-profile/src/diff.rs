@@ -126,25 +126,14 @@ fn share(part: u64, total: u64) -> f64 {
     }
 }
 
-/// The line that says what a profile holds.
+/// The line that says what a profile holds: the top table's, and its command.
 fn describe(p: &Profile) -> String {
-    let threads: std::collections::HashSet<u32> = p.samples.iter().map(|s| s.thread).collect();
-    format!(
-        "{} samples of {} at {} Hz, {} threads{}",
-        p.total_weight(),
-        if p.meta.event.is_empty() {
-            "?".into()
-        } else {
-            escape(&p.meta.event)
-        },
-        p.meta.frequency,
-        threads.len(),
-        if p.meta.command.is_empty() {
-            String::new()
-        } else {
-            format!(": {}", escape(&p.meta.command.join(" ")))
-        }
-    )
+    let command = if p.meta.command.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", escape(&p.meta.command.join(" ")))
+    };
+    format!("{}{command}", crate::top::summary(p))
 }
 
 fn write_top(

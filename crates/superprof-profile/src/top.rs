@@ -307,14 +307,8 @@ fn matching(b: &[u8], open: usize, l: u8, r: u8) -> Option<usize> {
     None
 }
 
-/// Writes the table, at most `limit` rows, names shortened.
-pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<()> {
-    write_styled(profile, &TableStyle::rows(limit), w)
-}
-
-/// Writes the table as `style` says.
-pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) -> io::Result<()> {
-    let total = profile.total_weight();
+/// The line above a table: samples, event and rate, threads, lost samples.
+pub fn summary(profile: &Profile) -> String {
     let threads: std::collections::HashSet<u32> =
         profile.samples.iter().map(|s| s.thread).collect();
     let on_cpu = profile.on_cpu_samples();
@@ -322,8 +316,7 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
         0.0 => String::new(),
         hz => format!(" ({hz:.0} Hz delivered)"),
     };
-    writeln!(
-        w,
+    format!(
         "{} samples of {} at {} Hz{delivered}, {} threads, {} lost",
         on_cpu,
         if profile.meta.event.is_empty() {
@@ -334,7 +327,18 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
         profile.meta.frequency,
         threads.len(),
         profile.meta.lost_samples
-    )?;
+    )
+}
+
+/// Writes the table, at most `limit` rows, names shortened.
+pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<()> {
+    write_styled(profile, &TableStyle::rows(limit), w)
+}
+
+/// Writes the table as `style` says.
+pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) -> io::Result<()> {
+    let total = profile.total_weight();
+    writeln!(w, "{}", summary(profile))?;
     if total == 0 {
         return Ok(());
     }

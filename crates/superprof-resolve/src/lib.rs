@@ -228,22 +228,22 @@ impl Console {
         }
     }
 
+    /// This console, unbuffered (a log written as it comes).
+    pub fn writer(self) -> Box<dyn std::io::Write + Send> {
+        match self {
+            Console::Stdout => Box::new(std::io::stdout()),
+            Console::Stderr => Box::new(std::io::stderr()),
+        }
+    }
+
     /// Writes `what` to this console whole; a reader gone (stdout piped into `head`) is no
     /// error.
     pub fn write_with(
         self,
         what: impl FnOnce(&mut (dyn std::io::Write + Send)) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
-        let written = match self {
-            Console::Stdout => {
-                let mut o = std::io::BufWriter::new(std::io::stdout());
-                what(&mut o).and_then(|()| std::io::Write::flush(&mut o))
-            }
-            Console::Stderr => {
-                let mut o = std::io::BufWriter::new(std::io::stderr());
-                what(&mut o).and_then(|()| std::io::Write::flush(&mut o))
-            }
-        };
+        let mut o = std::io::BufWriter::new(self.writer());
+        let written = what(&mut o).and_then(|()| std::io::Write::flush(&mut o));
         match written {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
             r => r,

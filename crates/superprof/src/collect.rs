@@ -116,6 +116,15 @@ pub struct Collector {
     last_ins: HashMap<u32, std::collections::VecDeque<(u64, bool)>>,
 }
 
+/// A wait's kind: run-queue time when its switch out was a preemption.
+fn wait_kind(preempted: bool) -> SampleKind {
+    if preempted {
+        SampleKind::Preempted
+    } else {
+        SampleKind::OffCpu
+    }
+}
+
 /// How many switches back in are kept per thread for records that come late.
 const LAST_INS: usize = 8;
 
@@ -591,16 +600,10 @@ impl Collector {
                 }
                 _ if !counted => {
                     self.mark_counted(tid, until);
-                    let kind = if preempted {
-                        SampleKind::Preempted
-                    } else {
-                        SampleKind::OffCpu
-                    };
-                    let ns = until.saturating_sub(time);
                     let off = OffCpu {
-                        kind,
+                        kind: wait_kind(preempted),
                         syscall: None,
-                        ns,
+                        ns: until.saturating_sub(time),
                     };
                     self.push_wait(None, tid, time, 0, off);
                 }
@@ -641,14 +644,9 @@ impl Collector {
         if w.doubtful && self.last_on_cpu.get(&tid).is_some_and(|&t| t > w.since) {
             return None;
         }
-        let kind = if w.preempted {
-            SampleKind::Preempted
-        } else {
-            SampleKind::OffCpu
-        };
         // (Without a system call, its name is found at the end, from the kernel frames.)
         let off = OffCpu {
-            kind,
+            kind: wait_kind(w.preempted),
             syscall: w.syscall,
             ns: time.saturating_sub(w.since),
         };

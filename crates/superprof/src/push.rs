@@ -37,12 +37,44 @@ impl Dest {
 /// What goes with a pushed profile.
 #[derive(Debug, Clone, Default)]
 pub struct PushOptions {
-    pub app: String,
+    /// The application (None: the command's name, from the profile).
+    pub app: Option<String>,
     /// KEY=VALUE labels, checked.
     pub labels: Vec<(String, String)>,
     pub tenant: Option<String>,
-    /// How long to keep trying.
-    pub give_up_after: Duration,
+}
+
+/// How long a server that is down is tried again.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(8);
+
+/// `--push DEST` with its `--app`, `--label`s and `--tenant`, checked (before a recording:
+/// a bad one costs nothing).
+pub fn parse(args: &crate::record::PushArgs) -> Result<(Dest, PushOptions)> {
+    let labels = args
+        .labels
+        .iter()
+        .map(|l| parse_label(l))
+        .collect::<Result<Vec<_>>>()?;
+    let opts = PushOptions {
+        app: args.app.clone(),
+        labels,
+        tenant: args.tenant.clone(),
+    };
+    Ok((Dest::parse(&args.dest)?, opts))
+}
+
+/// The application a profile is pushed as: `--app`, else its command's name.
+fn app_of(profile: &Profile, opts: &PushOptions) -> String {
+    opts.app.clone().unwrap_or_else(|| {
+        profile
+            .meta
+            .command
+            .first()
+            .and_then(|c| c.rsplit('/').next())
+            .filter(|c| !c.is_empty())
+            .unwrap_or("superprof")
+            .to_owned()
+    })
 }
 
 /// A `KEY=VALUE` label: the key a Prometheus-style name, the value without the characters
@@ -82,8 +114,8 @@ fn query_escaped(s: &str) -> String {
     out
 }
 
-/// The ingest URL of one profile.
-pub fn ingest_url(base: &str, profile: &Profile, opts: &PushOptions) -> String {
+/// The ingest URL of one profile, pushed as `app`.
+pub fn ingest_url(base: &str, profile: &Profile, app: &str, opts: &PushOptions) -> String {
     let from = profile.meta.start_time_unix_ns / 1_000_000_000;
     let until =
         (profile.meta.start_time_unix_ns + profile.meta.duration_ns).div_ceil(1_000_000_000);
@@ -96,17 +128,19 @@ pub fn ingest_url(base: &str, profile: &Profile, opts: &PushOptions) -> String {
     };
     format!(
         "{base}/ingest?name={}&from={from}&until={}&sampleRate={rate}&spyName=superprof&format=pprof",
-        query_escaped(&series_name(&opts.app, &opts.labels)),
+        query_escaped(&series_name(app, &opts.labels)),
         until.max(from + 1),
     )
 }
 
-/// Sends `profile` to `dest`, trying again with backoff until `opts.give_up_after`.
+/// Sends `profile` to `dest`, trying again with backoff for a bounded time (Ctrl-C, SIGTERM
+/// or SIGHUP end the tries at once).
 pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
     let Dest::Pyroscope(base) = dest;
     let mut body = Vec::new();
     superprof_profile::pprof::write(profile, &mut body)?;
-    let url = ingest_url(base, profile, opts);
+    let app = app_of(profile, opts);
+    let url = ingest_url(base, profile, &app, opts);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(10)))
         .http_status_as_error(true)
@@ -128,7 +162,7 @@ pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
                 eprintln!(
                     "superprof: pushed {} bytes of pprof to pyroscope:{base} as {}",
                     body.len(),
-                    series_name(&opts.app, &opts.labels)
+                    series_name(&app, &opts.labels)
                 );
                 return Ok(());
             }
@@ -136,13 +170,20 @@ pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
                 // A refusal of the request itself will not change on a retry.
                 let permanent =
                     matches!(&e, ureq::Error::StatusCode(c) if (400..500).contains(c) && *c != 429);
-                if permanent || start.elapsed() + wait > opts.give_up_after {
+                if permanent
+                    || crate::sys::stop_requested()
+                    || start.elapsed() + wait > GIVE_UP_AFTER
+                {
                     bail!(
                         "cannot push to pyroscope:{base} ({e}; {tries} tr{}); the local outputs are kept",
                         if tries == 1 { "y" } else { "ies" }
                     );
                 }
-                std::thread::sleep(wait);
+                // In short slices: a stop signal is seen at once.
+                let until = Instant::now() + wait;
+                while Instant::now() < until && !crate::sys::stop_requested() {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 wait = (wait * 2).min(Duration::from_secs(4));
             }
         }

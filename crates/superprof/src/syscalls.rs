@@ -24,15 +24,14 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     sys::install_stop_handler();
     // The log goes to -o as it comes (not kept in memory): a killed or failing run leaves
     // everything up to its last 50 ms in the file.
-    let mut sink = match &args.output {
-        Some(out) => Sink::File(std::io::BufWriter::new(
+    // Stderr (a launched command's output owns stdout), stdout (attached), or the -o file
+    // (buffered, flushed every tick).
+    let mut sink: Box<dyn Write + Send> = match &args.output {
+        Some(out) => Box::new(std::io::BufWriter::new(
             superprof_profile::output::create_log(out)
                 .with_context(|| format!("cannot write output '{}'", out.display()))?,
         )),
-        None => match args.target.console() {
-            superprof_resolve::Console::Stderr => Sink::Stderr(std::io::stderr()),
-            superprof_resolve::Console::Stdout => Sink::Stdout(std::io::stdout()),
-        },
+        None => args.target.console().writer(),
     };
     let opts = TraceOptions {
         follow_forks: args.follow_forks,
@@ -147,31 +146,6 @@ fn event_json(e: &SyscallEvent, start_ns: u64) -> serde_json::Value {
         "errno": e.errno,
         "duration_ns": e.duration_ns,
     })
-}
-
-/// Where the log goes as it happens: stderr (a launched command's output owns stdout), stdout
-/// (attached), or the -o file (buffered, flushed every tick).
-enum Sink {
-    Stderr(std::io::Stderr),
-    Stdout(std::io::Stdout),
-    File(std::io::BufWriter<std::fs::File>),
-}
-
-impl Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Sink::Stderr(e) => e.write(buf),
-            Sink::Stdout(o) => o.write(buf),
-            Sink::File(f) => f.write(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Sink::Stderr(e) => e.flush(),
-            Sink::Stdout(o) => o.flush(),
-            Sink::File(f) => f.flush(),
-        }
-    }
 }
 
 fn table_line(ev: &SyscallEvent, start_ns: u64, start_unix: u64) -> String {

@@ -72,7 +72,7 @@ fn the_html_report_works_offline_in_a_real_browser() {
         dir.path("p.parquet"),
         dir.path("reported.html"),
     );
-    run_ok(
+    let rec = run_ok(
         superprof()
             .args(["record", "-q", "-o"])
             .arg(&recorded)
@@ -89,6 +89,16 @@ fn the_html_report_works_offline_in_a_real_browser() {
             .arg("-o")
             .arg(&reported),
     );
+    let truth = fixture_values(&String::from_utf8_lossy(&rec.stdout));
+    let samples: f64 = {
+        let out = run_ok(
+            superprof()
+                .arg("report")
+                .arg(&parquet)
+                .args(["--format", "folded"]),
+        );
+        Folded::parse(&String::from_utf8_lossy(&out.stdout)).total() as f64
+    };
     for page in [&recorded, &reported] {
         let found = check(&dir, page);
         let what = page.display();
@@ -127,6 +137,14 @@ fn the_html_report_works_offline_in_a_real_browser() {
                 .and_then(|s| s.trim_end_matches("%)").parse().ok())
                 .unwrap_or_else(|| panic!("{what}: {f}'s total in {:?}", &lines[at - 2..=at]));
             let want = top_total(&parquet, f);
+            // And against what the fixture measured of itself: within 4σ of its own share
+            // (and speedscope's rounding).
+            let p = truth[f];
+            let sigma = 100.0 * (p * (1.0 - p) / samples).sqrt();
+            assert!(
+                (total - 100.0 * p).abs() < 4.0 * sigma + 1.0,
+                "{what}: {f} {total}%, the program measured {p}"
+            );
             assert!(
                 (total - want).abs() <= 1.0,
                 "{what}: {f} {total}% against {want}%"

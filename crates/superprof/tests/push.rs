@@ -118,6 +118,42 @@ fn a_recording_is_pushed_to_pyroscopes_ingest() {
     );
     // The pushed profile is the local one.
     assert_eq!(body, std::fs::read(&local).unwrap());
+    // And a real client reads it: go tool pprof, the split within 4σ of what the fixture
+    // measured of itself.
+    let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let pushed = dir.path("pushed.pb.gz");
+    std::fs::write(&pushed, &body).unwrap();
+    let top = run_ok(
+        std::process::Command::new("go")
+            .args(["tool", "pprof", "-top", "-sample_index=samples"])
+            .arg(&pushed)
+            .env("HOME", &dir.0),
+    );
+    let text = String::from_utf8_lossy(&top.stdout);
+    let total: f64 = text
+        .lines()
+        .find_map(|l| l.split(" of ").nth(1)?.split(" total").next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no total in {text}"));
+    for f in ["work_alpha", "work_beta", "work_gamma"] {
+        // Lines: flat flat% sum% cum cum% name
+        let cum: f64 = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(5) == Some(f))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .nth(4)?
+                    .trim_end_matches('%')
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {f} in {text}"));
+        let p = own[f];
+        let sigma = 100.0 * (p * (1.0 - p) / total).sqrt();
+        assert!(
+            (cum - 100.0 * p).abs() < 4.0 * sigma + 0.5,
+            "{f}: {cum}% in go tool pprof, the program measured {p}\n{text}"
+        );
+    }
 }
 
 /// A non-zero exit whose last line (after the recording's own) says why the push failed.

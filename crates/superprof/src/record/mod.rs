@@ -135,17 +135,7 @@ pub struct PushArgs {
 /// Records, prints the table, writes the output; returns the exit code for superprof.
 pub fn run(cfg: &RecordConfig) -> Result<i32> {
     let outputs = check_outputs(cfg)?;
-    // A bad destination or label costs nothing: checked before the recording.
-    let push = match &cfg.push {
-        Some(p) => Some((
-            crate::push::Dest::parse(&p.dest)?,
-            p.labels
-                .iter()
-                .map(|l| crate::push::parse_label(l))
-                .collect::<Result<Vec<_>>>()?,
-        )),
-        None => None,
-    };
+    let push = cfg.push.as_ref().map(crate::push::parse).transpose()?;
     let recorded = record(cfg)?;
     match recorded.exit {
         // A launched command's status is superprof's, whatever there is to show.
@@ -156,25 +146,8 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         .into()),
         exit => {
             show(cfg, &recorded, &outputs)?;
-            if let (Some((dest, labels)), Some(p)) = (push, &cfg.push) {
-                let app = p.app.clone().unwrap_or_else(|| {
-                    recorded
-                        .profile
-                        .meta
-                        .command
-                        .first()
-                        .and_then(|c| c.rsplit('/').next())
-                        .filter(|c| !c.is_empty())
-                        .unwrap_or("superprof")
-                        .to_owned()
-                });
-                let opts = crate::push::PushOptions {
-                    app,
-                    labels,
-                    tenant: p.tenant.clone(),
-                    give_up_after: Duration::from_secs(8),
-                };
-                crate::push::push(&dest, &recorded.profile, &opts)?;
+            if let Some((dest, opts)) = &push {
+                crate::push::push(dest, &recorded.profile, opts)?;
             }
             Ok(exit.map_or(0, |e| e.shell_code()))
         }
@@ -452,7 +425,6 @@ struct LoopResult {
     off_cpu: Option<&'static str>,
 }
 
-/// The progress line on stderr (when it is a terminal).
 /// Record's progress line: samples, threads and lost records so far.
 pub(crate) struct Progress {
     line: crate::progress::Progress,
