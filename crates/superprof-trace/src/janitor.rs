@@ -8,16 +8,27 @@
 //! open /proc/PID/mem (SCM_RIGHTS): that descriptor names the process's memory itself, so it
 //! needs no ptrace rights of the janitor's own (Yama's ptrace_scope 1 lets only an ancestor
 //! open it), and it cannot reach another process that reuses the pid or the image after an
-//! exec. When superprof is gone, the socket reads end-of-file and the janitor writes the
-//! original bytes of every breakpoint still in the table through those descriptors (without
-//! one, through /proc/PID/mem if the pid still has the same start time), then exits. When superprof ends normally the table is empty by then and the janitor just
-//! exits. A thread that had trapped on a breakpoint at the very moment superprof died may
+//! exec. When superprof is gone, the janitor writes the original bytes of every breakpoint
+//! still in the table through those descriptors (without one, through /proc/PID/mem if the
+//! pid still has the same start time), then exits. When superprof ends normally the table is
+//! empty by then and the janitor just exits.
+//!
+//! It must be quick about it: the kernel lets the tracer's stopped threads go as the tracer
+//! thread dies, and one stopped at its exec runs through ld.so to the entry point's
+//! breakpoint in well under a millisecond. The socket's end-of-file comes too late for that
+//! (after the whole address space of superprof is torn down, and its last thread gone), so the
+//! tracer thread also holds a robust, process-shared mutex in the shared memory for as long
+//! as it lives: as that thread dies, before it releases its memory or its tracees, the kernel
+//! marks the mutex "owner died" and wakes the janitor, which waits on it and on a count of
+//! messages at once (futex_waitv). The janitor also scans only the part of the table ever
+//! used. A thread that had trapped on a breakpoint at the very moment superprof died may
 //! still receive its SIGTRAP: that is the window left, the length of one breakpoint stop.
 //!
 //! The janitor is forked from a possibly multi-threaded process, so it only makes raw system
 //! calls on memory prepared before the fork: no allocation, no locks.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// One breakpoint in the shared table. `len` is written last when an entry is filled and
 /// first (to 0) when it is cleared, so the janitor never uses half an entry.
@@ -35,6 +46,43 @@ struct Entry {
 /// Entries the table holds (2 MiB); breakpoints beyond it are not covered.
 const CAPACITY: usize = 1 << 16;
 
+/// The start of the shared memory, before the table.
+#[repr(C)]
+struct Header {
+    /// Held by the thread that started the janitor (the tracer's) for as long as it lives:
+    /// robust and process-shared, so that the kernel wakes the janitor when that thread dies.
+    lock: libc::pthread_mutex_t,
+    /// 1 when `lock` is held and its futex word is its first four bytes (glibc's layout,
+    /// checked at start): the janitor then waits on it.
+    robust: AtomicU32,
+    /// Bumped, and woken, after each message to the janitor.
+    mail: AtomicU32,
+    /// Slots of the table ever filled: the janitor reads no further.
+    used: AtomicU32,
+}
+
+/// The header's room: a page, so that the table stays aligned.
+const HEADER: usize = 4096;
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER);
+
+/// The shared memory's size.
+const SHARED: usize = HEADER + CAPACITY * std::mem::size_of::<Entry>();
+
+/// The kernel's `struct futex_waitv`.
+#[repr(C)]
+struct FutexWaitv {
+    val: u64,
+    uaddr: u64,
+    flags: u32,
+    reserved: u32,
+}
+
+/// FUTEX2_SIZE_U32: a 32-bit futex, shared between processes (no FUTEX2_PRIVATE).
+const FUTEX2_SIZE_U32: u32 = 2;
+const FUTEX_WAITERS: u32 = 0x8000_0000;
+const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
+const FUTEX_TID_MASK: u32 = 0x3fff_ffff;
+
 /// Processes whose memory descriptor the janitor keeps (others: by path and start time); well
 /// under the usual limit of 1024 open files.
 const MAX_PROCESSES: usize = 512;
@@ -50,6 +98,7 @@ enum Message {
 }
 
 pub struct Janitor {
+    header: *mut Header,
     table: *mut Entry,
     /// Our end of the socket: the janitor sees end-of-file when superprof is gone.
     alive: Option<std::os::fd::OwnedFd>,
@@ -66,21 +115,25 @@ impl Janitor {
     /// Forks the janitor. `None` if it cannot be started (then breakpoints are only removed
     /// by superprof itself).
     pub fn start() -> Option<Janitor> {
-        let size = CAPACITY * std::mem::size_of::<Entry>();
         // SAFETY: a fresh shared anonymous mapping; checked for MAP_FAILED below.
-        let table = unsafe {
+        let shared = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                size,
+                SHARED,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        if table == libc::MAP_FAILED {
+        if shared == libc::MAP_FAILED {
             return None;
         }
+        let header = shared as *mut Header;
+        // SAFETY: the header lies at the start of the fresh mapping, zeroed, page-aligned.
+        unsafe { hold_lock(header) };
+        // SAFETY: HEADER < SHARED: the table starts inside the mapping.
+        let table = unsafe { (shared as *mut u8).add(HEADER) } as *mut Entry;
         let mut fds = [0; 2];
         // SAFETY: `fds` is a valid out-array of two ints.
         if unsafe {
@@ -92,31 +145,32 @@ impl Janitor {
             )
         } != 0
         {
-            // SAFETY: unmapping the mapping made above.
-            unsafe { libc::munmap(table, size) };
+            // SAFETY: letting go of the lock taken above and unmapping the mapping.
+            unsafe { release(header) };
             return None;
         }
         let (read_end, write_end) = (fds[0], fds[1]);
         // SAFETY: the child only makes raw system calls on memory prepared before the fork
-        // (the shared table, the pipe) and leaves with _exit; see `watch`.
+        // (the shared memory, the socket) and leaves with _exit; see `watch`.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: as above.
-            unsafe { watch(read_end, write_end, table as *const Entry) };
+            unsafe { watch(read_end, write_end, header, table as *const Entry) };
         }
         // SAFETY: our copy of the read end is not needed; closing a descriptor we own.
         unsafe { libc::close(read_end) };
         if pid < 0 {
-            // SAFETY: closing the write end and unmapping what was made above.
+            // SAFETY: closing the write end, letting go of the lock, unmapping.
             unsafe {
                 libc::close(write_end);
-                libc::munmap(table, size);
+                release(header);
             }
             return None;
         }
         Some(Janitor {
-            table: table as *mut Entry,
-            // SAFETY: pipe2 gave us this descriptor; we now own it.
+            header,
+            table,
+            // SAFETY: socketpair gave us this descriptor; we now own it.
             alive: Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(write_end) }),
             sent: std::collections::HashSet::new(),
             pid,
@@ -142,6 +196,12 @@ impl Janitor {
             Some(s) => s,
             None if self.next < CAPACITY => {
                 self.next += 1;
+                // SAFETY: the header of our mapping; the janitor only reads `used`.
+                unsafe {
+                    (*self.header)
+                        .used
+                        .store(self.next as u32, Ordering::SeqCst)
+                };
                 self.next - 1
             }
             None => return,
@@ -223,7 +283,13 @@ impl Janitor {
                 (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
                 std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd);
             }
-            libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) == body.len() as isize
+            let sent =
+                libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) == body.len() as isize;
+            // The janitor may be waiting on the lock and the mail, not on the socket.
+            let mail = &(*self.header).mail;
+            mail.fetch_add(1, Ordering::SeqCst);
+            libc::syscall(libc::SYS_futex, mail.as_ptr(), libc::FUTEX_WAKE, 1);
+            sent
         }
     }
 
@@ -250,14 +316,52 @@ impl Drop for Janitor {
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        // SAFETY: unmapping the table mapped in `start`; nothing uses it any more.
-        unsafe {
-            libc::munmap(
-                self.table as *mut libc::c_void,
-                CAPACITY * std::mem::size_of::<Entry>(),
-            )
-        };
+        // SAFETY: the lock and the mapping of `start`; nothing uses them any more.
+        unsafe { release(self.header) };
     }
+}
+
+/// Makes `header.lock` a robust, process-shared mutex and takes it for the calling thread;
+/// sets `header.robust` if the janitor can wait on it.
+///
+/// # Safety
+/// `header` points to a zeroed header in shared memory that nothing else uses yet.
+unsafe fn hold_lock(header: *mut Header) {
+    let lock = std::ptr::addr_of_mut!((*header).lock);
+    let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
+    if libc::pthread_mutexattr_init(&mut attr) != 0 {
+        return;
+    }
+    let ok = libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED) == 0
+        && libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST) == 0
+        && libc::pthread_mutex_init(lock, &attr) == 0;
+    libc::pthread_mutexattr_destroy(&mut attr);
+    if !ok || libc::pthread_mutex_lock(lock) != 0 {
+        return;
+    }
+    // The futex word the kernel marks when this thread dies is the one the janitor watches
+    // only if it holds this thread's id: glibc's layout (its first four bytes).
+    let word = &*(lock as *const AtomicU32);
+    if word.load(Ordering::SeqCst) & FUTEX_TID_MASK == libc::gettid() as u32 {
+        (*header).robust.store(1, Ordering::SeqCst);
+    } else {
+        libc::pthread_mutex_unlock(lock);
+    }
+}
+
+/// Lets go of the lock (if held) and unmaps the shared memory; left mapped if the lock cannot
+/// be let go (it is on the thread's robust list, which must not point into unmapped memory).
+///
+/// # Safety
+/// `header` is the start of the mapping of [`Janitor::start`], used by nothing else now,
+/// called on the thread that took the lock.
+unsafe fn release(header: *mut Header) {
+    if (*header).robust.load(Ordering::SeqCst) == 1
+        && libc::pthread_mutex_unlock(std::ptr::addr_of_mut!((*header).lock)) != 0
+    {
+        return;
+    }
+    libc::munmap(header as *mut libc::c_void, SHARED);
 }
 
 /// Field 22 of /proc/PID/stat (the start time), read without allocating: the fields after
@@ -307,12 +411,81 @@ fn proc_path(buf: &mut [u8; 40], pid: u32, name: &[u8]) -> bool {
     true
 }
 
+/// What one look at the socket gave.
+enum Mail {
+    /// A message, handled.
+    One,
+    /// Nothing there now (only without waiting).
+    Empty,
+    /// Superprof's end is closed.
+    Gone,
+}
+
+/// Receives one message from superprof on descriptor 0 (waiting for it unless `flags` has
+/// MSG_DONTWAIT) and keeps or drops the descriptor it brings in `mems`.
+///
+/// # Safety
+/// In the janitor only: raw system calls on its own buffers.
+unsafe fn receive(mems: &mut [(u32, i32); MAX_PROCESSES], flags: i32) -> Mail {
+    let mut body = [0u8; 8];
+    let mut iov = libc::iovec {
+        iov_base: body.as_mut_ptr() as *mut libc::c_void,
+        iov_len: body.len(),
+    };
+    let mut control = [0u64; 4];
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = libc::recvmsg(0, &mut msg, libc::MSG_CMSG_CLOEXEC | flags);
+    if n < 0 {
+        return match *libc::__errno_location() {
+            libc::EINTR => Mail::One, // look again
+            libc::EAGAIN => Mail::Empty,
+            _ => Mail::Gone,
+        };
+    }
+    if n == 0 {
+        return Mail::Gone;
+    }
+    let mut fd = -1;
+    let c = libc::CMSG_FIRSTHDR(&msg);
+    if !c.is_null()
+        && (*c).cmsg_level == libc::SOL_SOCKET
+        && (*c).cmsg_type == libc::SCM_RIGHTS
+        && (*c).cmsg_len >= libc::CMSG_LEN(4) as usize
+    {
+        fd = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32);
+    }
+    let op = u32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
+    let pid = u32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
+    // A descriptor already held for the pid is replaced or closed either way.
+    for m in mems.iter_mut() {
+        if m.0 == pid && pid != 0 {
+            libc::close(m.1);
+            *m = (0, -1);
+        }
+    }
+    if op == Message::Memory as u32 && fd >= 0 {
+        match mems.iter_mut().find(|m| m.0 == 0) {
+            Some(m) => *m = (pid, fd),
+            None => {
+                libc::close(fd);
+            }
+        }
+    } else if fd >= 0 {
+        libc::close(fd);
+    }
+    Mail::One
+}
+
 /// The janitor's life, in the forked child: wait for superprof to go, then put back the code
 /// under every breakpoint left in the table.
 ///
 /// # Safety
-/// Called once, in the child of fork, with the read end of the pipe and the shared table.
-unsafe fn watch(read_end: i32, write_end: i32, table: *const Entry) -> ! {
+/// Called once, in the child of fork, with the socket's ends and the shared memory.
+unsafe fn watch(read_end: i32, write_end: i32, header: *const Header, table: *const Entry) -> ! {
     // A session of its own: `kill -- -PGID`, `timeout`, job control and the terminal's
     // signals reach superprof's process group, not the janitor. Named so that `ps` says what
     // it is, and `killall superprof` leaves it be.
@@ -324,7 +497,13 @@ unsafe fn watch(read_end: i32, write_end: i32, table: *const Entry) -> ! {
         0,
         0,
     );
-    // Our copy of the write end would keep the pipe open forever; every other descriptor
+    // Ahead of ordinary tasks when it wakes, where allowed (root): it has microseconds to put
+    // the code back before the threads that superprof's death lets go run into it, and the
+    // dying superprof, on whose CPU the wake-up lands, tears down its memory meanwhile. (It
+    // sleeps until then, and its work is bounded: the part of the table used.)
+    let param = libc::sched_param { sched_priority: 1 };
+    libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param);
+    // Our copy of the write end would keep the socket open forever; every other descriptor
     // (the terminal, superprof's output pipes, perf events) is superprof's, not ours.
     libc::close(write_end);
     libc::dup2(read_end, 0);
@@ -341,57 +520,59 @@ unsafe fn watch(read_end: i32, write_end: i32, table: *const Entry) -> ! {
     }
     // (pid, /proc/PID/mem) as superprof sends them; pid 0: a free place.
     let mut mems = [(0u32, -1i32); MAX_PROCESSES];
-    loop {
-        let mut body = [0u8; 8];
-        let mut iov = libc::iovec {
-            iov_base: body.as_mut_ptr() as *mut libc::c_void,
-            iov_len: body.len(),
-        };
-        let mut control = [0u64; 4];
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = std::mem::size_of_val(&control);
-        let n = libc::recvmsg(0, &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if n < 0 && *libc::__errno_location() == libc::EINTR {
+    let header = &*header;
+    let word = &*(std::ptr::addr_of!(header.lock) as *const AtomicU32);
+    // Without the lock (or futex_waitv), the socket's end-of-file is the sign.
+    let mut robust = header.robust.load(Ordering::SeqCst) == 1;
+    'life: loop {
+        let mail = header.mail.load(Ordering::SeqCst);
+        let flags = if robust { libc::MSG_DONTWAIT } else { 0 };
+        loop {
+            match receive(&mut mems, flags) {
+                Mail::One => {}
+                Mail::Empty => break,
+                Mail::Gone => break 'life,
+            }
+        }
+        let v = word.load(Ordering::SeqCst);
+        if v & FUTEX_OWNER_DIED != 0 || v & FUTEX_TID_MASK == 0 {
+            break; // the tracer thread died (or let go)
+        }
+        if v & FUTEX_WAITERS == 0 {
+            // So that the kernel wakes us when it marks the lock.
+            let _ = word.compare_exchange(v, v | FUTEX_WAITERS, Ordering::SeqCst, Ordering::SeqCst);
             continue;
         }
-        if n <= 0 {
-            break; // superprof is gone
-        }
-        let mut fd = -1;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if !c.is_null()
-            && (*c).cmsg_level == libc::SOL_SOCKET
-            && (*c).cmsg_type == libc::SCM_RIGHTS
-            && (*c).cmsg_len >= libc::CMSG_LEN(4) as usize
-        {
-            fd = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32);
-        }
-        let op = u32::from_ne_bytes([body[0], body[1], body[2], body[3]]);
-        let pid = u32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
-        // A descriptor already held for the pid is replaced or closed either way.
-        for m in mems.iter_mut() {
-            if m.0 == pid && pid != 0 {
-                libc::close(m.1);
-                *m = (0, -1);
-            }
-        }
-        if op == Message::Memory as u32 && fd >= 0 {
-            match mems.iter_mut().find(|m| m.0 == 0) {
-                Some(m) => *m = (pid, fd),
-                None => {
-                    libc::close(fd);
-                }
-            }
-        } else if fd >= 0 {
-            libc::close(fd);
+        let waits = [
+            FutexWaitv {
+                val: u64::from(v),
+                uaddr: word.as_ptr() as u64,
+                flags: FUTEX2_SIZE_U32,
+                reserved: 0,
+            },
+            FutexWaitv {
+                val: u64::from(mail),
+                uaddr: header.mail.as_ptr() as u64,
+                flags: FUTEX2_SIZE_U32,
+                reserved: 0,
+            },
+        ];
+        let rc = libc::syscall(
+            libc::SYS_futex_waitv,
+            waits.as_ptr(),
+            2u32,
+            0u32,
+            std::ptr::null::<libc::timespec>(),
+            libc::CLOCK_MONOTONIC,
+        );
+        if rc < 0 && *libc::__errno_location() == libc::ENOSYS {
+            robust = false;
         }
     }
     let mut path = [0u8; 40];
     let mut stat = [0u8; 1024];
-    for i in 0..CAPACITY {
+    let used = (header.used.load(Ordering::SeqCst) as usize).min(CAPACITY);
+    for i in 0..used {
         let e = std::ptr::read_volatile(table.add(i));
         if e.len == 0 || e.len > 8 {
             continue;

@@ -255,27 +255,40 @@ impl Placement {
             self.early = false;
             return false;
         };
+        // Found before either goes in: the breakpoints are written last, just before the
+        // thread runs on. A stopped thread with an int3 ahead is at risk if superprof dies
+        // (the kernel lets it go, and it may reach the int3 before the janitor puts the byte
+        // back): parsing ld.so's symbols takes milliseconds, the thread's stop should not.
+        let dl = self.link_map_function(pid);
         if tracer.set_breakpoint(pid, e).is_ok() {
             self.entry_bp = Some(e);
             // And at ld.so's link map changes from now on: the libraries it maps at start are
             // announced there before their constructors run (which call malloc and more:
             // bash's 16 calls before its entry point were missed).
-            self.arm_link_map(tracer, pid);
+            self.arm_link_map(tracer, pid, dl);
             return true;
         }
         self.early = false;
         false
     }
 
-    /// A breakpoint at ld.so's `_dl_debug_state`, if there is an ld.so.
-    fn arm_link_map(&mut self, tracer: &mut superprof_trace::Tracer, pid: u32) {
+    /// Where ld.so's `_dl_debug_state` is, if there is an ld.so (and no breakpoint there yet).
+    fn link_map_function(&self, pid: u32) -> Option<u64> {
+        if self.dl_bp.is_some() {
+            return None;
+        }
+        let found = superprof_trace::find_function(pid, "_dl_debug_state").unwrap_or_default();
+        found.first().map(|f| f.addr)
+    }
+
+    /// A breakpoint at ld.so's `_dl_debug_state` (`addr`), if there is an ld.so.
+    fn arm_link_map(&mut self, tracer: &mut superprof_trace::Tracer, pid: u32, addr: Option<u64>) {
         if self.dl_bp.is_some() {
             return;
         }
-        let found = superprof_trace::find_function(pid, "_dl_debug_state").unwrap_or_default();
-        if let Some(f) = found.first() {
-            if tracer.set_breakpoint(pid, f.addr).is_ok() {
-                self.dl_bp = Some(f.addr);
+        if let Some(a) = addr {
+            if tracer.set_breakpoint(pid, a).is_ok() {
+                self.dl_bp = Some(a);
             }
         }
     }
@@ -284,6 +297,11 @@ impl Placement {
     /// point): a region name may then be matched as a substring.
     pub fn libraries_mapped(&self) -> bool {
         !self.early
+    }
+
+    /// Its breakpoints' addresses.
+    pub fn controls(&self) -> impl Iterator<Item = u64> {
+        [self.entry_bp, self.dl_bp].into_iter().flatten()
     }
 
     /// Whether `addr` is one of its breakpoints.
@@ -297,59 +315,70 @@ impl Placement {
         Some(addr) == self.entry_bp
     }
 
-    /// At its breakpoint `addr`, before placing (which can take a while): the breakpoint comes
-    /// out of the code (unless the caller probes that address too, `probed`), so that the
-    /// stopped thread sits on the original instruction, not on an int3 that would kill it
-    /// with SIGTRAP if superprof died meanwhile (the janitor may not have put the byte back
-    /// before the kernel lets the thread go). `after_control` puts back what is still needed.
+    /// At its breakpoint `addr`, before placing (which can take a while): its breakpoints
+    /// come out of the code (those the caller probes too stay: `probed`), so that the stopped
+    /// thread sits on the original instruction with no int3 just ahead: if superprof died
+    /// meanwhile, the kernel would let the thread go, and it would reach the entry point from
+    /// ld.so's `_dl_debug_state` in microseconds, before the janitor could put the byte back.
+    /// [`Placement::after_control`] puts back what is still needed, just before it runs on.
     pub fn lift(
         &mut self,
         tracer: &mut superprof_trace::Tracer,
         pid: u32,
         addr: u64,
-        probed: bool,
+        probed: &dyn Fn(u64) -> bool,
     ) {
         if self.is_entry(addr) {
             self.early = false;
         }
-        if self.is_control(addr) && !probed {
-            let _ = tracer.remove_breakpoint(pid, addr);
+        if self.is_control(addr) {
+            for a in [self.entry_bp, self.dl_bp].into_iter().flatten() {
+                if !probed(a) {
+                    let _ = tracer.remove_breakpoint(pid, a);
+                }
+            }
         }
     }
 
     /// At its breakpoint `addr`, after placing (`all`: every region placed now; `probed`:
-    /// the caller probes that address too): done with the entry point, it waits at ld.so's
-    /// `_dl_debug_state` for libraries opened later; done with every region, it stops.
+    /// the addresses the caller probes too): done with the entry point, it waits at ld.so's
+    /// `_dl_debug_state` for libraries opened later; done with every region, it stops. The
+    /// breakpoints still wanted go back in (call it just before the thread runs on).
     pub fn after_control(
         &mut self,
         tracer: &mut superprof_trace::Tracer,
         pid: u32,
         addr: u64,
         all: bool,
-        probed: bool,
+        probed: &dyn Fn(u64) -> bool,
     ) -> Result<()> {
+        let before = [self.entry_bp, self.dl_bp];
         if Some(addr) == self.entry_bp {
             self.entry_bp = None;
-            if !probed {
-                let _ = tracer.remove_breakpoint(pid, addr);
-            }
-            if all {
-                if let Some(dl) = self.dl_bp.take() {
-                    let _ = tracer.remove_breakpoint(pid, dl);
-                }
-            } else {
-                // (Without ld.so, never: what is missing is said at the end.)
-                self.arm_link_map(tracer, pid);
-            }
-        } else if Some(addr) == self.dl_bp {
             if all {
                 self.dl_bp = None;
-                if !probed {
-                    let _ = tracer.remove_breakpoint(pid, addr);
+            } else if self.dl_bp.is_none() {
+                // (Without ld.so, never: what is missing is said at the end.)
+                self.dl_bp = self.link_map_function(pid);
+            }
+        } else if Some(addr) == self.dl_bp && all {
+            self.dl_bp = None;
+        }
+        // Lifted (or never in): back where still wanted. No longer wanted: out, unless the
+        // caller probes it (then it is the caller's).
+        for a in [self.entry_bp, self.dl_bp].into_iter().flatten() {
+            if tracer.set_breakpoint(pid, a).is_err() {
+                if self.entry_bp == Some(a) {
+                    self.entry_bp = None;
                 }
-            } else {
-                // Lifted while placing: back for the next change of the link map.
-                let _ = tracer.set_breakpoint(pid, addr);
+                if self.dl_bp == Some(a) {
+                    self.dl_bp = None;
+                }
+            }
+        }
+        for a in before.into_iter().flatten() {
+            if !self.is_control(a) && !probed(a) {
+                let _ = tracer.remove_breakpoint(pid, a);
             }
         }
         Ok(())

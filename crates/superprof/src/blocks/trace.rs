@@ -397,18 +397,27 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// Whether the session has its own breakpoint at `addr` (a count, coverage or counting
+    /// one).
+    fn probes(&self, addr: u64) -> bool {
+        self.counts.has_bp(addr)
+            || self.cover.contains_key(&addr)
+            || self.counting_bps.contains_key(&addr)
+    }
+
     /// Our own breakpoint at the entry point or in ld.so: place what can be placed now.
     fn on_control(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> Result<()> {
-        let probe = self.counts.has_bp(addr)
-            || self.cover.contains_key(&addr)
-            || self.counting_bps.contains_key(&addr);
-        self.placement.lift(tracer, pid, addr, probe);
-        let all = self.place_holding(tracer, tid, pid)?;
-        let counted = self.counts.has_bp(addr)
-            || self.cover.contains_key(&addr)
-            || self.counting_bps.contains_key(&addr);
+        // (Which of the control addresses the session probes too, before and after placing.)
+        let probed =
+            |s: &Self| -> Vec<u64> { s.placement.controls().filter(|&a| s.probes(a)).collect() };
+        let probes = probed(self);
         self.placement
-            .after_control(tracer, pid, addr, all, counted)?;
+            .lift(tracer, pid, addr, &|a| probes.contains(&a));
+        let all = self.place_holding(tracer, tid, pid)?;
+        let counted = self.probes(addr);
+        let probes = probed(self);
+        self.placement
+            .after_control(tracer, pid, addr, all, &|a| probes.contains(&a))?;
         if counted {
             self.on_breakpoint(tracer, tid, pid, addr);
         } else {

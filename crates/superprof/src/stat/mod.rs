@@ -1849,9 +1849,13 @@ impl Session {
                 TraceEvent::Breakpoint { tid, pid, addr } if placement.is_control(addr) => {
                     // At the entry point every library ld.so maps at start is there: a region
                     // missing then gets its error (said at the end if dlopen never brings it).
-                    let probe =
-                        self.entries.contains_key(&addr) || self.returns.contains_key(&addr);
-                    placement.lift(&mut tracer, pid, addr, probe);
+                    let probes: std::collections::HashSet<u64> = self
+                        .entries
+                        .keys()
+                        .chain(self.returns.keys())
+                        .copied()
+                        .collect();
+                    placement.lift(&mut tracer, pid, addr, &|a| probes.contains(&a));
                     self.libraries_mapped = placement.libraries_mapped();
                     if in_process {
                         tracer.hold_others(tid);
@@ -1865,7 +1869,10 @@ impl Session {
                     let all = all?;
                     let probed =
                         self.entries.contains_key(&addr) || self.returns.contains_key(&addr);
-                    placement.after_control(&mut tracer, pid, addr, all, probed)?;
+                    let (entries, returns) = (&self.entries, &self.returns);
+                    placement.after_control(&mut tracer, pid, addr, all, &|a| {
+                        entries.contains_key(&a) || returns.contains_key(&a)
+                    })?;
                     if probed {
                         self.on_breakpoint(&mut tracer, tid, pid, addr);
                     }
