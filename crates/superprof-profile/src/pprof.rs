@@ -9,77 +9,8 @@ use std::io::{self, Write};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
+use crate::proto::{Pb, Strings};
 use crate::{FrameId, Profile, StrId};
-
-/// Minimal protobuf writer: varints and length-delimited fields.
-#[derive(Default)]
-struct Pb(Vec<u8>);
-
-impl Pb {
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.0.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.0.push(v as u8);
-    }
-    fn key(&mut self, field: u32, wire: u32) {
-        self.varint(((field << 3) | wire) as u64);
-    }
-    fn uint(&mut self, field: u32, v: u64) {
-        if v != 0 {
-            self.key(field, 0);
-            self.varint(v);
-        }
-    }
-    fn int(&mut self, field: u32, v: i64) {
-        self.uint(field, v as u64);
-    }
-    fn bool(&mut self, field: u32, v: bool) {
-        self.uint(field, v as u64);
-    }
-    fn bytes(&mut self, field: u32, b: &[u8]) {
-        self.key(field, 2);
-        self.varint(b.len() as u64);
-        self.0.extend_from_slice(b);
-    }
-    fn msg(&mut self, field: u32, m: Pb) {
-        self.bytes(field, &m.0);
-    }
-    fn packed(&mut self, field: u32, vs: impl Iterator<Item = u64>) {
-        let mut inner = Pb::default();
-        for v in vs {
-            inner.varint(v);
-        }
-        if !inner.0.is_empty() {
-            self.bytes(field, &inner.0);
-        }
-    }
-}
-
-/// pprof's string table: index 0 is the empty string.
-struct Strings {
-    table: Vec<String>,
-    ids: HashMap<String, i64>,
-}
-
-impl Strings {
-    fn new() -> Strings {
-        Strings {
-            table: vec![String::new()],
-            ids: HashMap::from([(String::new(), 0)]),
-        }
-    }
-    fn id(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.ids.get(s) {
-            return i;
-        }
-        let i = self.table.len() as i64;
-        self.table.push(s.to_owned());
-        self.ids.insert(s.to_owned(), i);
-        i
-    }
-}
 
 /// Encodes the profile (uncompressed protobuf bytes).
 pub fn encode(profile: &Profile) -> Vec<u8> {

@@ -107,8 +107,10 @@ pub struct RecordArgs {
     /// with the stack it waited in: the profile adds up to wall-clock time per thread
     #[arg(long = "off-cpu")]
     pub off_cpu: bool,
-    /// After the recording, send the profile to a server: pyroscope:http://HOST:PORT (the
-    /// local outputs are written too)
+    /// After the recording, send the profile to a server (the local outputs are written
+    /// too): pyroscope:URL (Pyroscope's HTTP ingest), parca:URL (Parca's gRPC WriteRaw),
+    /// otlp:URL (OTLP profiles over gRPC) or otlp-http:URL (OTLP over HTTP); URL is
+    /// http[s]://HOST:PORT
     #[arg(long, value_name = "DEST")]
     pub push: Option<String>,
     /// The application the pushed profile belongs to (default: the command's name)
@@ -117,7 +119,7 @@ pub struct RecordArgs {
     /// A label of the pushed profile (repeat for several)
     #[arg(long = "label", value_name = "KEY=VALUE", requires = "push")]
     pub labels: Vec<String>,
-    /// The tenant, for a multi-tenant server (the X-Scope-OrgID header)
+    /// The tenant, for a multi-tenant server (the X-Scope-OrgID header; Parca's tenant field)
     #[arg(long, value_name = "ID", requires = "push")]
     pub tenant: Option<String>,
     #[command(flatten)]

@@ -5,49 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::thread;
 
 use common::*;
-
-/// One HTTP request: (request line, headers in lower case, body).
-type Request = (String, Vec<(String, String)>, Vec<u8>);
-
-/// Serves one request with `status`, and gives it back.
-fn serve_one(listener: TcpListener, status: &'static str) -> thread::JoinHandle<Request> {
-    thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        let mut r = BufReader::new(stream.try_clone().unwrap());
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        let mut headers = Vec::new();
-        loop {
-            let mut h = String::new();
-            r.read_line(&mut h).unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h.split_once(':').unwrap();
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-        }
-        let len: usize = headers
-            .iter()
-            .find(|(k, _)| k == "content-length")
-            .map(|(_, v)| v.parse().unwrap())
-            .expect("a content-length");
-        let mut body = vec![0; len];
-        r.read_exact(&mut body).unwrap();
-        let mut w = stream;
-        write!(
-            w,
-            "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        (line.trim_end().to_owned(), headers, body)
-    })
-}
 
 #[test]
 fn a_recording_is_pushed_to_pyroscopes_ingest() {
@@ -56,7 +16,7 @@ fn a_recording_is_pushed_to_pyroscopes_ingest() {
     let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = serve_one(listener, "200 OK");
+    let server = serve_http_once(listener, "200 OK");
     let local = dir.path("p.pb.gz");
     let before = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -194,7 +154,7 @@ fn a_server_down_or_refusing_gives_one_line_and_the_local_file() {
     // Refusing (400): at once, without retrying.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = serve_one(listener, "400 Bad Request");
+    let server = serve_http_once(listener, "400 Bad Request");
     let local = dir.path("refused.folded");
     let out = superprof()
         .args(["record", "-q", "-o"])

@@ -303,3 +303,45 @@ pub fn superprof_as_nobody() -> Command {
     ]);
     c
 }
+
+/// One HTTP request: (request line, headers in lower case, body).
+pub type HttpRequest = (String, Vec<(String, String)>, Vec<u8>);
+
+/// Serves one HTTP/1.1 request with `status`, and gives it back (the push tests' server).
+pub fn serve_http_once(
+    listener: std::net::TcpListener,
+    status: &'static str,
+) -> std::thread::JoinHandle<HttpRequest> {
+    std::thread::spawn(move || {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let (stream, _) = listener.accept().unwrap();
+        let mut r = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap();
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("a content-length");
+        let mut body = vec![0; len];
+        r.read_exact(&mut body).unwrap();
+        let mut w = stream;
+        write!(
+            w,
+            "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        (line.trim_end().to_owned(), headers, body)
+    })
+}
