@@ -105,6 +105,61 @@ impl Filter {
     }
 }
 
+/// One profile per process (by pid, in the order of their first sample), each with its own
+/// threads, frames and stacks, and the whole profile's meta: `superprof agent` pushes one
+/// profile per process and interval.
+pub fn split_by_process(p: &Profile) -> Vec<(u32, Profile)> {
+    struct Part {
+        out: Profile,
+        threads: HashMap<u32, u32>,
+        frames: HashMap<FrameId, FrameId>,
+        stacks: HashMap<Option<StackId>, Option<StackId>>,
+    }
+    let mut order: Vec<u32> = Vec::new();
+    let mut parts: HashMap<u32, Part> = HashMap::new();
+    for s in &p.samples {
+        let t = &p.threads[s.thread as usize];
+        let part = parts.entry(t.pid).or_insert_with(|| {
+            order.push(t.pid);
+            let mut out = Profile::default();
+            out.meta = p.meta.clone();
+            Part {
+                out,
+                threads: HashMap::new(),
+                frames: HashMap::new(),
+                stacks: HashMap::new(),
+            }
+        });
+        let stack = match part.stacks.get(&s.stack) {
+            Some(&st) => st,
+            None => {
+                let mut path: Vec<FrameId> = p.stack_frames(s.stack).collect();
+                path.reverse(); // root first
+                let mut node = None;
+                for f in path {
+                    let nf = *part
+                        .frames
+                        .entry(f)
+                        .or_insert_with(|| copy_frame(p, &mut part.out, f));
+                    node = Some(part.out.intern_stack(node, nf));
+                }
+                part.stacks.insert(s.stack, node);
+                node
+            }
+        };
+        let thread = *part.threads.entry(s.thread).or_insert_with(|| {
+            let name = p.str(t.name).to_owned();
+            part.out.add_thread(t.pid, t.tid, &name)
+        });
+        part.out
+            .add_sample_of(s.kind, s.time_ns, thread, s.cpu, s.weight, stack);
+    }
+    order
+        .into_iter()
+        .map(|pid| (pid, parts.remove(&pid).expect("one part per pid").out))
+        .collect()
+}
+
 fn copy_frame(from: &Profile, to: &mut Profile, f: FrameId) -> FrameId {
     let fr = from.frame(f);
     let frame = Frame {
@@ -114,4 +169,74 @@ fn copy_frame(from: &Profile, to: &mut Profile, f: FrameId) -> FrameId {
         ..*fr
     };
     to.intern_frame(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SampleKind;
+
+    /// Two processes, two threads in the first, stacks sharing frames across processes.
+    fn two_processes() -> Profile {
+        let mut p = Profile::default();
+        let frame = |p: &mut Profile, name: &str| {
+            let f = Frame {
+                function: p.intern_str(name),
+                module: p.intern_str("m"),
+                file: None,
+                line: 0,
+                address: name.len() as u64,
+                inlined: false,
+            };
+            p.intern_frame(f)
+        };
+        let (main, work, other) = (
+            frame(&mut p, "main"),
+            frame(&mut p, "work"),
+            frame(&mut p, "other"),
+        );
+        let a1 = p.add_thread(10, 10, "a");
+        let a2 = p.add_thread(10, 11, "a-worker");
+        let b = p.add_thread(20, 20, "b");
+        let root = p.intern_stack(None, main);
+        let deep = p.intern_stack(Some(root), work);
+        let side = p.intern_stack(Some(root), other);
+        for (t, stack, n) in [
+            (a1, Some(deep), 3),
+            (a2, Some(side), 2),
+            (b, Some(deep), 5),
+            (b, None, 1),
+        ] {
+            for i in 0..n {
+                p.add_sample_of(SampleKind::OnCpu, i, t, 0, 1, stack);
+            }
+        }
+        p
+    }
+
+    #[test]
+    fn a_profile_splits_into_one_per_process() {
+        let p = two_processes();
+        let parts = split_by_process(&p);
+        assert_eq!(
+            parts.iter().map(|(pid, _)| *pid).collect::<Vec<_>>(),
+            [10, 20]
+        );
+        let folded = |q: &Profile| crate::folded::collapse(q).into_iter().collect::<Vec<_>>();
+        assert_eq!(
+            folded(&parts[0].1),
+            [
+                ("a-worker;main;other".to_owned(), 2),
+                ("a;main;work".to_owned(), 3)
+            ]
+        );
+        assert_eq!(
+            folded(&parts[1].1),
+            [("b;[unknown]".to_owned(), 1), ("b;main;work".to_owned(), 5)]
+        );
+        // Each part holds its own threads and only the frames it uses.
+        assert_eq!(parts[1].1.threads.len(), 1);
+        assert_eq!(parts[1].1.frames().len(), 2);
+        assert_eq!(parts[0].1.meta, p.meta);
+    }
 }

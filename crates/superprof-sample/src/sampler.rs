@@ -204,6 +204,45 @@ impl PerfSampler {
         Ok(sampler)
     }
 
+    /// Opens per-CPU events for every task of the machine (perf's `-a`): what `superprof
+    /// agent` samples. Needs CAP_PERFMON (root) or perf_event_paranoid at most 0. The events
+    /// start disabled: [`PerfSampler::enable`] them. Samples need no [`PerfSampler::accept`]
+    /// (one event per CPU, none inherited).
+    pub fn open_system(config: &SamplerConfig) -> Result<Self, SampleError> {
+        let (mut sampler, config) = PerfSampler::empty(config)?;
+        let config = &config;
+        let untargeted = |attr: &mut PerfEventAttr| {
+            attr.flags &= !(sys::FLAG_INHERIT | sys::FLAG_ENABLE_ON_EXEC);
+            attr.flags |= sys::FLAG_DISABLED;
+        };
+        let denied = |e: SampleError| match e {
+            SampleError::PermissionDenied { .. } => SampleError::PermissionDenied {
+                pid: 0,
+                why: "sampling the whole machine needs root (or CAP_PERFMON), or \
+                      /proc/sys/kernel/perf_event_paranoid at most 0; or give --pid"
+                    .into(),
+            },
+            e => e,
+        };
+        sampler
+            .choose_attr_with(
+                0,
+                TargetMode::Attached,
+                config,
+                &|attr, cpu| sys::perf_event_open(attr, -1, cpu),
+                &untargeted,
+            )
+            .map_err(denied)?;
+        for &cpu in &sampler.cpus.clone() {
+            let fd = sys::perf_event_open(&sampler.attr, -1, cpu as i32)
+                .map_err(io_err(format!("perf_event_open on CPU {cpu}")))?;
+            let ring = sampler.map_ring(&fd)?;
+            sampler.rings.push((fd, ring));
+            sampler.hung_up.push(false);
+        }
+        Ok(sampler)
+    }
+
     /// Finds the best event this machine and these rights allow: hardware cycles, else the
     /// cpu-clock software event; kernel callchains, else user space only.
     fn choose_attr(

@@ -6,6 +6,28 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// A number of seconds (`--duration`): finite, not negative.
+/// A duration as `15s`, `500ms`, `2m`, `1h`, or plain seconds; more than 0.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("'{s}': give a duration such as 15s, 500ms or 2m")),
+    };
+    let v: f64 = number
+        .parse()
+        .map_err(|_| format!("'{s}': give a duration such as 15s, 500ms or 2m"))?;
+    match Duration::try_from_secs_f64(v * scale) {
+        Ok(d) if d >= Duration::from_millis(100) => Ok(d),
+        _ => Err(format!("'{s}': the duration must be 100ms or more")),
+    }
+}
+
 fn parse_secs(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
@@ -46,6 +68,9 @@ pub enum Command {
     Blocks(BlocksArgs),
     /// Profile an operating-system kernel (and its programs) running in QEMU, from outside
     Qemu(QemuArgs),
+    /// Continuous profiling: the whole machine (or the processes given), one profile per
+    /// process and interval, pushed to Pyroscope, Parca or an OTLP receiver
+    Agent(AgentArgs),
     /// Run an unmodified program with libsuperprof preloaded, profiling it (and the programs
     /// it runs) from start to exit
     Preload(PreloadArgs),
@@ -76,6 +101,41 @@ pub enum Command {
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Where the profiles go: pyroscope:URL, parca:URL, otlp:URL (gRPC) or otlp-http:URL,
+    /// URL being http[s]://HOST:PORT
+    #[arg(long, value_name = "DEST")]
+    pub push: String,
+    /// How long each profile covers: 15s, 1m, 500ms...
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Samples per second per CPU (a prime, so as not to beat with periodic work)
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 19)]
+    pub frequency: u32,
+    /// Profile these processes (and their threads) only; default: the whole machine
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// The application name (default: each process's name)
+    #[arg(long, value_name = "NAME")]
+    pub app: Option<String>,
+    /// A label of every profile (repeat for several)
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// The tenant, for a multi-tenant server (the X-Scope-OrgID header; Parca's tenant field)
+    #[arg(long, value_name = "ID")]
+    pub tenant: Option<String>,
+    /// Intervals kept while the server cannot be reached; older ones are dropped (and counted)
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub buffer: usize,
+    /// Stop after this long (default: until SIGTERM or Ctrl-C, which push what is left)
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
+    pub duration: Option<Duration>,
+    /// Bytes of user stack copied per sample
+    #[arg(long = "stack-size", value_name = "BYTES", default_value_t = 16384)]
+    pub stack_size: u32,
 }
 
 #[derive(Debug, Args)]
@@ -448,5 +508,22 @@ impl TargetArgs {
     /// owns stdout), stdout when it attaches.
     pub fn console(&self) -> superprof_resolve::Console {
         superprof_resolve::Console::of_run(self.pid.is_none())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_take_units() {
+        assert_eq!(parse_interval("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_interval("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_interval("2.5"), Ok(Duration::from_millis(2500)));
+        for bad in ["", "s", "10x", "50ms", "-1s", "inf", "1e400s"] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -826,7 +826,46 @@ impl Collector {
 
     /// Symbolizes every distinct address once and builds the profile. Sample times become
     /// nanoseconds since `start_ns` (CLOCK_MONOTONIC).
-    pub fn finish(self, mut profile: Profile, start_ns: u64) -> Profile {
+    pub fn finish(mut self, profile: Profile, start_ns: u64) -> Profile {
+        self.finish_interval(profile, start_ns)
+    }
+
+    /// [`Collector::finish`] for the samples so far, and a fresh start for the next
+    /// interval (`superprof agent`): the samples, the frames and stacks they use, the counts
+    /// of lost records and truncated stacks go; what is known of the processes (their
+    /// mappings, ELF files, symbols) stays, less what belongs to processes that are gone. A
+    /// wait still open goes on in the next interval without its stack.
+    pub fn finish_interval(&mut self, profile: Profile, start_ns: u64) -> Profile {
+        let profile = self.build(profile, start_ns);
+        self.samples.clear();
+        self.frames.clear();
+        self.frame_ids.clear();
+        self.nodes.clear();
+        self.node_ids.clear();
+        self.sampled_threads.clear();
+        self.last_off.clear();
+        for w in self.open_waits.values_mut() {
+            w.stack = None;
+        }
+        self.lost = 0;
+        self.truncated = 0;
+        self.truncated_by.clear();
+        // Threads and processes of which no exit was seen (records lost): gone if /proc says
+        // so.
+        let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+        self.threads.retain(|_, (pid, _)| alive(pid));
+        self.processes.retain(|pid, _| alive(pid));
+        self.maps_read_at.retain(|pid, _| alive(pid));
+        self.maps_first_read.retain(|pid, _| alive(pid));
+        self.owners.retain(|pid, _| alive(pid));
+        self.jitdumps.retain(|pid, _| alive(pid));
+        self.jit_unwind.retain(|pid, _| alive(pid));
+        self.anon.retain(|pid, _| alive(pid));
+        self.exited.clear();
+        profile
+    }
+
+    fn build(&self, mut profile: Profile, start_ns: u64) -> Profile {
         // One round trip to the symbol worker for every distinct address.
         let mut queries = Vec::new();
         let mut kernel = Vec::new();

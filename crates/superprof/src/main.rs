@@ -1,6 +1,7 @@
 //! superprof: a sampling profiler for Linux. This file maps arguments to the library crates and
 //! errors to one line and an exit code; the work happens in `record` and the crates.
 
+mod agent;
 mod blocks;
 mod cli;
 mod collect;
@@ -98,6 +99,7 @@ fn after_failure() -> Option<superprof_trace::ExitStatus> {
 fn run(command: cli::Command) -> anyhow::Result<i32> {
     match command {
         cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
+        cli::Command::Agent(args) => agent::run(&args),
         cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Stat(args) => stat::run(&args),
         cli::Command::Blocks(args) => blocks::run(&args),

@@ -169,9 +169,9 @@ pub fn ingest_url(base: &str, profile: &Profile, app: &str, opts: &PushOptions) 
 }
 
 /// One try's failure: whether another try may help.
-struct Failure {
-    message: String,
-    transient: bool,
+pub struct Failure {
+    pub message: String,
+    pub transient: bool,
 }
 
 impl From<grpc::CallError> for Failure {
@@ -287,103 +287,101 @@ fn otlp_resource(profile: &Profile, app: &str, opts: &PushOptions) -> Vec<(Strin
     attrs
 }
 
-/// One try at sending.
-type Attempt<'a> = Box<dyn FnMut() -> Result<(), Failure> + 'a>;
+/// What was sent: its size and what it was, for the line that says so.
+pub struct Sent {
+    pub bytes: usize,
+    pub what: String,
+}
 
-/// Sends `profile` to `dest`, trying again with backoff for a bounded time (Ctrl-C, SIGTERM
-/// or SIGHUP end the tries at once).
-pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
+/// One try at sending `profile` to `dest` (no retry).
+pub fn send_once(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<Sent, Failure> {
     let app = app_of(profile, opts);
     let mut pprof = Vec::new();
-    superprof_profile::pprof::write(profile, &mut pprof)?;
+    if let Err(e) = superprof_profile::pprof::write(profile, &mut pprof) {
+        return Err(Failure {
+            message: format!("cannot encode the profile: {e}"),
+            transient: false,
+        });
+    }
     let tenant = opts.tenant.as_deref();
     let timeout = Duration::from_secs(10);
-    let (what, size, mut attempt): (String, usize, Attempt) = match dest {
+    match dest {
         Dest::Pyroscope(base) => {
             let url = ingest_url(base, profile, &app, opts);
-            let what = format!("pprof as {}", series_name(&app, &opts.labels));
-            let size = pprof.len();
-            let body = pprof;
-            (
-                what,
-                size,
-                Box::new(move || post(&url, "application/octet-stream", &body, tenant)),
-            )
+            post(&url, "application/octet-stream", &pprof, tenant)?;
+            Ok(Sent {
+                bytes: pprof.len(),
+                what: format!("pprof as {}", series_name(&app, &opts.labels)),
+            })
         }
         Dest::Parca(url) => {
             let body = parca_write_raw(&pprof, &app, opts);
-            let what = format!("pprof (WriteRaw) as job={app}");
-            let url = url.clone();
-            (
-                what,
-                body.len(),
-                Box::new(move || {
-                    grpc::call(
-                        &url,
-                        "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw",
-                        &body,
-                        &[],
-                        timeout,
-                    )
-                    .map(drop)
-                    .map_err(Failure::from)
-                }),
-            )
+            grpc::call(
+                url,
+                "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw",
+                &body,
+                &[],
+                timeout,
+            )?;
+            Ok(Sent {
+                bytes: body.len(),
+                what: format!("pprof (WriteRaw) as job={app}"),
+            })
         }
         Dest::Otlp { url, http } => {
             let resource = otlp_resource(profile, &app, opts);
             let body = superprof_profile::otlp::export_request(profile, &resource);
-            let what = format!(
-                "OTLP profiles ({}) as service.name={app}",
-                superprof_profile::otlp::VERSION
-            );
-            let size = body.len();
-            let url = url.clone();
-            let http = *http;
-            (
-                what,
-                size,
-                Box::new(move || {
-                    let response = if http {
-                        let target = if url.contains("/v1") {
-                            url.clone()
-                        } else {
-                            format!("{url}/v1development/profiles")
-                        };
-                        // (The response's body is not read: a 200 is a success.)
-                        post(&target, "application/x-protobuf", &body, tenant)?;
-                        Vec::new()
-                    } else {
-                        let metadata: Vec<(&str, &str)> =
-                            tenant.map(|t| ("x-scope-orgid", t)).into_iter().collect();
-                        grpc::call(
-                                &url,
-                                "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
-                                &body,
-                                &metadata,
-                                timeout,
-                            )?
-                    };
-                    match otlp_rejection(&response) {
-                        Some(message) => Err(Failure {
-                            message,
-                            transient: false,
-                        }),
-                        None => Ok(()),
-                    }
-                }),
-            )
+            let response = if *http {
+                let target = if url.contains("/v1") {
+                    url.clone()
+                } else {
+                    format!("{url}/v1development/profiles")
+                };
+                // (The response's body is not read: a 200 is a success.)
+                post(&target, "application/x-protobuf", &body, tenant)?;
+                Vec::new()
+            } else {
+                let metadata: Vec<(&str, &str)> =
+                    tenant.map(|t| ("x-scope-orgid", t)).into_iter().collect();
+                grpc::call(
+                    url,
+                    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+                    &body,
+                    &metadata,
+                    timeout,
+                )?
+            };
+            if let Some(message) = otlp_rejection(&response) {
+                return Err(Failure {
+                    message,
+                    transient: false,
+                });
+            }
+            Ok(Sent {
+                bytes: body.len(),
+                what: format!(
+                    "OTLP profiles ({}) as service.name={app}",
+                    superprof_profile::otlp::VERSION
+                ),
+            })
         }
-    };
+    }
+}
+
+/// Sends `profile` to `dest`, trying again with backoff for a bounded time (Ctrl-C, SIGTERM
+/// or SIGHUP end the tries at once).
+pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
     let start = Instant::now();
     let mut wait = Duration::from_millis(250);
     let mut tries = 0;
     loop {
         tries += 1;
-        match attempt() {
-            Ok(()) => {
+        match send_once(dest, profile, opts) {
+            Ok(sent) => {
                 eprintln!(
-                    "superprof: pushed {size} bytes of {what} to {}",
+                    "superprof: pushed {} bytes of {} to {}",
+                    sent.bytes,
+                    sent.what,
                     dest.name()
                 );
                 return Ok(());

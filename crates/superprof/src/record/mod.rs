@@ -2,7 +2,7 @@
 //! over a launched or attached process, feed the collector, and write the outputs.
 
 mod cgroup;
-mod perf;
+pub(crate) mod perf;
 mod ptrace;
 
 use std::path::PathBuf;
@@ -205,12 +205,12 @@ pub enum SamplerKind {
 /// stored relative to this start, which the profile also keeps as Unix time.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Clock {
-    monotonic_ns: u64,
-    unix_ns: u64,
+    pub(crate) monotonic_ns: u64,
+    pub(crate) unix_ns: u64,
 }
 
 impl Clock {
-    fn now() -> Clock {
+    pub(crate) fn now() -> Clock {
         Clock {
             monotonic_ns: superprof_sample::monotonic_ns(),
             unix_ns: std::time::SystemTime::now()

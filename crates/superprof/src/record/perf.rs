@@ -13,41 +13,48 @@ use crate::sys;
 /// How long before a drain a record must be stamped to be taken in that round.
 const HORIZON_SLACK_NS: u64 = 20_000_000;
 
-pub(super) fn run(
-    cfg: &RecordConfig,
-    mut sampler: PerfSampler,
-    pid: u32,
-    launched: bool,
-    collector: &mut Collector,
-    progress: &mut Progress,
-) -> Result<LoopResult> {
-    if sampler.kernel_stacks() {
-        collector.expect_kernel_frames();
+/// Reads a sampler's rings into a collector, in time order across CPUs.
+pub(crate) struct Drainer {
+    layout: superprof_sample::Layout,
+    buf: Vec<u8>,
+    /// Records kept for the next round (raw, header and body).
+    held: Vec<u8>,
+}
+
+impl Drainer {
+    pub(crate) fn new(sampler: &PerfSampler) -> Drainer {
+        Drainer {
+            layout: sampler.layout(),
+            buf: Vec::with_capacity(1 << 20),
+            held: Vec::new(),
+        }
     }
-    if sampler.off_cpu_event().is_some() {
-        collector.expect_switches();
+
+    /// The usual horizon: every record stamped before this instant is in its ring now (but
+    /// for a CPU stalled between a record's stamp and its commit: a vCPU the host did not
+    /// run).
+    pub(crate) fn horizon() -> u64 {
+        superprof_sample::monotonic_ns().saturating_sub(HORIZON_SLACK_NS)
     }
-    let layout = sampler.layout();
-    let mut buf = Vec::with_capacity(1 << 20);
-    // Records kept for the next round (raw, header and body).
-    let mut held: Vec<u8> = Vec::new();
-    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector, last: bool| {
-        // Every record stamped before this instant is in its ring now (but for a CPU stalled
-        // between a record's stamp and its commit: a vCPU the host did not run); one stamped
-        // later may be in a ring drained already this round while an earlier one of another
-        // CPU is not yet seen: those wait for the next round, so that records come in time
-        // order across CPUs (a thread's switch out on one CPU before its switch back in on
-        // another). The collector copes with the rare record later still.
-        let horizon = if last {
-            u64::MAX
-        } else {
-            superprof_sample::monotonic_ns().saturating_sub(HORIZON_SLACK_NS)
-        };
-        buf.clear();
-        buf.append(&mut held);
-        sampler.drain(&mut buf);
+
+    /// Hands the collector every record stamped up to `horizon`, in time order; later ones
+    /// wait for the next round: one stamped later may be in a ring drained already this
+    /// round while an earlier one of another CPU is not yet seen, and records must come in
+    /// time order across CPUs (a thread's switch out on one CPU before its switch back in
+    /// on another). The collector copes with the rare record later still.
+    pub(crate) fn drain(
+        &mut self,
+        sampler: &mut PerfSampler,
+        collector: &mut Collector,
+        horizon: u64,
+    ) {
+        let layout = self.layout;
+        self.buf.clear();
+        self.buf.append(&mut self.held);
+        sampler.drain(&mut self.buf);
+        let buf = &self.buf;
         let base = buf.as_ptr() as usize;
-        let mut records: Vec<(Record, std::ops::Range<usize>)> = split_records(&buf)
+        let mut records: Vec<(Record, std::ops::Range<usize>)> = split_records(buf)
             .filter_map(|(ty, misc, body)| {
                 let start = (body.as_ptr() as usize - base).checked_sub(8)?;
                 let raw = start..start + 8 + body.len();
@@ -64,7 +71,7 @@ pub(super) fn run(
         records.sort_by_key(|(r, _)| r.time());
         for (r, raw) in &records {
             if r.time() > horizon {
-                held.extend_from_slice(&buf[raw.clone()]);
+                self.held.extend_from_slice(&buf[raw.clone()]);
                 continue;
             }
             match r {
@@ -72,6 +79,27 @@ pub(super) fn run(
                 r => collector.handle(r),
             }
         }
+    }
+}
+
+pub(super) fn run(
+    cfg: &RecordConfig,
+    mut sampler: PerfSampler,
+    pid: u32,
+    launched: bool,
+    collector: &mut Collector,
+    progress: &mut Progress,
+) -> Result<LoopResult> {
+    if sampler.kernel_stacks() {
+        collector.expect_kernel_frames();
+    }
+    if sampler.off_cpu_event().is_some() {
+        collector.expect_switches();
+    }
+    let mut drainer = Drainer::new(&sampler);
+    let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector, last: bool| {
+        let horizon = if last { u64::MAX } else { Drainer::horizon() };
+        drainer.drain(sampler, collector, horizon);
     };
     let mut exit = None;
     let mut stopped_early = false;

@@ -307,41 +307,61 @@ pub fn superprof_as_nobody() -> Command {
 /// One HTTP request: (request line, headers in lower case, body).
 pub type HttpRequest = (String, Vec<(String, String)>, Vec<u8>);
 
+/// Reads one HTTP/1.1 request from `stream` and answers it with `status`.
+fn serve_http_request(stream: std::net::TcpStream, status: &str) -> HttpRequest {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut r = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').unwrap();
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map(|(_, v)| v.parse().unwrap())
+        .expect("a content-length");
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).unwrap();
+    let mut w = stream;
+    write!(
+        w,
+        "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    (line.trim_end().to_owned(), headers, body)
+}
+
 /// Serves one HTTP/1.1 request with `status`, and gives it back (the push tests' server).
 pub fn serve_http_once(
     listener: std::net::TcpListener,
     status: &'static str,
 ) -> std::thread::JoinHandle<HttpRequest> {
     std::thread::spawn(move || {
-        use std::io::{BufRead, BufReader, Read, Write};
         let (stream, _) = listener.accept().unwrap();
-        let mut r = BufReader::new(stream.try_clone().unwrap());
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        let mut headers = Vec::new();
-        loop {
-            let mut h = String::new();
-            r.read_line(&mut h).unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h.split_once(':').unwrap();
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-        }
-        let len: usize = headers
-            .iter()
-            .find(|(k, _)| k == "content-length")
-            .map(|(_, v)| v.parse().unwrap())
-            .expect("a content-length");
-        let mut body = vec![0; len];
-        r.read_exact(&mut body).unwrap();
-        let mut w = stream;
-        write!(
-            w,
-            "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        (line.trim_end().to_owned(), headers, body)
+        serve_http_request(stream, status)
     })
+}
+
+/// Serves every request with 200 OK, for as long as the test runs; they are kept in order.
+pub fn serve_http_all(
+    listener: std::net::TcpListener,
+) -> std::sync::Arc<std::sync::Mutex<Vec<HttpRequest>>> {
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = got.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let request = serve_http_request(stream, "200 OK");
+            kept.lock().unwrap().push(request);
+        }
+    });
+    got
 }
