@@ -148,7 +148,7 @@ fn two_processes_of_known_split_each_interval_pushed() {
     std::thread::sleep(Duration::from_millis(300));
     let out = agent()
         .args(["--push", &format!("pyroscope:http://127.0.0.1:{port}")])
-        .args(["--interval", "3s", "--duration", "9s", "-F", "999"])
+        .args(["--interval", "3s", "--duration", "9s", "-F", "1999"])
         .args(["--label", "env=ci"])
         .output()
         .unwrap();
@@ -203,13 +203,19 @@ fn two_processes_of_known_split_each_interval_pushed() {
             assert_eq!(l.get("cgroup"), cgroup.as_ref(), "{l:?}");
             starts.push(q["from"].parse::<u64>().unwrap());
             let (total, through) = shares(body);
-            assert!(total > 300, "{total} samples in an interval of {pid}");
+            // About 1,000 samples a second of one busy CPU (cpu-clock delivers half the asked
+            // rate here): 4σ of a share stays under the 5 points.
+            assert!(total > 1500, "{total} samples in an interval of {pid}");
             for f in ["work_alpha", "work_beta", "work_gamma"] {
                 let p = truth[f];
                 let share = *through.get(f).unwrap_or(&0) as f64 / total as f64;
                 let sigma = (p * (1.0 - p) / total as f64).sqrt();
+                eprintln!(
+                    "{f} of {pid}: {share:.4} of {total} samples, measured {p:.4}, 4σ {:.4}",
+                    4.0 * sigma
+                );
                 assert!(
-                    (share - p).abs() < 4.0 * sigma + 0.005,
+                    (share - p).abs() < (4.0 * sigma + 0.005).min(0.05),
                     "{f} of {pid}: {share:.3} of {total} samples, the program measured {p:.3}"
                 );
             }
