@@ -186,6 +186,7 @@ pub fn undo_eintr(tid: u32, r: &RawRegs) {
 }
 
 /// Whether a signal is pending for thread `tid` (its own, or its process's), from /proc.
+#[cfg(target_arch = "x86_64")]
 fn signal_pending(tid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
         return true; // (unknown: leave it be)
