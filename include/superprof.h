@@ -2,9 +2,9 @@
  *
  * Link with -lsuperprof (target/release/libsuperprof.so or libsuperprof.a after
  * `cargo build --release`). Samples every thread of the process on its CPU time (SIGPROF from
- * a POSIX timer on each thread's CPU clock, deleted at exec), with call stacks from frame
- * pointers (build with -fno-omit-frame-pointer for
- * full stacks), and symbolizes them at stop with superprof's own symbolizer (ELF symbols,
+ * a POSIX timer on each thread's CPU clock, deleted at exec), with call stacks unwound from the
+ * modules' CFI (.eh_frame, with framehop; the frame-pointer chain where a module has none, so
+ * code without either is best built with -fno-omit-frame-pointer), and symbolizes them at stop with superprof's own symbolizer (ELF symbols,
  * DWARF file:line, inlined frames, demangled C++ and Rust names).
  */
 #ifndef SUPERPROF_H

@@ -77,7 +77,8 @@ impl SampleKind {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
-    /// CLOCK_MONOTONIC nanoseconds.
+    /// Nanoseconds since the recording's start (CLOCK_MONOTONIC differences; the start's Unix
+    /// time is `Meta::start_time_unix_ns`).
     pub time_ns: u64,
     /// Index into [`Profile::threads`].
     pub thread: u32,

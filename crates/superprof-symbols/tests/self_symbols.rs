@@ -79,16 +79,18 @@ fn libc_getpid_address() -> u64 {
     getpid as *const () as u64
 }
 
+/// The test suite runs as root (scripts/test), where kallsyms shows its addresses: hidden
+/// ones fail the test rather than pass it unchecked.
 #[test]
-fn kernel_symbols_resolve_when_readable() {
+fn kernel_symbols_resolve() {
     let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
-    let Some(line) = text
+    let line = text
         .lines()
         .find(|l| l.ends_with(" do_syscall_64") && !l.starts_with("0000000000000000"))
-    else {
-        eprintln!("kallsyms addresses are hidden here; nothing to check");
-        return;
-    };
+        .expect(
+            "kallsyms hides its addresses (not root, or kernel.kptr_restrict=2): \
+             run the suite as root with kptr_restrict at most 1",
+        );
     let addr = u64::from_str_radix(line.split_whitespace().next().unwrap(), 16).unwrap();
     let k = Kallsyms::parse(&text);
     assert_eq!(k.lookup(addr + 1), Some("do_syscall_64"));

@@ -12,12 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn is_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
-
 /// A folder owned by `nobody`, as a user's working folder or home would be.
 fn folder_of_nobody(tag: &str) -> TempDir {
     let dir = TempDir::new(tag);
@@ -48,10 +42,7 @@ const VDSO_CLOCK: [&str; 2] = ["__vdso_clock_gettime", "__kernel_clock_gettime"]
 
 #[test]
 fn planted_symlinks_at_predictable_names_are_not_followed() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    require_root("planting symlinks in folders of other users");
     let _cpu = cpu_lock();
     let build = TempDir::new("plant-build");
     let exe = fixture(&build, "vdso_clock");
@@ -172,10 +163,7 @@ fn outputs_are_private() {
 
 #[test]
 fn devices_are_written_through_not_replaced() {
-    if !is_root() {
-        eprintln!("skipped: needs root (mknod)");
-        return;
-    }
+    require_root("mknod");
     let dir = TempDir::new("devices");
     let build = TempDir::new("devices-build");
     let exe = fixture(&build, "vdso_clock");

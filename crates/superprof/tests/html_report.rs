@@ -39,13 +39,6 @@ fn check(dir: &TempDir, page: &Path) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-}
-
 /// The Total% of `function` in the top table of `parquet`.
 fn top_total(parquet: &Path, function: &str) -> f64 {
     let out = run_ok(superprof().arg("report").arg(parquet));

@@ -74,11 +74,7 @@ fn a_program_started_without_ld_preload() {
 #[test]
 fn a_setuid_program_run_by_a_preloaded_shell() {
     use std::os::unix::fs::PermissionsExt;
-    // SAFETY: geteuid has no arguments and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: cannot make a setuid program of another user; skipped");
-        return;
-    }
+    require_root("a setuid program of another user");
     let _cpu = cpu_lock();
     let dir = TempDir::new("preload-setuid");
     let exe = compile(&dir, "child", &["exec_child.c"], &["-O2"]);

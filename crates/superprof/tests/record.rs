@@ -325,8 +325,11 @@ fn rust_fixture_has_demangled_names() {
 
 #[test]
 fn command_output_and_exit_status_are_forwarded() {
+    // (In a folder of its own: with no -o, record writes ./superprof.parquet.)
+    let dir = TempDir::new("forwarded");
     let out = superprof()
         .args(["record", "-q", "--", "sh", "-c", "echo to-stdout; echo to-stderr >&2; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exit 7"])
+        .current_dir(&dir.0)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(7));
@@ -357,8 +360,10 @@ fn svg_output_is_a_flamegraph() {
 
 #[test]
 fn duration_bounds_a_launched_command() {
+    let dir = TempDir::new("duration");
     let start = std::time::Instant::now();
     let out = superprof()
+        .current_dir(&dir.0)
         .args([
             "record",
             "-q",

@@ -49,10 +49,7 @@ fn a_thread_churn_is_sampled_as_its_thread_clocks_say() {
 /// of the samples (told apart by `column`) is the fixture's own within 4σ in both.
 fn storm(name: &str, column: &str, flags: &[&str]) {
     let _cpu = cpu_lock();
-    if unsafe_euid() != 0 {
-        eprintln!("per-CPU sampling needs root: not tried");
-        return;
-    }
+    require_root("per-CPU sampling of a cgroup");
     let dir = TempDir::new(name);
     let mut all = vec!["-O2", "-g"];
     all.extend(flags);
@@ -209,9 +206,4 @@ fn per_task_sampling_says_what_it_could_not_see() {
         "{cover}% vs {delivered} Hz: {stderr}"
     );
     assert!(cover < 80.0, "{stderr}");
-}
-
-fn unsafe_euid() -> u32 {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() }
 }

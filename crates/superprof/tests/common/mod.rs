@@ -151,6 +151,21 @@ impl Folded {
         self.0.iter().map(|(_, n)| n).sum()
     }
 
+    /// Of the samples whose leaf is `leaf`, the share whose stack is whole: `via` calls it
+    /// directly (main calling a work function).
+    pub fn complete_share(&self, leaf: &str, via: &str) -> f64 {
+        let (mut all, mut whole) = (0, 0);
+        for (s, n) in &self.0 {
+            if s.last().is_some_and(|x| x == leaf) {
+                all += n;
+                if s.len() >= 2 && s[s.len() - 2] == via {
+                    whole += n;
+                }
+            }
+        }
+        whole as f64 / all.max(1) as f64
+    }
+
     /// Share of samples whose stack passes through a frame named `f`.
     pub fn share_through(&self, f: &str) -> f64 {
         let n: u64 = self
@@ -193,6 +208,24 @@ pub fn fixture_values(stdout: &str) -> BTreeMap<String, f64> {
             Some((k.to_owned(), v.parse().ok()?))
         })
         .collect()
+}
+
+/// A share measured on `n` samples against the fixture's own figure `truth`: within 4σ of a
+/// binomial share (σ = √(p(1−p)/n)), plus half a point for the fixture's own rounding and
+/// clock.
+pub fn assert_share(what: &str, measured: f64, truth: f64, n: u64) {
+    let sigma = (truth * (1.0 - truth) / n.max(1) as f64).sqrt();
+    let allowed = 4.0 * sigma + 0.005;
+    let diff = (measured - truth).abs();
+    assert!(
+        diff <= allowed,
+        "{what}: superprof says {:.2}% of {n} samples, ground truth {:.2}% (off by {:.2} points, \
+         4σ allows {:.2})",
+        measured * 100.0,
+        truth * 100.0,
+        diff * 100.0,
+        allowed * 100.0
+    );
 }
 
 pub fn assert_close(what: &str, measured: f64, truth: f64, points: f64) {
@@ -364,4 +397,22 @@ pub fn serve_http_all(
         }
     });
     got
+}
+
+/// Whether the tests run as root (they do: scripts/test installs packages, and CI runs it as
+/// root).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+}
+
+/// Fails a test that needs root (`what` for) when run otherwise, rather than passing it
+/// unchecked.
+pub fn require_root(what: &str) {
+    assert!(
+        is_root(),
+        "this test needs root ({what}); the suite runs as root (scripts/test)"
+    );
 }
