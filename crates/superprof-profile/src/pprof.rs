@@ -190,3 +190,152 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     gz.finish()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{fields, Field};
+    use crate::{Frame, SampleKind};
+
+    /// The varints of a packed field.
+    fn packed(b: &[u8]) -> Vec<u64> {
+        let mut out = Vec::new();
+        let (mut v, mut shift) = (0u64, 0);
+        for &byte in b {
+            v |= u64::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                out.push(v);
+                (v, shift) = (0, 0);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_profile_encodes_as_pprof_reads_it() {
+        let mut p = Profile::default();
+        p.meta.frequency = 100;
+        p.meta.duration_ns = 2_000_000_000;
+        let mut frame = |p: &mut Profile, name: &str, address: u64| {
+            let f = Frame {
+                function: p.intern_str(name),
+                module: p.intern_str("/bin/prog"),
+                file: Some(p.intern_str("prog.c")),
+                line: 7,
+                address,
+                inlined: false,
+            };
+            p.intern_frame(f)
+        };
+        let main = frame(&mut p, "main", 0x10);
+        let work = frame(&mut p, "work", 0x20);
+        let t = p.add_thread(5, 6, "prog");
+        let root = p.intern_stack(None, main);
+        let leaf = p.intern_stack(Some(root), work);
+        p.add_sample_of(SampleKind::OnCpu, 0, t, 0, 3, Some(leaf));
+        let bytes = encode(&p);
+        let top = fields(&bytes).unwrap();
+        let strings: Vec<&[u8]> = top
+            .iter()
+            .filter_map(|f| match f {
+                Field::Bytes(6, s) => Some(*s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(strings[0], b"", "string_table[0] is empty");
+        let s = |i: u64| String::from_utf8_lossy(strings[i as usize]).into_owned();
+        // sample_type: samples/count, cpu/nanoseconds.
+        let types: Vec<(String, String)> = top
+            .iter()
+            .filter_map(|f| match f {
+                Field::Bytes(1, b) => {
+                    let v = fields(b).unwrap();
+                    let get = |n| {
+                        v.iter().find_map(|x| match x {
+                            Field::Varint(k, i) if *k == n => Some(*i),
+                            _ => None,
+                        })
+                    };
+                    Some((s(get(1)?), s(get(2)?)))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("samples".into(), "count".into()),
+                ("cpu".into(), "nanoseconds".into())
+            ]
+        );
+        // One sample: two locations, leaf first; 3 samples of 10 ms each.
+        let sample = top
+            .iter()
+            .find_map(|f| match f {
+                Field::Bytes(2, b) => Some(fields(b).unwrap()),
+                _ => None,
+            })
+            .unwrap();
+        let locs = sample
+            .iter()
+            .find_map(|f| match f {
+                Field::Bytes(1, b) => Some(packed(b)),
+                _ => None,
+            })
+            .unwrap();
+        let values = sample
+            .iter()
+            .find_map(|f| match f {
+                Field::Bytes(2, b) => Some(packed(b)),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(values, [3, 30_000_000]);
+        assert_eq!(locs.len(), 2);
+        // Each location's function, by its name: work, then main.
+        let names: Vec<String> = locs
+            .iter()
+            .map(|&id| {
+                let loc = top
+                    .iter()
+                    .filter_map(|f| match f {
+                        Field::Bytes(4, b) => Some(fields(b).unwrap()),
+                        _ => None,
+                    })
+                    .find(|l| l.contains(&Field::Varint(1, id)))
+                    .unwrap();
+                let line = loc
+                    .iter()
+                    .find_map(|f| match f {
+                        Field::Bytes(4, b) => Some(fields(b).unwrap()),
+                        _ => None,
+                    })
+                    .unwrap();
+                assert!(line.contains(&Field::Varint(2, 7)), "the line number");
+                let Field::Varint(1, fid) = line[0] else {
+                    panic!("{line:?}")
+                };
+                let func = top
+                    .iter()
+                    .filter_map(|f| match f {
+                        Field::Bytes(5, b) => Some(fields(b).unwrap()),
+                        _ => None,
+                    })
+                    .find(|g| g.contains(&Field::Varint(1, fid)))
+                    .unwrap();
+                let name = func
+                    .iter()
+                    .find_map(|f| match f {
+                        Field::Varint(2, n) => Some(*n),
+                        _ => None,
+                    })
+                    .unwrap();
+                s(name)
+            })
+            .collect();
+        assert_eq!(names, ["work", "main"]);
+        // The period: 10 ms of cpu/nanoseconds.
+        assert!(top.contains(&Field::Varint(12, 10_000_000)));
+    }
+}

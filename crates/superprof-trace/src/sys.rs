@@ -807,3 +807,39 @@ mod stub_tail_tests {
         assert_eq!(&t[4..8], &[0x00, 0x02, 0x1f, 0xd6]);
     }
 }
+
+#[cfg(test)]
+mod wait_status_tests {
+    use super::WaitStatus;
+
+    /// Statuses as the kernel writes them (wait(2)): exit code << 8; the signal; stops as
+    /// 0x7f with the signal << 8 and a ptrace event << 16.
+    #[test]
+    fn wait_statuses_decode() {
+        let exited = WaitStatus(3 << 8);
+        assert_eq!(
+            (exited.exited(), exited.signaled(), exited.stop_sig()),
+            (Some(3), None, None)
+        );
+        let killed = WaitStatus(libc::SIGSEGV | 0x80); // with a core dump
+        assert_eq!(
+            (killed.exited(), killed.signaled(), killed.stop_sig()),
+            (None, Some(libc::SIGSEGV), None)
+        );
+        let trap = WaitStatus(0x7f | (libc::SIGTRAP << 8));
+        assert_eq!((trap.stop_sig(), trap.event()), (Some(libc::SIGTRAP), 0));
+        let exec = WaitStatus(0x7f | (libc::SIGTRAP << 8) | (libc::PTRACE_EVENT_EXEC << 16));
+        assert_eq!(
+            (exec.stop_sig(), exec.event()),
+            (Some(libc::SIGTRAP), libc::PTRACE_EVENT_EXEC)
+        );
+        // A syscall stop (PTRACE_O_TRACESYSGOOD) and a group stop (PTRACE_EVENT_STOP).
+        let sys = WaitStatus(0x7f | ((libc::SIGTRAP | 0x80) << 8));
+        assert_eq!(sys.stop_sig(), Some(libc::SIGTRAP | 0x80));
+        let group = WaitStatus(0x7f | (libc::SIGSTOP << 8) | (libc::PTRACE_EVENT_STOP << 16));
+        assert_eq!(
+            (group.stop_sig(), group.event(), group.exited()),
+            (Some(libc::SIGSTOP), libc::PTRACE_EVENT_STOP, None)
+        );
+    }
+}

@@ -4,7 +4,7 @@
 use anyhow::{anyhow, bail, Result};
 
 /// A region the user asked for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegionSpec {
     Function(String),
     /// ELF virtual addresses of the executable, END exclusive.
@@ -382,5 +382,53 @@ impl Placement {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_as_users_write_them() {
+        let f = |s: &str| RegionSpec::Function(s.to_owned());
+        let ok = |s: &str| RegionSpec::parse(s).unwrap();
+        assert_eq!(ok("fib"), f("fib"));
+        // C++ and Rust names are functions, not line ranges or address ranges.
+        assert_eq!(ok("ns::f(int)"), f("ns::f(int)"));
+        assert_eq!(ok("std::vec::Vec<T>::push"), f("std::vec::Vec<T>::push"));
+        assert_eq!(ok("operator-"), f("operator-"));
+        assert_eq!(ok("0x1000-0x1040"), RegionSpec::Range(0x1000, 0x1040));
+        assert_eq!(
+            ok("sum.c:10-20"),
+            RegionSpec::Lines("sum.c".into(), 10, "sum.c".into(), 20)
+        );
+        assert_eq!(
+            ok("a.h:5-b.c:7"),
+            RegionSpec::Lines("a.h".into(), 5, "b.c".into(), 7)
+        );
+        for (s, label) in [
+            ("fib", "fib"),
+            ("0x1000-0x1040", "0x1000-0x1040"),
+            ("sum.c:10-20", "sum.c:10-20"),
+            ("a.h:5-b.c:7", "a.h:5-b.c:7"),
+        ] {
+            assert_eq!(ok(s).label(), label);
+        }
+    }
+
+    #[test]
+    fn bad_regions_are_refused() {
+        for bad in [
+            "",
+            "0x2000-0x1000",
+            "0x1000-0x1000",
+            "0x10-1000",
+            "0xzz-0x10",
+            "sum.c:20-10",
+            "sum.c:10-99999999999",
+        ] {
+            assert!(RegionSpec::parse(bad).is_err(), "{bad}");
+        }
     }
 }
