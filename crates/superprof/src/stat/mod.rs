@@ -103,6 +103,20 @@ pub struct EngineCost {
     pub cost: Vec<f64>,
 }
 
+/// A counter's count between two readings, scaled as perf stat scales a multiplexed counter:
+/// counted for `running` of the `enabled` time, it stands for value × enabled / running
+/// (`true`: scaled). A counter that never ran in between counts what it counted (nothing).
+fn scaled_delta(start: &Reading, end: &Reading) -> (f64, bool) {
+    let dv = end.value.saturating_sub(start.value) as f64;
+    let de = end.enabled.saturating_sub(start.enabled);
+    let dr = end.running.saturating_sub(start.running);
+    if dr > 0 && dr < de {
+        (dv * de as f64 / dr as f64, true)
+    } else {
+        (dv, false)
+    }
+}
+
 /// A region placed in the process (`entry` 0: not found yet).
 struct Region {
     name: String,
@@ -1701,14 +1715,7 @@ impl Session {
         let mut values = Vec::with_capacity(end.len() + 1);
         let mut scaled_mask = 0u64;
         for (i, (a, b)) in frame.start.iter().zip(end).enumerate() {
-            let dv = b.value.saturating_sub(a.value) as f64;
-            let de = b.enabled.saturating_sub(a.enabled);
-            let dr = b.running.saturating_sub(a.running);
-            let (v, scaled) = if dr > 0 && dr < de {
-                (dv * de as f64 / dr as f64, true)
-            } else {
-                (dv, false)
-            };
+            let (v, scaled) = scaled_delta(a, b);
             if scaled && i < 64 {
                 scaled_mask |= 1 << i;
             }
@@ -2130,5 +2137,34 @@ fn inlined_sites(
 impl std::fmt::Debug for Region {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} at {:#x}", self.name, self.entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(value: u64, enabled: u64, running: u64) -> Reading {
+        Reading {
+            value,
+            enabled,
+            running,
+        }
+    }
+
+    #[test]
+    fn multiplexed_counts_are_scaled_as_perf_stat_does() {
+        // On the PMU the whole time: as counted.
+        let (v, s) = scaled_delta(&reading(100, 1000, 1000), &reading(600, 3000, 3000));
+        assert_eq!((v, s), (500.0, false));
+        // On it a quarter of the call's time: four times what it counted.
+        let (v, s) = scaled_delta(&reading(100, 1000, 1000), &reading(200, 5000, 2000));
+        assert_eq!((v, s), (400.0, true));
+        // Never on it during the call: nothing counted, nothing to scale.
+        let (v, s) = scaled_delta(&reading(100, 1000, 500), &reading(100, 2000, 500));
+        assert_eq!((v, s), (0.0, false));
+        // Readings that go backwards (a counter reset) count nothing, never wrap.
+        let (v, _) = scaled_delta(&reading(500, 10, 10), &reading(100, 20, 20));
+        assert_eq!(v, 0.0);
     }
 }
