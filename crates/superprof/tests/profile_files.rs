@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// One recording of the threads fixture shared by the tests of this file, in several formats
-/// written by the same run.
+/// One recording of the split fixture (one thread; tests/formats.rs takes four) shared by the
+/// tests of this file, in several formats written by the same run.
 struct Recording {
     _dir: TempDir,
     parquet: PathBuf,
