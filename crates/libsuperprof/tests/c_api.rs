@@ -61,22 +61,17 @@ fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
     );
     for f in ["inside_alpha", "inside_beta", "late_thread_work"] {
         let share = *m.get(f).unwrap_or(&0) as f64 / total as f64;
-        let want = truth[f];
-        assert!(
-            (share - want).abs() <= 0.07,
-            "{f}: {share:.3} sampled, {want:.3} measured: {m:?}"
-        );
+        assert_share(f, share, truth[f], total);
     }
-    // Full stacks: main calls inside_alpha, the late thread's work has its thread entry.
-    let text = std::fs::read_to_string(&folded).unwrap();
-    assert!(
-        text.lines().any(|l| l.contains(";main;inside_alpha ")),
-        "{text}"
-    );
-    assert!(
-        text.lines().any(|l| l.contains("late;late_thread_work ")),
-        "{text}"
-    );
+    // Full stacks for 95% of each function's samples: main calls inside_alpha; the late
+    // thread's work comes from its thread's entry (under the thread's name).
+    for (leaf, tail) in [
+        ("inside_alpha", "main;inside_alpha"),
+        ("late_thread_work", "late;late_thread_work"),
+    ] {
+        let whole = complete_share(&folded, leaf, tail);
+        assert!(whole >= 0.95, "{leaf}: {:.1}% whole stacks", whole * 100.0);
+    }
     // The table on stderr.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -108,7 +103,13 @@ fn fork_inside_the_profiled_part() {
     let alpha = m.get("inside_alpha").copied().unwrap_or(0) as f64;
     let beta = m.get("inside_beta").copied().unwrap_or(0) as f64;
     assert!(total > 50, "{m:?}");
-    assert!((alpha / (alpha + beta) - 2.0 / 3.0).abs() < 0.12, "{m:?}");
+    // (The fixture burns CPU time by its own clock: 2/3 of it in alpha.)
+    assert_share(
+        "inside_alpha",
+        alpha / (alpha + beta),
+        2.0 / 3.0,
+        (alpha + beta) as u64,
+    );
 }
 
 #[test]

@@ -141,3 +141,37 @@ pub fn burn(d: std::time::Duration) -> u64 {
     }
     x
 }
+
+/// A share measured on `n` samples against the program's own figure `truth`: within 4σ of a
+/// binomial share (σ = √(p(1−p)/n)), plus half a point for the program's own clock.
+pub fn assert_share(what: &str, measured: f64, truth: f64, n: u64) {
+    let sigma = (truth * (1.0 - truth) / n.max(1) as f64).sqrt();
+    let allowed = 4.0 * sigma + 0.005;
+    assert!(
+        (measured - truth).abs() <= allowed,
+        "{what}: {:.2}% of {n} samples, the program measured {:.2}% (4σ allows {:.2} points)",
+        measured * 100.0,
+        truth * 100.0,
+        allowed * 100.0
+    );
+}
+
+/// Of the samples of a folded file whose leaf is `leaf`, the share whose stack ends with
+/// `tail` (`main;inside_alpha`: called from main).
+pub fn complete_share(folded: &Path, leaf: &str, tail: &str) -> f64 {
+    let text = std::fs::read_to_string(folded).unwrap();
+    let (mut all, mut whole) = (0u64, 0u64);
+    for l in text.lines() {
+        let Some((stack, n)) = l.rsplit_once(' ') else {
+            continue;
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        if stack.rsplit(';').next() == Some(leaf) {
+            all += n;
+            if stack == tail || stack.ends_with(&format!(";{tail}")) {
+                whole += n;
+            }
+        }
+    }
+    whole as f64 / all.max(1) as f64
+}
