@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Generates crates/superprof-trace/src/syscalls/names.rs from the Linux UAPI headers
+"""Generates crates/superprof-trace/src/syscall_tables.rs from the Linux UAPI headers
 (linux-libc-dev): asm/unistd_64.h for x86_64, asm-generic/unistd.h for AArch64."""
 import re
 import sys
 
 X86 = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"
 GENERIC = "/usr/include/asm-generic/unistd.h"
-OUT = "crates/superprof-trace/src/syscalls/names.rs"
+OUT = "crates/superprof-trace/src/syscall_tables.rs"
 # 64-bit names of the asm-generic "3264" calls.
 RENAME_3264 = {"fstatat": "newfstatat"}
 

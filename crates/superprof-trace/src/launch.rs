@@ -7,6 +7,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crate::status::decode;
+pub use crate::status::ExitStatus;
+
 /// Signals superprof was started with ignored (bit `sig - 1`): nohup's SIGHUP, the SIGINT and
 /// SIGQUIT a shell ignores for a background job. See [`note_inherited_signals`].
 static INHERITED_IGNORED: AtomicU64 = AtomicU64::new(0);
@@ -281,43 +284,6 @@ impl PendingChild {
         kill(self.pid, libc::SIGKILL);
         drop(self.go.take());
         let _ = wait_exit(self.pid);
-    }
-}
-
-/// How a child ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitStatus {
-    Code(i32),
-    Signal(i32),
-}
-
-impl std::fmt::Display for ExitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            ExitStatus::Code(c) => write!(f, "exited with status {c}"),
-            ExitStatus::Signal(s) => match crate::syscalls::signal_name(s) {
-                Some(name) => write!(f, "was killed by {name}"),
-                None => write!(f, "was killed by signal {s}"),
-            },
-        }
-    }
-}
-
-impl ExitStatus {
-    /// The status the shell would report: the code, or 128 + signal.
-    pub fn shell_code(self) -> i32 {
-        match self {
-            ExitStatus::Code(c) => c,
-            ExitStatus::Signal(s) => 128 + s,
-        }
-    }
-}
-
-fn decode(status: libc::c_int) -> ExitStatus {
-    if libc::WIFSIGNALED(status) {
-        ExitStatus::Signal(libc::WTERMSIG(status))
-    } else {
-        ExitStatus::Code(libc::WEXITSTATUS(status))
     }
 }
 

@@ -29,8 +29,11 @@ pub mod blocked;
 mod janitor;
 mod launch;
 mod locate;
+mod names;
 pub mod sampler;
+mod status;
 mod sys;
+mod syscall_tables;
 pub mod syscalls;
 mod tracer;
 

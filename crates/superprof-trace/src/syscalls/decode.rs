@@ -1,6 +1,7 @@
 //! Decoding syscall arguments and results the way strace prints them, for the simple cases:
 //! file descriptors, paths, sizes and the common flag words. Everything else is hex.
 
+use crate::status::signal_name;
 use crate::sys;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,45 +215,6 @@ pub fn args(name: &str, pid: u32, raw: &[u64; 6]) -> Vec<String> {
 /// Whether the result is an address (printed in hex).
 pub fn returns_address(name: &str) -> bool {
     matches!(name, "mmap" | "brk" | "mremap" | "shmat")
-}
-
-/// The name of a signal (SIGSEGV...).
-pub fn signal_name(sig: i32) -> Option<&'static str> {
-    const NAMES: [&str; 32] = [
-        "0",
-        "SIGHUP",
-        "SIGINT",
-        "SIGQUIT",
-        "SIGILL",
-        "SIGTRAP",
-        "SIGABRT",
-        "SIGBUS",
-        "SIGFPE",
-        "SIGKILL",
-        "SIGUSR1",
-        "SIGSEGV",
-        "SIGUSR2",
-        "SIGPIPE",
-        "SIGALRM",
-        "SIGTERM",
-        "SIGSTKFLT",
-        "SIGCHLD",
-        "SIGCONT",
-        "SIGSTOP",
-        "SIGTSTP",
-        "SIGTTIN",
-        "SIGTTOU",
-        "SIGURG",
-        "SIGXCPU",
-        "SIGXFSZ",
-        "SIGVTALRM",
-        "SIGPROF",
-        "SIGWINCH",
-        "SIGIO",
-        "SIGPWR",
-        "SIGSYS",
-    ];
-    NAMES.get(sig as usize).copied().filter(|_| sig > 0)
 }
 
 /// The symbolic name of an errno value (ENOENT...).

@@ -2,65 +2,18 @@
 //! duration, through PTRACE_O_TRACESYSGOOD stops and PTRACE_GET_SYSCALL_INFO.
 
 mod decode;
-mod names;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-pub use decode::{errno_name, signal_name};
+pub use crate::names::{known_name_for, name, name_for, name_for_audit_arch, Arch};
+pub use crate::status::signal_name;
+pub use decode::errno_name;
 
-use crate::launch::ExitStatus;
 use crate::sampler::Control;
+use crate::status::ExitStatus;
 use crate::sys::{self, SyscallInfo};
 use crate::tracer::{TraceEvent, Tracer};
-
-/// The architectures whose syscall numbers superprof knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    X86_64,
-    Aarch64,
-}
-
-impl Arch {
-    /// The architecture superprof runs on.
-    pub const NATIVE: Arch = if cfg!(target_arch = "aarch64") {
-        Arch::Aarch64
-    } else {
-        Arch::X86_64
-    };
-}
-
-/// The name of syscall `nr` of `arch`; `syscall_NR` for a number with no name.
-pub fn name_for(arch: Arch, nr: u64) -> String {
-    known_name_for(arch, nr).map_or_else(|| format!("syscall_{nr}"), str::to_owned)
-}
-
-/// The name of syscall `nr` of `arch`, if it has one (no allocation).
-pub fn known_name_for(arch: Arch, nr: u64) -> Option<&'static str> {
-    let table: &[&str] = match arch {
-        Arch::X86_64 => &names::X86_64,
-        Arch::Aarch64 => &names::AARCH64,
-    };
-    table.get(nr as usize).copied().filter(|n| !n.is_empty())
-}
-
-/// The name of syscall `nr` of the ABI that PTRACE_GET_SYSCALL_INFO reports (AUDIT_ARCH_*).
-/// A 32-bit call (ia32 `int 0x80`) has no table here: `ia32:syscall_NR`.
-pub fn name_for_audit_arch(audit_arch: u32, nr: u64) -> String {
-    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-    const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
-    match audit_arch {
-        AUDIT_ARCH_X86_64 => name_for(Arch::X86_64, nr),
-        AUDIT_ARCH_AARCH64 => name_for(Arch::Aarch64, nr),
-        0x4000_0003 => format!("ia32:syscall_{nr}"),
-        _ => name(nr),
-    }
-}
-
-/// The name of syscall `nr` on the architecture superprof runs on.
-pub fn name(nr: u64) -> String {
-    name_for(Arch::NATIVE, nr)
-}
 
 /// One finished (or never finished) syscall.
 #[derive(Debug, Clone)]
