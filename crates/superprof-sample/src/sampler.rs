@@ -737,14 +737,8 @@ pub fn online_cpus() -> io::Result<Vec<u32>> {
     Ok(cpus)
 }
 
-/// Thread ids of a process, from /proc.
-pub fn list_threads(pid: u32) -> io::Result<Vec<u32>> {
-    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    Ok(tids)
-}
+// Thread ids of a process, from /proc (one lister for the samplers and the tracer).
+pub use superprof_unwind::maps::list_threads;
 
 #[cfg(test)]
 mod tests {

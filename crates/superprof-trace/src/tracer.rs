@@ -306,7 +306,8 @@ impl Tracer {
             return Err(TraceError::NoSuchProcess(pid));
         }
         loop {
-            let tids = list_tasks(pid).map_err(|_| TraceError::NoSuchProcess(pid))?;
+            let tids = superprof_unwind::maps::list_threads(pid)
+                .map_err(|_| TraceError::NoSuchProcess(pid))?;
             let new: Vec<u32> = tids
                 .into_iter()
                 .filter(|t2| !t.threads.contains_key(t2))
@@ -1809,12 +1810,4 @@ impl Drop for Tracer {
             self.detach_all();
         }
     }
-}
-
-fn list_tasks(pid: u32) -> io::Result<Vec<u32>> {
-    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    Ok(tids)
 }

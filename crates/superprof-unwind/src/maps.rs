@@ -1,4 +1,4 @@
-//! /proc/PID/maps, parsed once in one place.
+//! /proc/PID/maps, parsed once in one place; and a process's threads (/proc/PID/task).
 
 use std::path::PathBuf;
 
@@ -11,6 +11,15 @@ pub struct MapEntry {
     pub offset: u64,
     /// The path as the process names it (absolute), or a pseudo-file such as `[vdso]`.
     pub path: PathBuf,
+}
+
+/// The threads of process `pid`, by id, in order.
+pub fn list_threads(pid: u32) -> std::io::Result<Vec<u32>> {
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
 }
 
 /// The executable mappings of `pid` that have a name (files and `[vdso]`).
