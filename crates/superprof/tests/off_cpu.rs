@@ -296,14 +296,8 @@ fn a_process_waiting_on_fsync_with_kernel_frames() {
             allowed,
         );
         let seconds = r.seconds("offcpu");
-        // The ptrace wall-clock mode's looks lose part of the waits in D (the truncation of
-        // open(O_TRUNC), fsync's writeback): on this VM it gave 0.27-0.29 s of 0.31-0.32 s
-        // (perf's sched_switch: 0.323 of 0.324), 9-12% short, in 7 runs of 8 since the
-        // morning of 2026-11-27 (it had been within 5%). A known bias, bounded here at 15%
-        // until the looks are fixed (see the issue 18 stop's note); perf's within 5%.
-        let bound = if sampler == "ptrace" { 0.15 } else { 0.05 };
         assert!(
-            (seconds - wall).abs() <= bound * wall + 0.01,
+            (seconds - wall).abs() <= 0.05 * wall + 0.01,
             "{sampler}: {seconds:.3} s of {wall:.3}\n{}",
             r.stderr
         );
