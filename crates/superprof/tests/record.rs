@@ -407,7 +407,10 @@ fn ctrl_c_stops_an_attached_recording_and_writes_the_profile() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Sampling (its events open), then a second of it (about 500 samples at the half of
+    // 999 Hz this VM's cpu-clock delivers at least).
+    wait_sampling(rec.id());
+    std::thread::sleep(std::time::Duration::from_millis(1000));
     let _ = Command::new("kill")
         .args(["-INT", &rec.id().to_string()])
         .status();

@@ -214,7 +214,8 @@ fn attach_by_pid_logs_and_detaches() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let pid: u32 = lines.next().unwrap().unwrap().trim().parse().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // (The shell's exec done: the program, not the shell, is what is attached.)
+    wait_exec(pid, &exe);
     let out = dir.path("a.json");
     let rec = superprof()
         .args([

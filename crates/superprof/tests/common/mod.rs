@@ -416,3 +416,40 @@ pub fn require_root(what: &str) {
         "this test needs root ({what}); the suite runs as root (scripts/test)"
     );
 }
+
+/// Waits (10 s at most) until process `pid` runs `exe`: its exec is done.
+pub fn wait_exec(pid: u32, exe: &Path) {
+    let want = std::fs::canonicalize(exe).unwrap();
+    let start = std::time::Instant::now();
+    while std::fs::read_link(format!("/proc/{pid}/exe")).ok() != Some(want.clone()) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "process {pid} never ran {}",
+            exe.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Waits (10 s at most) until superprof (`pid`) has its perf events open: it samples.
+pub fn wait_sampling(pid: u32) {
+    let start = std::time::Instant::now();
+    loop {
+        let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().contains("perf_event"))
+            });
+        if open {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "superprof ({pid}) opened no perf event"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
