@@ -13,69 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use prost::Message;
-
-// pprof's messages, as much as the test reads (github.com/google/pprof/proto/profile.proto).
-#[derive(Clone, PartialEq, Message)]
-struct PProfile {
-    #[prost(message, repeated, tag = "2")]
-    sample: Vec<PSample>,
-    #[prost(message, repeated, tag = "4")]
-    location: Vec<PLocation>,
-    #[prost(message, repeated, tag = "5")]
-    function: Vec<PFunction>,
-    #[prost(string, repeated, tag = "6")]
-    string_table: Vec<String>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PSample {
-    #[prost(uint64, repeated, tag = "1")]
-    location_id: Vec<u64>,
-    #[prost(int64, repeated, tag = "2")]
-    value: Vec<i64>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PLocation {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(message, repeated, tag = "4")]
-    line: Vec<PLine>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PLine {
-    #[prost(uint64, tag = "1")]
-    function_id: u64,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PFunction {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(int64, tag = "2")]
-    name: i64,
-}
 
 /// The samples of a gzipped pprof, and how many of them pass through each function.
 fn shares(gz: &[u8]) -> (u64, BTreeMap<String, u64>) {
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(gz)
-        .read_to_end(&mut raw)
-        .unwrap();
-    let p = PProfile::decode(&raw[..]).unwrap();
-    let fname: BTreeMap<u64, String> = p
-        .function
-        .iter()
-        .map(|f| (f.id, p.string_table[f.name as usize].clone()))
-        .collect();
-    let loc: BTreeMap<u64, &PLocation> = p.location.iter().map(|l| (l.id, l)).collect();
     let (mut total, mut through) = (0, BTreeMap::new());
-    for s in &p.sample {
-        let n = s.value[0] as u64;
+    for (_, mut names, n) in pprof::samples(gz) {
         total += n;
-        let mut names: Vec<String> = s
-            .location_id
-            .iter()
-            .flat_map(|id| loc[id].line.iter().map(|l| fname[&l.function_id].clone()))
-            .collect();
         names.sort();
         names.dedup();
         for name in names {

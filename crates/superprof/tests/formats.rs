@@ -8,11 +8,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use common::*;
-use prost::Message;
 
 /// "thread;root;...;leaf" -> samples, as superprof's folded output has them.
 type Stacks = BTreeMap<String, u64>;
@@ -28,54 +26,6 @@ fn folded(path: &Path) -> Stacks {
         .collect()
 }
 
-// pprof's messages, as much as read here (github.com/google/pprof/proto/profile.proto).
-#[derive(Clone, PartialEq, Message)]
-struct PProfile {
-    #[prost(message, repeated, tag = "2")]
-    sample: Vec<PSample>,
-    #[prost(message, repeated, tag = "4")]
-    location: Vec<PLocation>,
-    #[prost(message, repeated, tag = "5")]
-    function: Vec<PFunction>,
-    #[prost(string, repeated, tag = "6")]
-    string_table: Vec<String>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PSample {
-    #[prost(uint64, repeated, tag = "1")]
-    location_id: Vec<u64>,
-    #[prost(int64, repeated, tag = "2")]
-    value: Vec<i64>,
-    #[prost(message, repeated, tag = "3")]
-    label: Vec<PLabel>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PLabel {
-    #[prost(int64, tag = "1")]
-    key: i64,
-    #[prost(int64, tag = "2")]
-    str: i64,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PLocation {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(message, repeated, tag = "4")]
-    line: Vec<PLine>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PLine {
-    #[prost(uint64, tag = "1")]
-    function_id: u64,
-}
-#[derive(Clone, PartialEq, Message)]
-struct PFunction {
-    #[prost(uint64, tag = "1")]
-    id: u64,
-    #[prost(int64, tag = "2")]
-    name: i64,
-}
-
 /// A stack of names, root first, under its thread; "[unknown]" for a sample with none.
 fn key(thread: &str, frames: &[String]) -> String {
     if frames.is_empty() {
@@ -86,30 +36,10 @@ fn key(thread: &str, frames: &[String]) -> String {
 }
 
 fn pprof_stacks(path: &Path) -> Stacks {
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
-        .read_to_end(&mut raw)
-        .unwrap();
-    let p = PProfile::decode(&raw[..]).unwrap();
-    let s = |i: i64| p.string_table[i as usize].clone();
-    let func: BTreeMap<u64, String> = p.function.iter().map(|f| (f.id, s(f.name))).collect();
-    let loc: BTreeMap<u64, &PLocation> = p.location.iter().map(|l| (l.id, l)).collect();
     let mut out = Stacks::new();
-    for sm in &p.sample {
-        let thread = sm
-            .label
-            .iter()
-            .find(|l| s(l.key) == "thread")
-            .map(|l| s(l.str))
-            .expect("a thread label");
-        // Locations leaf first, each one's lines innermost first.
-        let mut frames: Vec<String> = sm
-            .location_id
-            .iter()
-            .flat_map(|id| loc[id].line.iter().map(|l| func[&l.function_id].clone()))
-            .collect();
-        frames.reverse();
-        *out.entry(key(&thread, &frames)).or_default() += sm.value[0] as u64;
+    for (thread, frames, n) in pprof::samples(&std::fs::read(path).unwrap()) {
+        *out.entry(key(&thread.expect("a thread label"), &frames))
+            .or_default() += n;
     }
     out
 }

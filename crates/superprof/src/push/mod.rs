@@ -296,18 +296,22 @@ pub struct Sent {
 /// One try at sending `profile` to `dest` (no retry).
 pub fn send_once(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<Sent, Failure> {
     let app = app_of(profile, opts);
-    let mut pprof = Vec::new();
-    if let Err(e) = superprof_profile::pprof::write(profile, &mut pprof) {
-        return Err(Failure {
-            message: format!("cannot encode the profile: {e}"),
-            transient: false,
-        });
-    }
+    // The gzipped pprof, for the destinations that take it (OTLP has its own encoding).
+    let pprof = || {
+        let mut out = Vec::new();
+        superprof_profile::pprof::write(profile, &mut out)
+            .map(|()| out)
+            .map_err(|e| Failure {
+                message: format!("cannot encode the profile: {e}"),
+                transient: false,
+            })
+    };
     let tenant = opts.tenant.as_deref();
     let timeout = Duration::from_secs(10);
     match dest {
         Dest::Pyroscope(base) => {
             let url = ingest_url(base, profile, &app, opts);
+            let pprof = pprof()?;
             post(&url, "application/octet-stream", &pprof, tenant)?;
             Ok(Sent {
                 bytes: pprof.len(),
@@ -315,7 +319,7 @@ pub fn send_once(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<S
             })
         }
         Dest::Parca(url) => {
-            let body = parca_write_raw(&pprof, &app, opts);
+            let body = parca_write_raw(&pprof()?, &app, opts);
             grpc::call(
                 url,
                 "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw",

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod guest;
+pub mod pprof;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
