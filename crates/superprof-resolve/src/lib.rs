@@ -9,6 +9,10 @@
 //! - [`stamp`]: the metadata every profile carries (superprof's version, the host).
 //! - [`check_outputs`] and [`write_output`]: output paths checked before anything runs (format
 //!   by extension, writable), and each file written whole (a temporary file renamed).
+//! - [`Console`], [`check_text_output`] and [`write_text`]: where text results (tables, JSON,
+//!   CSV) go without `-o`, and the same whole-file writing for them.
+
+#![deny(missing_docs)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +40,7 @@ pub struct Namer {
 }
 
 impl Namer {
+    /// A namer that looks for perf maps in /tmp and knows no process's owner or jitdump yet.
     pub fn new() -> Namer {
         Namer::default()
     }
@@ -214,7 +219,9 @@ pub fn check_text_output(path: &Path) -> Result<(), OutputError> {
 /// output stdout is (then stderr, as perf stat, strace and time do).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Console {
+    /// Standard output: superprof attached to a running process, or launched nothing.
     Stdout,
+    /// Standard error: superprof launched the program, which keeps stdout to itself.
     Stderr,
 }
 
@@ -267,7 +274,9 @@ pub fn write_text(output: Option<&Path>, console: Console, text: &str) -> std::i
 /// A profile that could not be written: where, and the system's reason (its errno kept).
 #[derive(Debug)]
 pub struct WriteError {
+    /// The output file that could not be written.
     pub path: PathBuf,
+    /// Why: the error of creating, filling, syncing or renaming the file (its errno kept).
     pub source: std::io::Error,
 }
 
