@@ -28,6 +28,8 @@
 //! its constructor starts sampling when `SUPERPROF_PRELOAD_DIR` is set, and each process (and
 //! each fork child) writes its profile there at exit, for `superprof` to merge.
 
+#![deny(missing_docs)]
+
 mod clocks;
 mod sys;
 
@@ -213,6 +215,9 @@ pub enum Error {
     NotRunning,
     /// The program has its own SIGPROF handler: superprof does not replace it.
     HandlerInstalled,
+    /// A system call failed (mapping the sample buffer, installing the handler, creating the
+    /// timers), or the profile could not be written (unknown extension, I/O error); the
+    /// errno is kept for the C API.
     Io(std::io::Error),
 }
 
