@@ -185,6 +185,7 @@ struct SectionInfo {
 
 /// What the unwinder needs of one ELF file.
 pub struct ElfImage {
+    /// The path the file was opened from.
     pub path: PathBuf,
     map: Arc<Mmap>,
     segments: Vec<Segment>,
@@ -534,18 +535,23 @@ impl ElfCache {
         id
     }
 
+    /// The path of module `id` as the target names it (which may differ from the path opened).
     pub fn path(&self, id: ModuleId) -> &Path {
         &self.modules[id.0 as usize].0
     }
 
+    /// The parsed file of module `id`; None where it could not be read or parsed, or has no
+    /// absolute path (`[vdso]`, `[anon:...]`).
     pub fn image(&self, id: ModuleId) -> Option<&Arc<ElfImage>> {
         self.modules[id.0 as usize].1.as_ref()
     }
 
+    /// How many modules were seen (ids run from 0 to this, exclusive).
     pub fn len(&self) -> usize {
         self.modules.len()
     }
 
+    /// Whether no module was seen yet.
     pub fn is_empty(&self) -> bool {
         self.modules.is_empty()
     }

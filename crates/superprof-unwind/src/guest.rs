@@ -14,7 +14,9 @@ use crate::regs::UserRegs;
 /// A guest's instruction set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GuestArch {
+    /// x86-64: the return address is on the stack, rbp is the frame pointer.
     X86_64,
+    /// AArch64: the return address is in x30 (lr), x29 is the frame pointer.
     Aarch64,
 }
 
@@ -37,6 +39,8 @@ pub struct GuestUnwinder {
 }
 
 impl GuestUnwinder {
+    /// An unwinder for a guest of `arch` that knows no module yet
+    /// ([`GuestUnwinder::add_module`]).
     pub fn new(arch: GuestArch) -> GuestUnwinder {
         let inner = match arch {
             GuestArch::X86_64 => Inner::X86_64(

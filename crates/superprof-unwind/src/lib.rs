@@ -20,6 +20,8 @@
 //! # let _ = outcome;
 //! ```
 
+#![deny(missing_docs)]
+
 mod elf;
 mod guest;
 pub mod maps;

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 /// One executable, file-backed mapping of a process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapEntry {
+    /// The first address of the mapping.
     pub start: u64,
+    /// The address just past the mapping (exclusive).
     pub end: u64,
     /// File offset mapped at `start`.
     pub offset: u64,

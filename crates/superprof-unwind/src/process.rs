@@ -20,9 +20,13 @@ type ArchCache = framehop::aarch64::CacheAarch64;
 /// address `svma` sits at runtime address `svma + bias`.
 #[derive(Debug, Clone, Copy)]
 pub struct Mapping {
+    /// The first runtime address of the mapping.
     pub start: u64,
+    /// The runtime address just past the mapping (exclusive).
     pub end: u64,
+    /// The file mapped, in the run's [`ElfCache`].
     pub module: ModuleId,
+    /// Runtime address minus ELF virtual address (wrapping: a kernel's may be "negative").
     pub bias: u64,
 }
 
@@ -243,6 +247,7 @@ impl ProcessModules {
         (avma < m.end).then_some(m)
     }
 
+    /// The executable mappings known, by start address (none overlap).
     pub fn mappings(&self) -> &[Mapping] {
         &self.mappings
     }
