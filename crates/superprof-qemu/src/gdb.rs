@@ -11,6 +11,8 @@ pub const MAX_PACKET: usize = 128 << 10;
 /// The longest thread id (`p1.1`...).
 const MAX_THREAD_ID: usize = 64;
 
+/// A guest reached through QEMU's gdbstub (`-gdb`, `-s`): registers from `g` packets (laid
+/// out by the stub's target description), memory from `m` packets, one connection.
 pub struct Gdb {
     conn: Conn,
     /// Bytes of `conn.buf` after the `$` already searched for the `#`.

@@ -25,6 +25,8 @@
 //! g.resume().unwrap();
 //! ```
 
+#![deny(missing_docs)]
+
 mod gdb;
 mod qmp;
 pub mod tdesc;
@@ -41,34 +43,48 @@ use std::time::{Duration, Instant};
 /// register (x30 on AArch64, 0 on x86_64).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GuestRegs {
+    /// The program counter (rip, pc): a guest virtual address.
     pub pc: u64,
+    /// The stack pointer (rsp, sp): a guest virtual address.
     pub sp: u64,
+    /// The frame pointer (rbp, x29).
     pub fp: u64,
+    /// The link register (x30) on AArch64; 0 on x86_64.
     pub lr: u64,
 }
 
+/// Why talking to QEMU failed.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {
+    /// The socket could not be opened (no such path, refused, no route to `HOST:PORT`).
     #[error("cannot connect to {addr}: {source}")]
     Connect {
+        /// The address as given: a Unix socket path or `HOST:PORT`.
         addr: String,
+        /// The system's reason.
         #[source]
         source: std::io::Error,
     },
+    /// The peer answered something this client does not take: not the protocol, a reply
+    /// over a size cap, an error reply, a value out of range. One line, for the user.
     #[error("{0}")]
     Protocol(String),
     /// The connection closed or QEMU said the guest ended.
     #[error("QEMU closed the connection (the guest ended?)")]
     Gone,
+    /// A reply did not come whole within the time given (the limit is in the variant), or a
+    /// write blocked that long because the peer does not read.
     #[error("QEMU did not answer within {0:?}")]
     Timeout(Duration),
     /// The caller's [`Cancel`] check said to stop waiting (Ctrl-C, the end of the run).
     #[error("interrupted while waiting for QEMU")]
     Cancelled,
+    /// Another I/O error on the socket or on a local file (QMP's `memsave` file).
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
+/// A result whose error is a [`QemuError`].
 pub type Result<T> = std::result::Result<T, QemuError>;
 
 /// Says whether to give up waiting for the peer (Ctrl-C, the end of the run): looked at

@@ -15,6 +15,9 @@ use crate::{shown, Backend, Cancel, Conn, GuestArch, GuestRegs, QemuError, Resul
 /// The longest QMP message (one line) taken from the peer.
 pub const MAX_LINE: usize = 4 << 20;
 
+/// A guest reached through QMP (`-qmp`): registers parsed from HMP `info registers`, memory
+/// through `memsave` into a private file of this host (so QEMU must run on it), or one HMP
+/// `x` per word with [`Qmp::word_reads`].
 pub struct Qmp {
     conn: Conn,
     /// Bytes of `conn.buf` already searched for a line end.

@@ -10,8 +10,11 @@ pub const MAX_INCLUDES: usize = 64;
 /// One register: its name, size in bits and number (`p` packet).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reg {
+    /// The name the description gives it (`rip`, `cr3`, `TTBR0_EL1`).
     pub name: String,
+    /// Its size in bits (1 to 4096).
     pub bits: u32,
+    /// Its number for `p` packets: the file's `regnum`, else one past the register before.
     pub regnum: u32,
 }
 
@@ -44,8 +47,11 @@ fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
 pub enum Item {
     /// A register; `regnum` when the file gives it.
     Reg {
+        /// The `name` attribute (at most 64 bytes).
         name: String,
+        /// The `bitsize` attribute (1 to 4096).
         bits: u32,
+        /// The `regnum` attribute, where given.
         regnum: Option<u32>,
     },
     /// Another file of the description.
