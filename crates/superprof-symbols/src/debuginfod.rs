@@ -11,8 +11,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// A debuginfod client: the servers of `DEBUGINFOD_URLS`, the client cache and the limits
+/// of the module's notes.
 pub struct Debuginfod {
     urls: Vec<String>,
+    /// The client cache folder (`cache_dir`): the debug file of a build id goes to
+    /// `BUILDID/debuginfo` in it.
     pub cache: PathBuf,
     timeout: Duration,
     max_size: u64,

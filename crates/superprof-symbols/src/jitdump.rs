@@ -31,10 +31,16 @@ const FLAG_ARCH_TIMESTAMP: u64 = 1;
 /// perf's `inject --jit` places it), and the `.eh_frame_hdr` after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JitUnwind {
+    /// The code's name, from its load record.
     pub name: String,
+    /// The runtime addresses of the code.
     pub code: std::ops::Range<u64>,
+    /// The runtime address of `eh_frame`: the code's start plus its size rounded up to 8.
     pub eh_frame_at: u64,
+    /// The `.eh_frame` bytes the runtime wrote (its CIEs and FDEs), as they are in the dump.
     pub eh_frame: Vec<u8>,
+    /// The `.eh_frame_hdr` and its runtime address (right after `eh_frame`), where the record
+    /// has one.
     pub hdr: Option<(u64, Vec<u8>)>,
 }
 
@@ -64,6 +70,7 @@ pub struct JitDump {
     monotonic: bool,
     /// The unwind tables of the code that has them, in the order loaded.
     pub unwind: Vec<JitUnwind>,
+    /// The file it was read from (empty for a dump parsed from bytes).
     pub path: PathBuf,
 }
 
@@ -162,10 +169,12 @@ impl JitDump {
         self.lookup_at(addr, None)
     }
 
+    /// How many pieces of code the dump describes (each load and each move counts once).
     pub fn len(&self) -> usize {
         self.loads.len()
     }
 
+    /// Whether the dump describes no code.
     pub fn is_empty(&self) -> bool {
         self.loads.is_empty()
     }
@@ -335,6 +344,9 @@ pub struct JitUnwindReader {
 }
 
 impl JitUnwindReader {
+    /// A reader of the jitdump at `path`, taken only when [`JitDump::load`] would take it
+    /// (owned by root, this user or `owner`); nothing is read until
+    /// [`JitUnwindReader::read_new`].
     pub fn new(path: &Path, owner: Option<u32>) -> JitUnwindReader {
         JitUnwindReader {
             path: path.to_owned(),

@@ -13,6 +13,8 @@ pub struct Kallsyms {
 }
 
 impl Kallsyms {
+    /// The running kernel's text symbols from /proc/kallsyms; empty when it cannot be read or
+    /// kptr_restrict hides the addresses.
     pub fn load() -> Kallsyms {
         let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
         Self::parse(&text)
@@ -40,6 +42,8 @@ impl Kallsyms {
         Ok(k)
     }
 
+    /// Parses kallsyms or System.map text: text symbols only (types `t`, `T`, `w`, `W`) with a
+    /// nonzero address, names cut at 512 bytes; other lines are skipped.
     pub fn parse(text: &str) -> Kallsyms {
         let mut symbols: Vec<(u64, String, Option<String>)> = text
             .lines()
@@ -92,6 +96,7 @@ impl Kallsyms {
         Kallsyms { symbols }
     }
 
+    /// Whether there is no symbol (nothing readable, or all addresses hidden).
     pub fn is_empty(&self) -> bool {
         self.symbols.is_empty()
     }

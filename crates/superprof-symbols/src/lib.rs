@@ -13,6 +13,8 @@
 //! }
 //! ```
 
+#![deny(missing_docs)]
+
 mod cfi;
 mod debugfile;
 mod debuginfod;
@@ -41,8 +43,14 @@ type CallSite = (Option<String>, Option<String>, Option<u32>, Option<u32>);
 /// that contains them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SymFrame {
+    /// The function's name, demangled; None where neither DWARF, the symbol table nor the
+    /// CFI names it.
     pub function: Option<String>,
+    /// The source file of `line`, as DWARF gives it (the path the compiler saw); None without
+    /// line information.
     pub file: Option<String>,
+    /// The source line in this function: for the innermost frame the address's own, for
+    /// each outer one the line of the call into the frame inside it.
     pub line: Option<u32>,
     /// This frame was inlined into the next (outer) one.
     pub inlined: bool,

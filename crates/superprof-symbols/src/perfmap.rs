@@ -53,6 +53,7 @@ const MAX_NAME: usize = 1024;
 #[derive(Debug, Default)]
 pub struct PerfMap {
     entries: Vec<(u64, u64, String)>,
+    /// The file it was read from (empty for a map made by [`PerfMap::parse`]).
     pub path: PathBuf,
 }
 
@@ -67,6 +68,8 @@ impl PerfMap {
         Some(map)
     }
 
+    /// Parses a perf map's text. Lines that are not `START SIZE NAME` (hex, `0x` optional)
+    /// with a nonzero size are skipped; names are cut at 1024 bytes.
     pub fn parse(text: &str) -> PerfMap {
         let mut entries: Vec<(u64, u64, String, usize)> = Vec::new();
         for (line_no, line) in text.lines().enumerate() {
@@ -114,10 +117,12 @@ impl PerfMap {
             .map(|e| e.2.as_str())
     }
 
+    /// How many code ranges the map names (one per start address).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether the map names no code.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

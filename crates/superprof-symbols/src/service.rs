@@ -40,8 +40,11 @@ impl Drop for Slot {
 /// the ELF virtual address to look up.
 #[derive(Debug, Clone)]
 pub struct Query {
+    /// The module's path as the target names it (the key its symbols are kept under).
     pub path: PathBuf,
+    /// Where superprof can read the file (e.g. through /proc/PID/root).
     pub open_path: PathBuf,
+    /// The ELF virtual address (runtime address minus the mapping's bias).
     pub svma: u64,
 }
 
@@ -53,10 +56,15 @@ enum Request {
 
 /// Frames for each user query (outermost first), and a name for each kernel address.
 pub struct Answer {
+    /// One list of frames per [`Query`], in the order asked; empty where nothing is known.
     pub user: Vec<Vec<SymFrame>>,
+    /// One name per kernel address, in the order asked; None where kallsyms does not cover it
+    /// (or is unreadable).
     pub kernel: Vec<Option<String>>,
 }
 
+/// A [`Symbolizer`] and the kernel's symbols on a worker thread of their own (see the
+/// module's notes); dropping it ends the worker.
 pub struct SymbolService {
     tx: Option<Sender<Request>>,
     worker: Option<JoinHandle<()>>,
@@ -76,6 +84,7 @@ impl Default for SymbolService {
 }
 
 impl SymbolService {
+    /// Starts the worker; debuginfod is used where `DEBUGINFOD_URLS` is set.
     pub fn new() -> SymbolService {
         let (tx, rx) = channel();
         let worker = std::thread::Builder::new()

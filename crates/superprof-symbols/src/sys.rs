@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+/// Maps the file at `path` read-only, to be read without a copy. If another process truncates
+/// the file while it is mapped, reads past its new end fault (SIGBUS), as in perf and samply.
 pub fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
     let file = std::fs::File::open(path)?;
     // SAFETY: the map is read-only and only read through bounds-checked slices. If another
