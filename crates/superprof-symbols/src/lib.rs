@@ -5,6 +5,13 @@
 //! or `.gnu_debuglink`, Rust and C++ demangling, and `/proc/kallsyms` for kernel addresses.
 //! Each file is opened and parsed once; callers symbolize each distinct address once.
 //!
+//! - [`Symbolizer`]: the frames ([`SymFrame`]) of an ELF address of a module.
+//! - [`SymbolService`]: a symbolizer on a thread of its own, loading modules while the target
+//!   runs, and fetching missing debug files with [`Debuginfod`] where `DEBUGINFOD_URLS` is set.
+//! - [`Kallsyms`]: kernel function names, from /proc/kallsyms or a System.map.
+//! - [`PerfMap`] and [`JitDump`]: names (and, in a jitdump, lines and unwind tables) of JIT
+//!   code, as runtimes write them for perf.
+//!
 //! ```no_run
 //! use superprof_symbols::Symbolizer;
 //! let mut symbolizer = Symbolizer::default();
