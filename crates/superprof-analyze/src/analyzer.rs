@@ -7,15 +7,27 @@ use crate::{Arch, Flow};
 pub enum BlockEnd {
     /// The block's last instruction is at `addr`: it may send the pc elsewhere.
     Last {
+        /// The address of the block's last instruction.
         addr: u64,
+        /// Its length in bytes.
         len: u32,
+        /// Instructions from the pc asked about to this one, both counted.
         instructions: u32,
     },
     /// No block end before `end` (the limit, or code that cannot be read or decoded).
-    Open { end: u64, instructions: u32 },
+    Open {
+        /// Where the look stopped: the limit, or the first instruction that could not be read
+        /// or decoded.
+        end: u64,
+        /// Instructions from the pc asked about to `end`.
+        instructions: u32,
+    },
     /// The analyzer cannot tell whether the instruction at `addr` ends the block yet:
     /// single-step it and tell the analyzer where the pc went ([`Analyzer::observe`]).
-    Unknown { addr: u64 },
+    Unknown {
+        /// The instruction to single-step.
+        addr: u64,
+    },
 }
 
 /// What an analyzer did, for the report.
@@ -37,11 +49,13 @@ pub type ReadCode<'a> = dyn FnMut(u64, &mut [u8]) -> usize + 'a;
 
 /// The dynamic code analyzer: where does the block that runs from `pc` end?
 pub trait Analyzer {
+    /// The analyzer's name in the report: "decode" or "learn".
     fn name(&self) -> &'static str;
     /// Where the block that runs from `pc` ends, looking no further than `limit`.
     fn block_end(&mut self, pc: u64, limit: u64, read: &mut ReadCode) -> BlockEnd;
     /// The instruction at `addr` (whose bytes start `code`) ran and the pc went to `next`.
     fn observe(&mut self, addr: u64, code: &[u8], next: u64);
+    /// What the analyzer did so far (its predictions, its table's size).
     fn stats(&self) -> AnalyzerStats;
     /// Whether the instruction at `addr` (whose bytes start `code`) ends a block, as far as
     /// the analyzer knows now.
@@ -89,6 +103,7 @@ pub struct Decode {
 }
 
 impl Decode {
+    /// A decoder of `arch`'s instructions.
     pub fn new(arch: Arch) -> Decode {
         Decode {
             arch,

@@ -12,8 +12,11 @@ use iced_x86::{ConditionCode, FlowControl, MemorySize, Mnemonic, OpKind, Registe
 pub struct X86Regs {
     /// rax, rcx, rdx, rbx, rsp, rbp, rsi, rdi, r8..r15 (the encoding order).
     pub gpr: [u64; 16],
+    /// The flags, for conditional branches (CF, PF, ZF, SF, OF).
     pub rflags: u64,
+    /// The base address of the fs segment, for a `jmp`/`call` through an `fs:` operand.
     pub fs_base: u64,
+    /// The base address of the gs segment, for a `jmp`/`call` through a `gs:` operand.
     pub gs_base: u64,
 }
 

@@ -58,6 +58,8 @@ enum Prediction {
     Unknown,
 }
 
+/// The learning analyzer (see the module's notes): it predicts block ends from a table of
+/// encodings learned from single steps, and asks for a step where it cannot tell.
 pub struct Learn {
     arch: Arch,
     /// Keys seen sending the pc elsewhere.

@@ -1,5 +1,7 @@
 //! superprof-analyze: the dynamic code analyzer. It answers "where does the block that runs
-//! from here end, and where can it go next?", for `superprof blocks`, and nothing more.
+//! from here end, and where can it go next?", for `superprof blocks`, and writes the patches
+//! that count blocks or record probe hits inside the program (the in-process engine of
+//! `blocks` and `stat`).
 //!
 //! - [`Arch::classify`] decodes one instruction (iced-x86 on x86_64, yaxpeax-arm on AArch64)
 //!   and says how it moves the pc: straight on, or as a call, return, direct or indirect
@@ -11,6 +13,9 @@
 //!   single steps (the design's architecture-independent analyzer).
 //! - [`x86_branch`] works out where a branch goes from the registers, so that a tracer can
 //!   send a thread there without single-stepping it.
+//! - [`patch`] (x86_64) and [`patch_a64`] (AArch64) plan the jump that replaces a block's
+//!   first instructions and write the trampoline behind it, which adds one to a counter or
+//!   writes a record into a ring, then runs the displaced instructions, relocated.
 //!
 //! Code is given as bytes with the address of the first byte, so the caller reads memory
 //! however it can (a file, a traced process).
@@ -24,6 +29,8 @@
 //!            vec![(0x1000, 0x1004), (0x1004, 0x1006), (0x1006, 0x1007)]);
 //! assert_eq!(b[0].flow, Flow::Conditional { target: 0x1006 });
 //! ```
+
+#![deny(missing_docs)]
 
 mod aarch64;
 mod analyzer;
@@ -40,7 +47,9 @@ pub use learn::Learn;
 /// An instruction set the analyzers know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arch {
+    /// x86-64: instructions of 1 to 15 bytes.
     X86_64,
+    /// AArch64 (A64): instructions of 4 bytes.
     Aarch64,
 }
 
@@ -112,17 +121,25 @@ pub enum Flow {
     Next,
     /// A direct call; execution comes back after it.
     Call {
+        /// The callee's address.
         target: u64,
     },
     /// A call through a register or memory.
     IndirectCall,
+    /// A return, to the address the call left (on the stack on x86_64, in a register on
+    /// AArch64).
     Return,
+    /// A direct unconditional jump.
     Jump {
+        /// Where it goes.
         target: u64,
     },
+    /// A jump through a register or memory (a jump table's dispatch, a tail call through a
+    /// pointer).
     IndirectJump,
     /// Taken to `target`, or on to the next instruction.
     Conditional {
+        /// Where it goes when taken.
         target: u64,
     },
     /// syscall, sysenter, int 0x80: the kernel returns to the next instruction.
@@ -153,8 +170,11 @@ impl Flow {
 /// One decoded instruction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Insn {
+    /// The instruction's address.
     pub addr: u64,
+    /// Its length in bytes.
     pub len: u32,
+    /// How it moves the pc.
     pub flow: Flow,
     /// A no-op (or int3) of the kind compilers put between functions and before jump targets.
     pub filler: bool,
@@ -163,8 +183,11 @@ pub struct Insn {
 /// A basic block: `start..end`, its instruction count, and how its last instruction leaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Block {
+    /// The address of the first instruction.
     pub start: u64,
+    /// The address just past the last instruction (exclusive).
     pub end: u64,
+    /// How many instructions the block has.
     pub instructions: u32,
     /// The flow of the last instruction (`Flow::Next` when the block was split because a
     /// branch lands right after it).

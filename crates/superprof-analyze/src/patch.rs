@@ -56,7 +56,10 @@ impl std::fmt::Display for Refusal {
 /// bytes (at least [`JUMP_LEN`]: past the instructions, only filler that never runs).
 #[derive(Debug, Clone)]
 pub struct Patch {
+    /// The address of the first displaced instruction, where the jump is written.
     pub at: u64,
+    /// Bytes the jump covers: the displaced instructions, and filler after them where the
+    /// jump needs more.
     pub len: u32,
     displaced: Vec<Instruction>,
 }
@@ -221,7 +224,9 @@ pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refus
 /// instruction will have (a function's return, a few pops after the probe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpAt {
+    /// rsp at the probe point plus this many bytes.
     Rsp(i32),
+    /// rbp at the probe point plus this many bytes (the instruction runs after a `leave`).
     Rbp(i32),
 }
 
@@ -233,13 +238,16 @@ pub struct Ring {
     pub head: u64,
     /// The first record; `records` of them (a power of two), [`RECORD`] bytes each.
     pub base: u64,
+    /// How many records the ring holds: a power of two, at most 2^24.
     pub records: u64,
 }
 
 /// What one recording probe writes: its number, the stack pointer, and what it reads.
 #[derive(Debug, Clone, Copy)]
 pub struct Recording {
+    /// The probe's number, written into each record (`REC_PROBE`).
     pub probe: u32,
+    /// Where the stack pointer that the record keeps (`REC_SP`) is found.
     pub sp: SpAt,
     /// CLOCK_THREAD_CPUTIME_ID (task-clock).
     pub cputime: bool,
@@ -415,12 +423,22 @@ pub fn jumps_through_slot(code: &[u8], addr: u64) -> bool {
 /// One record's size and layout: `commit` (its index + 1, written last), probe (u32), tid
 /// (u32), sp, CLOCK_MONOTONIC (timespec), CLOCK_THREAD_CPUTIME_ID (timespec), a struct rusage.
 pub const RECORD: u64 = 256;
+/// Offset in a record of `commit` (u64): the record's index plus one, written last; any other
+/// value means the record is still being written or a later lap overwrote it.
 pub const REC_COMMIT: usize = 0;
+/// Offset in a record of the probe's number (u32).
 pub const REC_PROBE: usize = 8;
+/// Offset in a record of the thread's id (u32, from gettid).
 pub const REC_TID: usize = 12;
+/// Offset in a record of the stack pointer (u64) given by [`Recording::sp`].
 pub const REC_SP: usize = 16;
+/// Offset in a record of the CLOCK_MONOTONIC time (a `struct timespec`, 16 bytes).
 pub const REC_TIME: usize = 24;
+/// Offset in a record of the thread's CPU time (CLOCK_THREAD_CPUTIME_ID, a `struct timespec`),
+/// where [`Recording::cputime`] asks for it.
 pub const REC_CPUTIME: usize = 40;
+/// Offset in a record of the thread's `struct rusage` (RUSAGE_THREAD), where
+/// [`Recording::rusage`] asks for it.
 pub const REC_RUSAGE: usize = 56;
 
 /// The trampoline of `patch` placed at `at` that writes one record into `ring` each time the probe point runs, then runs the displaced instructions. It takes a

@@ -35,7 +35,9 @@ pub const SHORT_JUMP_LEN: u32 = 4;
 /// A planned patch: the instruction `insn` at `at` moves to a trampoline.
 #[derive(Debug, Clone)]
 pub struct Patch {
+    /// The address of the displaced instruction, where the branch is written.
     pub at: u64,
+    /// Bytes the branch covers: always 4.
     pub len: u32,
     insn: u32,
 }
@@ -525,6 +527,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::identity_op)] // `0 << 29`: the adrp's immlo field, spelled out
     fn pc_relative_instructions_are_relocated() {
         let pc = 0x40_1004;
         let at = 0x80_0000;
