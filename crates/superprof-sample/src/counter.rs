@@ -15,19 +15,29 @@ const READ_FORMAT_TOTAL_TIME_RUNNING: u64 = 2;
 /// Which family an event belongs to (`stat --list KIND`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
+    /// A generic hardware event of the PMU (`cycles`, `instructions`, `branch-misses`...).
     Hardware,
+    /// A software event of the kernel (`task-clock`, `page-faults`, `context-switches`...).
     Software,
+    /// A cache event, `CACHE-OP-RESULT` (`l1d-read-miss`, `llc-read-access`...).
     Cache,
+    /// A tracepoint, `SYSTEM:EVENT` (`sched:sched_switch`), by its id in tracefs.
     Tracepoint,
+    /// A raw PMU event, `rHEX`: the config as the CPU's manual gives it.
     Raw,
 }
 
 /// A countable event: its perf type and config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventSpec {
+    /// The event's name, lowercase, aliases replaced by the name they stand for (`cs`:
+    /// `context-switches`).
     pub name: String,
+    /// Its family.
     pub kind: EventKind,
+    /// `perf_event_attr.type` (`PERF_TYPE_HARDWARE`, `PERF_TYPE_SOFTWARE`...).
     pub type_: u32,
+    /// `perf_event_attr.config`: the event's number within its type.
     pub config: u64,
 }
 
@@ -168,8 +178,12 @@ pub struct Counter {
 /// A counter reading: value, and the nanoseconds it was enabled and running.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reading {
+    /// The count (events, or nanoseconds for the clock events), over the time it ran.
     pub value: u64,
+    /// Nanoseconds the counter was enabled.
     pub enabled: u64,
+    /// Nanoseconds it was actually on the PMU: less than `enabled` when counters were
+    /// multiplexed (the count then covers this part of the time only).
     pub running: u64,
 }
 
@@ -198,6 +212,7 @@ impl Counter {
         Ok(Counter { fd })
     }
 
+    /// The count so far, with the times it was enabled and running.
     pub fn read(&self) -> io::Result<Reading> {
         let mut buf = [0u64; 3];
         sys::read_u64s(&self.fd, &mut buf)?;

@@ -6,6 +6,14 @@
 //! mmap / comm / fork / exit records that let the caller track modules and threads.
 //! It does no unwinding or symbolization: callers turn [`SampleRecord`]s into stacks.
 //!
+//! - [`PerfSampler`] opens the sampling events and drains their rings; [`split_records`] and
+//!   [`parse_record`] turn the bytes into [`Record`]s.
+//! - [`Counter`] counts one event ([`EventSpec`]: hardware, software, cache, tracepoint or
+//!   raw) on one thread, as `perf stat` does.
+//! - [`ProbeGroup`] and [`UprobeCounter`] put uprobes on instructions of a file and report
+//!   each hit with a snapshot of counters, or only count hits, without stopping the program;
+//!   [`ProbeDefinitions`] keeps their tracefs definitions.
+//!
 //! ```no_run
 //! use superprof_sample::{PerfSampler, SamplerConfig, TargetMode, parse_record, split_records};
 //! let mut sampler = PerfSampler::open(1234, TargetMode::Attached, &SamplerConfig::default())?;
@@ -18,6 +26,8 @@
 //! }
 //! # Ok::<(), superprof_sample::SampleError>(())
 //! ```
+
+#![deny(missing_docs)]
 
 mod counter;
 mod record;

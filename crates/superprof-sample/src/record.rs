@@ -26,10 +26,16 @@ const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
 pub struct SampleRecord<'a> {
     /// The id of the event that took the sample (PERF_SAMPLE_IDENTIFIER).
     pub id: u64,
+    /// When it was taken: CLOCK_MONOTONIC, in nanoseconds.
     pub time: u64,
+    /// The process.
     pub pid: u32,
+    /// The thread.
     pub tid: u32,
+    /// The CPU the thread ran on.
     pub cpu: u32,
+    /// What the sample stands for: nanoseconds of CPU time for `cpu-clock`, cycles for
+    /// `cycles` (the period the kernel set to reach the frequency), 1 for a context switch.
     pub period: u64,
     /// Kernel frames, innermost first (empty when the sample was taken in user mode or kernel
     /// callchains are excluded).
@@ -42,59 +48,99 @@ pub struct SampleRecord<'a> {
     pub stack_full: bool,
 }
 
+/// One record of the ring buffer, parsed. Every `time` is CLOCK_MONOTONIC, in nanoseconds.
 #[derive(Debug)]
 pub enum Record<'a> {
+    /// A sample (PERF_RECORD_SAMPLE).
     Sample(SampleRecord<'a>),
+    /// A file or anonymous memory mapped by a thread (PERF_RECORD_MMAP or MMAP2).
     Mmap {
+        /// The process.
         pid: u32,
+        /// The thread that mapped it.
         tid: u32,
+        /// When.
         time: u64,
+        /// The first address of the mapping.
         start: u64,
+        /// Its length in bytes.
         len: u64,
+        /// The file offset mapped at `start`, in bytes.
         pgoff: u64,
+        /// Whether the mapping may be executed (PROT_EXEC).
         executable: bool,
+        /// The file's path as the kernel names it (`//anon`, `[vdso]` and the like for
+        /// memory of no file).
         path: String,
     },
+    /// A thread's command name set (PERF_RECORD_COMM), by prctl or by exec.
     Comm {
+        /// The process.
         pid: u32,
+        /// The thread.
         tid: u32,
+        /// When.
         time: u64,
+        /// The new name (at most 15 bytes, as the kernel keeps it).
         name: String,
+        /// Set by an exec: the process's old mappings are gone.
         exec: bool,
     },
+    /// A process or thread started (PERF_RECORD_FORK).
     Fork {
+        /// The new task's process.
         pid: u32,
+        /// The process it was forked from (its own `pid` for a new thread).
         ppid: u32,
+        /// The new thread.
         tid: u32,
+        /// The thread that started it.
         ptid: u32,
+        /// When.
         time: u64,
     },
+    /// A thread ended (PERF_RECORD_EXIT).
     Exit {
+        /// Its process.
         pid: u32,
+        /// The thread.
         tid: u32,
+        /// When.
         time: u64,
     },
+    /// Records or samples the kernel could not write (PERF_RECORD_LOST, LOST_SAMPLES).
     Lost {
+        /// How many were lost.
         count: u64,
+        /// When the loss was reported.
         time: u64,
     },
     /// A thread left the CPU (`out`; `preempted` when it was still runnable) or came back.
     Switch {
+        /// The process.
         pid: u32,
+        /// The thread.
         tid: u32,
+        /// When.
         time: u64,
         /// The CPU and the id of the event that wrote it (the sample_id trailer).
         cpu: u32,
+        /// The id of the event that wrote it (PERF_SAMPLE_IDENTIFIER).
         id: u64,
+        /// The thread left the CPU (else it came back).
         out: bool,
+        /// It left while still runnable (preempted, not waiting).
         preempted: bool,
     },
+    /// A record of another type, which the caller only orders by time.
     Other {
+        /// When, from its sample_id trailer (0 when the record is too short to have one).
         time: u64,
     },
 }
 
 impl Record<'_> {
+    /// When the record was written: CLOCK_MONOTONIC, in nanoseconds.
     pub fn time(&self) -> u64 {
         match self {
             Record::Sample(s) => s.time,

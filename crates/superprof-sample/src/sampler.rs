@@ -22,9 +22,15 @@ pub enum TargetMode {
     Attached,
 }
 
+/// What to sample, and how often.
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
+    /// Samples per second of each thread's CPU time (lowered to the kernel's maximum): a
+    /// fixed period of 1e9 / frequency ns with `cpu-clock`, a period the kernel adapts with
+    /// `cycles`. At least 1.
     pub frequency: u32,
+    /// Bytes of user stack copied with each sample, from the stack pointer up: a multiple of
+    /// 8, from 8 to 65528.
     pub stack_size: u32,
     /// Also sample every context switch out of the target's threads, with stacks, and
     /// record PERF_RECORD_SWITCH records: off-CPU time (needs kernel sampling: root, or
@@ -42,21 +48,36 @@ impl Default for SamplerConfig {
     }
 }
 
+/// Why the events could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum SampleError {
+    /// The process (or the thread whose id it holds) does not exist, or ended meanwhile.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    /// The kernel refused the events (EACCES, EPERM), or allows user space only where kernel
+    /// sampling was needed (off-CPU time).
     #[error("permission denied sampling pid {pid}: {why}")]
-    PermissionDenied { pid: u32, why: String },
+    PermissionDenied {
+        /// The process (or thread) refused.
+        pid: u32,
+        /// The kernel's error and what to change (perf_event_paranoid, capabilities).
+        why: String,
+    },
+    /// [`SamplerConfig::frequency`] was 0.
     #[error("frequency must be at least 1 Hz")]
     ZeroFrequency,
+    /// [`SamplerConfig::stack_size`] was 0, not a multiple of 8, or over 65528.
     #[error("stack size {0} is out of range: give a multiple of 8 between 8 and 65528 bytes")]
     BadStackSize(u32),
+    /// perf_event_open does not exist here (ENOSYS).
     #[error("perf_event_open is not available on this kernel ({0})")]
     Unsupported(io::Error),
+    /// Another system error.
     #[error("{context}: {source}")]
     Io {
+        /// What was being done.
         context: String,
+        /// The system's error.
         #[source]
         source: io::Error,
     },
@@ -581,6 +602,7 @@ impl PerfSampler {
         self.rings.iter_mut().map(|(_, ring)| ring.drain(buf)).sum()
     }
 
+    /// How this sampler's records are laid out, for [`crate::parse_record`].
     pub fn layout(&self) -> Layout {
         Layout {
             user_regs: self.attr.sample_regs_user.count_ones() as usize,

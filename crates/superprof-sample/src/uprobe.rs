@@ -53,7 +53,9 @@ pub fn uprobe_pmu() -> io::Result<UprobePmu> {
 /// exception unwinding through that frame then terminates the program.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeSpec {
+    /// The file (an executable or a shared library).
     pub path: PathBuf,
+    /// The instruction's offset in the file, in bytes.
     pub offset: u64,
 }
 
@@ -205,11 +207,17 @@ impl Drop for ProbeDefinitions {
 /// ns), the stack pointer then, and the counters' readings (in the group's event order).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeHit {
+    /// The probe's index in the list the group was opened with.
     pub probe: usize,
+    /// The process.
     pub pid: u32,
+    /// The thread.
     pub tid: u32,
+    /// When: CLOCK_MONOTONIC, in nanoseconds.
     pub time: u64,
+    /// The thread's stack pointer at the probed instruction.
     pub sp: u64,
+    /// The group's counters at the hit, in the order of its events.
     pub values: Vec<Reading>,
 }
 
@@ -217,7 +225,9 @@ pub struct ProbeHit {
 /// counter, the ring, or the group as a whole).
 #[derive(Debug)]
 pub struct ProbeError {
+    /// The index of the probe that failed; None for a counter, the ring or the group.
     pub probe: Option<usize>,
+    /// The kernel's error.
     pub error: io::Error,
 }
 
@@ -379,6 +389,7 @@ pub struct UprobeCounter {
 }
 
 impl UprobeCounter {
+    /// Opens the counter of `probe` on thread `tid`, counting from now.
     pub fn open(tid: u32, probe: &ProbeEvent) -> Result<UprobeCounter, ProbeError> {
         let (attr, _path) = probe.attr()?;
         let fd = sys::perf_event_open(&attr, tid as i32, -1).map_err(|error| ProbeError {
