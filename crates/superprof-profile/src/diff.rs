@@ -24,11 +24,17 @@ pub struct DiffOptions {
 /// One function in both profiles: its self and total weights before and after.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiffRow {
+    /// The function's name.
     pub function: String,
+    /// The module it is in, as the profiles name it.
     pub module: String,
+    /// BEFORE's weight of samples whose leaf is this function (0 when it is not in BEFORE).
     pub self_before: u64,
+    /// AFTER's weight of samples whose leaf is this function.
     pub self_after: u64,
+    /// BEFORE's weight of samples with this function anywhere in the stack.
     pub total_before: u64,
+    /// AFTER's weight of samples with this function anywhere in the stack.
     pub total_after: u64,
 }
 

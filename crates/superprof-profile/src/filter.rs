@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::{Frame, FrameId, Profile, StackId, StrId};
 
+/// Which samples `report` keeps; every condition given must hold. The default keeps all.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     /// Keep only these threads (empty: all).
@@ -39,6 +40,7 @@ fn matching(profile: &Profile, pattern: &str) -> HashSet<StrId> {
 }
 
 impl Filter {
+    /// Whether no condition is set (the filter keeps every sample).
     pub fn is_empty(&self) -> bool {
         self.tids.is_empty()
             && self.since_ns.is_none()

@@ -13,6 +13,7 @@ use fxprof_processed_profile::{
 
 use crate::Profile;
 
+/// Writes `profile` as a Firefox Profiler JSON file (open it at profiler.firefox.com).
 pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     let interval = if profile.meta.frequency > 0 {
         SamplingInterval::from_hz(profile.meta.frequency as f32)

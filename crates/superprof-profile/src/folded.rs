@@ -55,6 +55,8 @@ fn clean(name: &str) -> Cow<'_, str> {
     }
 }
 
+/// Writes `profile` as collapsed stacks: one `thread;outer;...;leaf WEIGHT` line per distinct
+/// stack, sorted.
 pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     for (stack, count) in collapse(profile) {
         writeln!(w, "{stack} {count}")?;

@@ -65,6 +65,8 @@ fn html_escaped(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Writes the HTML report of `profile`, `title` in its tab; an error when the profile has
+/// no sample.
 pub fn write(profile: &Profile, title: &str, w: &mut dyn Write) -> io::Result<()> {
     if profile.samples.is_empty() {
         return Err(io::Error::other("the profile is empty: no samples to show"));

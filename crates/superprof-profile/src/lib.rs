@@ -6,6 +6,13 @@
 //! Names come from the profiled program or a file: text writers print them through
 //! [`escape`], and [`parquet::read`] refuses a file past its caps ([`parquet::Limits`]).
 //!
+//! [`OutputFormat`] names the formats (by name or file extension) and [`output::write`]
+//! writes any of them: the [`top`] table, the call [`tree`], [`folded`] stacks, an [`svg`]
+//! flamegraph, [`parquet`] (the native file, which `report` reads back), [`pprof`],
+//! [`speedscope`], [`firefox`] and [`html`]. [`diff`] compares two profiles, [`Filter`] keeps
+//! part of one, [`otlp`] sends one as OpenTelemetry profiles, and [`write_atomic`] writes any
+//! file whole.
+//!
 //! ```
 //! use superprof_profile::{Frame, Profile};
 //! let mut p = Profile::default();
@@ -19,6 +26,8 @@
 //! superprof_profile::folded::write(&p, &mut out).unwrap();
 //! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
 //! ```
+
+#![deny(missing_docs)]
 
 pub mod diff;
 mod escape;

@@ -1,9 +1,13 @@
 use std::collections::HashMap;
 
+/// A string interned in a [`Profile`]: its index in the string table ([`Profile::str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct StrId(pub u32);
+/// A frame interned in a [`Profile`]: its index in [`Profile::frames`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrameId(pub u32);
+/// A call path interned in a [`Profile`]: its index in [`Profile::stacks`]. A parent's id is
+/// always lower than its children's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackId(pub u32);
 
@@ -15,25 +19,33 @@ pub struct Frame {
     pub function: StrId,
     /// File name of the module (executable, library, `[kernel.kallsyms]`).
     pub module: StrId,
+    /// Source file, as the debug information names it; None when unknown.
     pub file: Option<StrId>,
     /// Source line, 0 when unknown.
     pub line: u32,
     /// Address inside the module (ELF virtual address; kernel frames: runtime address).
     pub address: u64,
+    /// This frame is a call inlined into the frame outside it, at the same address.
     pub inlined: bool,
 }
 
 /// A call path: `frame` called from `parent` (None at the root).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StackNode {
+    /// The call path of the caller; None for the outermost frame.
     pub parent: Option<StackId>,
+    /// The innermost frame of this path.
     pub frame: FrameId,
 }
 
+/// A thread that has samples (or had, before a filter).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Thread {
+    /// Its process.
     pub pid: u32,
+    /// The thread's id (equal to `pid` for a process's main thread).
     pub tid: u32,
+    /// Its name (the command name, `comm`).
     pub name: StrId,
 }
 
@@ -53,6 +65,8 @@ pub enum SampleKind {
 }
 
 impl SampleKind {
+    /// Every kind, in the order of their values (the indexes of
+    /// [`Profile::weight_by_kind`]).
     pub const ALL: [SampleKind; 3] = [SampleKind::OnCpu, SampleKind::OffCpu, SampleKind::Preempted];
 
     /// The name in files (Parquet's `kind`, pprof's `kind` label): `cpu`, `off-cpu`,
@@ -65,6 +79,7 @@ impl SampleKind {
         }
     }
 
+    /// The kind named `s` ([`SampleKind::as_str`]'s names); None for any other name.
     pub fn parse(s: &str) -> Option<SampleKind> {
         SampleKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
@@ -75,6 +90,7 @@ impl SampleKind {
     }
 }
 
+/// One sample: when, which thread, where, and how much it stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
     /// Nanoseconds since the recording's start (CLOCK_MONOTONIC differences; the start's Unix
@@ -82,27 +98,38 @@ pub struct Sample {
     pub time_ns: u64,
     /// Index into [`Profile::threads`].
     pub thread: u32,
+    /// The CPU it was taken on (0 where the sampler does not know it).
     pub cpu: u32,
     /// Sampling periods this sample stands for: 1 for an on-CPU sample; for an off-CPU one,
     /// the time off the CPU in periods (so on- and off-CPU samples share one scale).
     pub weight: u64,
     /// Leaf of the call path; None when nothing could be unwound.
     pub stack: Option<StackId>,
+    /// On-CPU time, or a wait or preemption off the CPU.
     pub kind: SampleKind,
 }
 
 /// Facts about the recording.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Meta {
+    /// The profiled program's command line (program and arguments); empty when not known.
     pub command: Vec<String>,
+    /// What was sampled, as the sampler names it (`cycles`, `cpu-clock`, `cpu-time (SIGPROF,
+    /// in process)`...).
     pub event: String,
+    /// Samples per second asked for (or lowered to the kernel's maximum); 0 when not known.
     pub frequency: u32,
     /// Wall-clock start (Unix epoch, ns).
     pub start_time_unix_ns: u64,
+    /// Length of the recording, in nanoseconds.
     pub duration_ns: u64,
+    /// The name of the host it was recorded on.
     pub host: String,
+    /// The version of superprof that recorded it.
     pub version: String,
+    /// Samples the kernel or the sampler dropped (full buffers).
     pub lost_samples: u64,
+    /// Samples whose stack stopped before its outermost frame (see `truncated_by`).
     pub truncated_stacks: u64,
     /// Truncated stacks by reason ("no unwind info", "unreadable memory", ...).
     pub truncated_by: std::collections::BTreeMap<String, u64>,
@@ -141,8 +168,11 @@ impl Meta {
     }
 }
 
+/// A profile: its metadata, threads and samples, and the strings, frames and call paths the
+/// samples refer to, each interned once (see the crate's notes).
 #[derive(Debug, Default, Clone)]
 pub struct Profile {
+    /// Facts about the recording.
     pub meta: Meta,
     strings: Vec<String>,
     string_ids: HashMap<String, StrId>,
@@ -150,11 +180,14 @@ pub struct Profile {
     frame_ids: HashMap<Frame, FrameId>,
     stacks: Vec<StackNode>,
     stack_ids: HashMap<StackNode, StackId>,
+    /// The threads, by index ([`Sample::thread`]).
     pub threads: Vec<Thread>,
+    /// The samples, in the order they were added (by time within a thread).
     pub samples: Vec<Sample>,
 }
 
 impl Profile {
+    /// The id of string `s`, added to the table the first time.
     pub fn intern_str(&mut self, s: &str) -> StrId {
         if let Some(&id) = self.string_ids.get(s) {
             return id;
@@ -165,6 +198,8 @@ impl Profile {
         id
     }
 
+    /// The string with this id (an id of this profile: another's names another string, or
+    /// panics past the end of the table).
     pub fn str(&self, id: StrId) -> &str {
         &self.strings[id.0 as usize]
     }
@@ -226,6 +261,7 @@ impl Profile {
         self.meta.duration_ns = self.meta.duration_ns.max(shift + other.meta.duration_ns);
     }
 
+    /// The id of `frame` (whose strings are this profile's), added the first time.
     pub fn intern_frame(&mut self, frame: Frame) -> FrameId {
         *self.frame_ids.entry(frame).or_insert_with(|| {
             self.frames.push(frame);
@@ -254,14 +290,18 @@ impl Profile {
         self.intern_frame(frame)
     }
 
+    /// The frame with this id.
     pub fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id.0 as usize]
     }
 
+    /// Every interned frame, by id.
     pub fn frames(&self) -> &[Frame] {
         &self.frames
     }
 
+    /// The id of the call path `frame` called from `parent` (None: `frame` is outermost),
+    /// added the first time.
     pub fn intern_stack(&mut self, parent: Option<StackId>, frame: FrameId) -> StackId {
         let node = StackNode { parent, frame };
         *self.stack_ids.entry(node).or_insert_with(|| {
@@ -270,10 +310,12 @@ impl Profile {
         })
     }
 
+    /// The call path with this id.
     pub fn stack(&self, id: StackId) -> &StackNode {
         &self.stacks[id.0 as usize]
     }
 
+    /// Every interned call path, by id (parents before their children).
     pub fn stacks(&self) -> &[StackNode] {
         &self.stacks
     }
@@ -288,11 +330,14 @@ impl Profile {
         })
     }
 
+    /// Adds a thread and returns its index (for [`Sample::thread`]). Threads are not merged:
+    /// each call adds one.
     pub fn add_thread(&mut self, pid: u32, tid: u32, name: &str) -> u32 {
         let name = self.intern_str(name);
         self.add_thread_named(pid, tid, name)
     }
 
+    /// [`Profile::add_thread`] with a name already interned.
     pub fn add_thread_named(&mut self, pid: u32, tid: u32, name: StrId) -> u32 {
         self.threads.push(Thread { pid, tid, name });
         self.threads.len() as u32 - 1
@@ -308,6 +353,8 @@ impl Profile {
         self.strings.iter().map(String::as_str)
     }
 
+    /// Adds an on-CPU sample: at `time_ns` since the start, of thread index `thread`, on
+    /// `cpu`, standing for `weight` periods, with leaf `stack`.
     pub fn add_sample(
         &mut self,
         time_ns: u64,
@@ -381,6 +428,7 @@ impl Profile {
         w
     }
 
+    /// The weight of all samples, in sampling periods.
     pub fn total_weight(&self) -> u64 {
         self.samples.iter().map(|s| s.weight).sum()
     }

@@ -25,16 +25,26 @@ use std::path::{Path, PathBuf};
 
 use crate::Profile;
 
+/// A format a profile can be written in (see [`write()`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputFormat {
+    /// The top table of functions, text (`top`; no file extension).
     Top,
+    /// The call tree, text (`tree`; no file extension).
     Tree,
+    /// Collapsed stacks, `.folded`.
     Folded,
+    /// An interactive SVG flamegraph, `.svg`.
     Svg,
+    /// superprof's native file, Apache Parquet, `.parquet`.
     Parquet,
+    /// pprof's gzipped protocol buffer, `.pb.gz`.
     Pprof,
+    /// speedscope's JSON, `.speedscope.json`.
     Speedscope,
+    /// The Firefox Profiler's JSON, `.firefox.json`.
     Firefox,
+    /// A self-contained HTML report (speedscope's viewer), `.html`.
     Html,
 }
 
@@ -75,6 +85,7 @@ impl OutputFormat {
         })
     }
 
+    /// The file extensions that select a format, for messages.
     pub fn extensions() -> &'static str {
         ".parquet, .folded, .svg, .pb.gz, .speedscope.json, .firefox.json, .html"
     }

@@ -35,14 +35,19 @@ use crate::{Frame, Meta, Profile, SampleKind, StackId, StrId};
 /// Version of the file layout, in the `superprof.format_version` metadata key.
 pub const FORMAT_VERSION: &str = "2";
 
+/// Why a profile could not be written or read as Parquet.
 #[derive(Debug, thiserror::Error)]
 pub enum ParquetError {
+    /// The file could not be opened, read or written.
     #[error("cannot open: {0}")]
     Io(#[from] std::io::Error),
+    /// The parquet crate refused the file (not Parquet, or damaged) or could not write.
     #[error("not a readable Parquet file ({0})")]
     Parquet(#[from] parquet::errors::ParquetError),
+    /// Arrow refused the data (a column of a type it cannot decode, a batch it cannot build).
     #[error("not a readable Parquet file ({0})")]
     Arrow(#[from] arrow_schema::ArrowError),
+    /// A Parquet file, but not laid out as superprof's: a column missing or of another type.
     #[error("not a superprof profile: {0}")]
     Schema(String),
     /// The file holds more than [`Limits`] allow (a damaged or hostile file).

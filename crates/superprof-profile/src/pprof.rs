@@ -217,7 +217,7 @@ mod tests {
         let mut p = Profile::default();
         p.meta.frequency = 100;
         p.meta.duration_ns = 2_000_000_000;
-        let mut frame = |p: &mut Profile, name: &str, address: u64| {
+        let frame = |p: &mut Profile, name: &str, address: u64| {
             let f = Frame {
                 function: p.intern_str(name),
                 module: p.intern_str("/bin/prog"),

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 pub struct Pb(pub Vec<u8>);
 
 impl Pb {
+    /// Appends `v` as a base-128 varint.
     pub fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.0.push((v as u8) | 0x80);
@@ -16,29 +17,37 @@ impl Pb {
         }
         self.0.push(v as u8);
     }
+    /// Appends a field's key: its number and wire type (0 varint, 2 length-delimited).
     pub fn key(&mut self, field: u32, wire: u32) {
         self.varint(((field << 3) | wire) as u64);
     }
+    /// Appends varint field `field`; nothing when `v` is 0 (proto3's default).
     pub fn uint(&mut self, field: u32, v: u64) {
         if v != 0 {
             self.key(field, 0);
             self.varint(v);
         }
     }
+    /// Appends int64 field `field` (a negative value as ten bytes, not zigzag); nothing when
+    /// `v` is 0.
     pub fn int(&mut self, field: u32, v: i64) {
         self.uint(field, v as u64);
     }
+    /// Appends bool field `field`; nothing when `v` is false.
     pub fn bool(&mut self, field: u32, v: bool) {
         self.uint(field, v as u64);
     }
+    /// Appends length-delimited field `field` (bytes or a string), even when empty.
     pub fn bytes(&mut self, field: u32, b: &[u8]) {
         self.key(field, 2);
         self.varint(b.len() as u64);
         self.0.extend_from_slice(b);
     }
+    /// Appends message `m` as field `field`.
     pub fn msg(&mut self, field: u32, m: Pb) {
         self.bytes(field, &m.0);
     }
+    /// Appends repeated varint field `field`, packed; nothing when `vs` is empty.
     pub fn packed(&mut self, field: u32, vs: impl Iterator<Item = u64>) {
         let mut inner = Pb::default();
         for v in vs {
@@ -52,6 +61,7 @@ impl Pb {
 
 /// A string table (pprof's, OTLP's dictionary's): index 0 is the empty string.
 pub struct Strings {
+    /// The strings by index, as the message's string table holds them.
     pub table: Vec<String>,
     ids: HashMap<String, i64>,
 }
@@ -63,12 +73,14 @@ impl Default for Strings {
 }
 
 impl Strings {
+    /// A table that holds only the empty string, at index 0.
     pub fn new() -> Strings {
         Strings {
             table: vec![String::new()],
             ids: HashMap::from([(String::new(), 0)]),
         }
     }
+    /// The index of `s`, added at the end the first time.
     pub fn id(&mut self, s: &str) -> i64 {
         if let Some(&i) = self.ids.get(s) {
             return i;
@@ -84,7 +96,10 @@ impl Strings {
 /// length-delimited or fixed-size one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field<'a> {
+    /// A varint field (wire type 0): its number and value.
     Varint(u32, u64),
+    /// A length-delimited field (wire type 2), or a fixed 64-bit (1) or 32-bit (5) one: its
+    /// number and its bytes.
     Bytes(u32, &'a [u8]),
 }
 

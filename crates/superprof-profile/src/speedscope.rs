@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::{FrameId, Profile};
 
+/// Writes `profile` as a speedscope JSON file.
 pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     let period_ns = if profile.meta.frequency > 0 {
         1e9 / profile.meta.frequency as f64

@@ -4,6 +4,8 @@ use std::io::{self, Write};
 
 use crate::Profile;
 
+/// Writes the flamegraph of `profile`, titled `title`; an error when the profile has no
+/// sample.
 pub fn write(profile: &Profile, title: &str, w: &mut dyn Write) -> io::Result<()> {
     let lines: Vec<String> = crate::folded::collapse(profile)
         .into_iter()

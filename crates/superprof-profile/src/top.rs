@@ -6,9 +6,12 @@ use std::io::{self, Write};
 
 use crate::{escape, Profile, StrId};
 
+/// One function of the table: its weights, where they go, and how it was seen.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TopRow {
+    /// The function's name.
     pub function: String,
+    /// The module it is in, as the profile names it.
     pub module: String,
     /// Weight of samples whose leaf frame is this function.
     pub self_weight: u64,
@@ -104,9 +107,11 @@ pub fn rows(profile: &Profile) -> Vec<TopRow> {
 /// terminal it is shown on (None: not a terminal, no width to fit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableStyle {
+    /// The most functions shown.
     pub rows: usize,
     /// Full function names (templates and argument lists kept).
     pub verbose: bool,
+    /// The terminal's width in columns, to fit the name columns to; None off a terminal.
     pub width: Option<usize>,
 }
 

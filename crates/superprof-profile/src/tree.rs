@@ -17,6 +17,7 @@ struct Node {
     children: Vec<usize>,
 }
 
+/// Writes the call tree of `profile` as text.
 pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     let total = profile.total_weight();
     writeln!(
