@@ -4,9 +4,12 @@
 //! the return addresses of the call stack with [framehop] (DWARF CFI from `.eh_frame`,
 //! `.eh_frame_hdr` or `.debug_frame`; frame pointers where no CFI covers an address). It keeps,
 //! per process, the executable mappings reported by the sampler and the ELF images behind them,
-//! each parsed once per run ([`ElfCache`]).
+//! each parsed once per run ([`ElfCache`]): [`ProcessModules`] holds one address space's
+//! mappings and unwinds its stacks ([`UserRegs`] in, [`UnwindOutcome`] out). A
+//! [`GuestUnwinder`] does the same for a QEMU guest of either architecture, and [`maps`]
+//! reads a live process's mappings and threads from /proc.
 //!
-//! It does no I/O on the target: callers hand in bytes (a copied stack, guest memory), which is
+//! It reads no memory of the target: callers hand in bytes (a copied stack, guest memory), which is
 //! what lets the perf sampler, the ptrace sampler and the QEMU sampler share it.
 //!
 //! ```no_run
