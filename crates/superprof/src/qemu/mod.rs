@@ -217,17 +217,6 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             arch_name(guest)
         );
     }
-    if args.verbose {
-        eprintln!(
-            "superprof: {} guest, {} backend",
-            arch_name(arch),
-            if args.qmp.is_some() || (args.gdb.is_none() && args.backend == QemuBackendArg::Qmp) {
-                "QMP"
-            } else {
-                "gdbstub"
-            }
-        );
-    }
     let mut sampler = Sampler::new(arch, kernel, users);
     sampler.verbose = args.verbose;
     if let Some(path) = &args.kallsyms {
@@ -243,6 +232,18 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     }
     // A debugger's connection stops the guest: let it run first.
     backend.resume()?;
+    if args.verbose {
+        // Printed once sampling starts: a script (or a test) may wait for this line.
+        eprintln!(
+            "superprof: {} guest, {} backend: sampling",
+            arch_name(arch),
+            if args.qmp.is_some() || (args.gdb.is_none() && args.backend == QemuBackendArg::Qmp) {
+                "QMP"
+            } else {
+                "gdbstub"
+            }
+        );
+    }
     let interval = Duration::from_secs_f64(args.interval / 1000.0);
     let start = Instant::now();
     // From now on, the end of --duration ends a wait for QEMU as Ctrl-C does: a peer that
