@@ -46,8 +46,9 @@ pub use sys::map_file;
 /// Where an inlined copy was made: the calling function and the call's file, line and column.
 type CallSite = (Option<String>, Option<String>, Option<u32>, Option<u32>);
 
-/// One source-level frame. An address gives one or more: the inlined calls, then the function
-/// that contains them.
+/// One source-level frame. An address gives one or more, outermost first (as
+/// [`Symbolizer::symbolize`] returns them): the function that contains the address, then each
+/// call inlined into it, the innermost last.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SymFrame {
     /// The function's name, demangled; None where neither DWARF, the symbol table nor the
@@ -59,7 +60,8 @@ pub struct SymFrame {
     /// The source line in this function: for the innermost frame the address's own, for
     /// each outer one the line of the call into the frame inside it.
     pub line: Option<u32>,
-    /// This frame was inlined into the next (outer) one.
+    /// This frame was inlined into the one before it in the list (its caller, one level out);
+    /// false for the first (outermost) frame.
     pub inlined: bool,
 }
 
