@@ -1,4 +1,4 @@
-//! speedscope's file format (https://www.speedscope.app/file-format-schema.json): one
+//! speedscope's file format (<https://www.speedscope.app/file-format-schema.json>): one
 //! `sampled` profile per thread, frames shared, stacks root first, weights in nanoseconds.
 
 use std::collections::HashMap;

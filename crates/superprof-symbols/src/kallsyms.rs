@@ -20,7 +20,7 @@ impl Kallsyms {
         Self::parse(&text)
     }
 
-    /// A symbols file (kallsyms or System.map format), at most [`MAX_FILE`] bytes.
+    /// A symbols file (kallsyms or System.map format), at most `MAX_FILE` (256 MiB) bytes.
     pub fn from_file(path: &std::path::Path) -> std::io::Result<Kallsyms> {
         use std::io::Read;
         let f = std::fs::File::open(path)?;
