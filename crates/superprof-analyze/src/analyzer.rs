@@ -96,7 +96,8 @@ impl CodeWindow {
     }
 }
 
-/// The decoder: classifies each instruction's control flow (iced-x86, bad64).
+/// The decoder: classifies each instruction's control flow (iced-x86 on x86_64, yaxpeax-arm on
+/// AArch64).
 pub struct Decode {
     arch: Arch,
     window: CodeWindow,
