@@ -2,8 +2,10 @@
 //!
 //! A thread stopped on a breakpoint at a block's last instruction can be sent on without a
 //! single step: the coordinator sets the pc (and pushes or pops the return address) itself.
-//! That is one ptrace stop per block instead of two. Only plain near branches are done here;
-//! anything else (loop, jrcxz, far branches, segment-based tables, syscalls) is for stepping.
+//! That is one ptrace stop per block instead of two. Only plain near branches are done here
+//! (a `jmp`/`call` through memory with an `fs:`/`gs:` override included: its address is
+//! worked out from [`X86Regs::fs_base`]/[`X86Regs::gs_base`]); anything else (loop, jrcxz, far
+//! branches, `ret imm16`, syscalls) is for stepping.
 
 use iced_x86::{ConditionCode, FlowControl, MemorySize, Mnemonic, OpKind, Register};
 
@@ -187,6 +189,10 @@ mod tests {
         assert_eq!(go(&[0xff, 0xe0], &r).unwrap().pc, 0x5000);
         let t = go(&[0xff, 0x50, 0x10], &r).unwrap();
         assert_eq!((t.pc, t.push), (0x4444, Some(0x1003)));
+        // jmp fs:[0x10]: through the fs segment's base.
+        r.fs_base = 0x5000;
+        let fs_jmp = [0x64, 0xff, 0x24, 0x25, 0x10, 0, 0, 0];
+        assert_eq!(go(&fs_jmp, &r).unwrap().pc, 0x4444);
         // Not done here: syscall, loop, jrcxz, ret imm16, an unreadable table.
         assert!(go(&[0x0f, 0x05], &r).is_none());
         assert!(go(&[0xe2, 0x10], &r).is_none());
