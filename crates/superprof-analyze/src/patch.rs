@@ -53,7 +53,9 @@ impl std::fmt::Display for Refusal {
 }
 
 /// A planned patch: the instructions at `at` move to a trampoline; the jump covers `len`
-/// bytes (at least [`JUMP_LEN`]: past the instructions, only filler that never runs).
+/// bytes: at least the jump's own length ([`JUMP_LEN`] from [`plan`]; the `need` given to
+/// [`plan_for`], so as few as [`SHORT_JUMP_LEN`] for a short jump). Past the instructions, only
+/// filler that never runs.
 #[derive(Debug, Clone)]
 pub struct Patch {
     /// The address of the first displaced instruction, where the jump is written.
