@@ -5,11 +5,12 @@
 //! The trampoline keeps every register and flag of the program: it steps below the red zone
 //! (128 bytes the program may use under its stack pointer without moving it), saves rax and
 //! the flags in it (`seto`, `lahf`), adds one with `lock inc` (threads may run the block at
-//! once), and restores them (`add $0x7f,%al` sets OF back, `sahf` the others). Relocation ([`iced_x86::BlockEncoder`]) rewrites what depends on where an instruction
-//! sits: branches and RIP-relative operands. A displaced direct call is run as a push of the
-//! original return address and a jump, so that the callee returns into the original code
-//! (never into a trampoline, which unwinders and exceptions could not follow); an indirect
-//! call cannot be, and refuses the block.
+//! once), and restores them (`add $0x7f,%al` sets OF back, `sahf` the others). Relocation
+//! ([`iced_x86::BlockEncoder`]) rewrites what depends on where an instruction sits: branches
+//! and RIP-relative operands. A displaced direct call is run as a push of the original return
+//! address and a jump, so that the callee returns into the original code (never into a
+//! trampoline, which unwinders and exceptions could not follow); an indirect call cannot be,
+//! and refuses the block.
 //!
 //! What may be displaced is the planner's input: several instructions only where nothing can
 //! jump between them (the caller knows the code's branch targets), else one instruction of at
@@ -443,10 +444,10 @@ pub const REC_CPUTIME: usize = 40;
 /// [`Recording::rusage`] asks for it.
 pub const REC_RUSAGE: usize = 56;
 
-/// The trampoline of `patch` placed at `at` that writes one record into `ring` each time the probe point runs, then runs the displaced instructions. It takes a
-/// record with `lock xadd` on the ring's head, and fills it through system calls (gettid,
-/// clock_gettime, getrusage); every register and flag is kept (rcx and r11, which `syscall`
-/// changes, too).
+/// The trampoline of `patch` placed at `at` that writes one record into `ring` each time the
+/// probe point runs, then runs the displaced instructions. It takes a record with `lock xadd`
+/// on the ring's head, and fills it through system calls (gettid, clock_gettime, getrusage);
+/// every register and flag is kept (rcx and r11, which `syscall` changes, too).
 pub fn record_trampoline(
     patch: &Patch,
     at: u64,
