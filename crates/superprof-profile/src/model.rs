@@ -100,8 +100,10 @@ pub struct Sample {
     pub thread: u32,
     /// The CPU it was taken on (0 where the sampler does not know it).
     pub cpu: u32,
-    /// Sampling periods this sample stands for: 1 for an on-CPU sample; for an off-CPU one,
-    /// the time off the CPU in periods (so on- and off-CPU samples share one scale).
+    /// Sampling periods this sample stands for: for an on-CPU sample, usually 1, but the CPU
+    /// time since the thread's last sample where one sample covers several periods (the ptrace
+    /// sampler's wall-clock mode); for an off-CPU one, the time off the CPU in periods (so on-
+    /// and off-CPU samples share one scale).
     pub weight: u64,
     /// Leaf of the call path; None when nothing could be unwound.
     pub stack: Option<StackId>,
