@@ -234,8 +234,15 @@ fn a_target_that_handles_sigterm_itself_keeps_its_exit_status() {
             "{sampler}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("got SIGTERM"));
-        assert!(Folded::read(&dir.path("t.folded")).total() > 300);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("got SIGTERM"), "{stdout}");
+        let cpu = fixture_values(&stdout)["cpu_ms"] / 1000.0;
+        assert_sample_count(
+            sampler,
+            Folded::read(&dir.path("t.folded")).total(),
+            cpu,
+            999.0,
+        );
     }
 }
 
@@ -279,7 +286,8 @@ fn a_target_that_blocks_sigint_is_neither_hung_nor_harmed() {
         let rest: Vec<String> = lines.map_while(Result::ok).collect();
         assert_eq!(status.code(), Some(0), "{sampler}");
         assert_eq!(rest, vec!["done".to_string()], "{sampler}");
-        assert!(Folded::read(&folded).total() > 500);
+        // It burnt 1.5 s of CPU time.
+        assert_sample_count(sampler, Folded::read(&folded).total(), 1.5, 999.0);
     }
 }
 

@@ -229,6 +229,18 @@ pub fn assert_share(what: &str, measured: f64, truth: f64, n: u64) {
     );
 }
 
+/// A sample count against the CPU time it stands for, whatever rate this machine delivers
+/// (on this VM cpu-clock gives about half the rate asked): never more than `asked_hz` (no
+/// sample twice) and never fewer than the slowest scheduler tick, 100 Hz (a timer that fires
+/// at all fires each tick), each with 4σ of Poisson noise.
+pub fn assert_sample_count(what: &str, n: u64, cpu_seconds: f64, asked_hz: f64) {
+    let (low, high) = (100.0 * cpu_seconds, asked_hz * cpu_seconds);
+    assert!(
+        n as f64 >= low - 4.0 * low.sqrt() && n as f64 <= high + 4.0 * high.sqrt(),
+        "{what}: {n} samples in {cpu_seconds:.3} s of CPU time: not between 100 and {asked_hz} Hz"
+    );
+}
+
 pub fn assert_close(what: &str, measured: f64, truth: f64, points: f64) {
     let diff = (measured - truth).abs() * 100.0;
     assert!(
