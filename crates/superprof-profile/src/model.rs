@@ -207,7 +207,9 @@ impl Profile {
     }
 
     /// Adds another profile's threads and samples (a process of the same run, say): strings,
-    /// frames and stacks are interned again; sample times are moved to this profile's start.
+    /// frames and stacks are interned again. The merged profile starts at the earlier of the
+    /// two starts, and every sample's time (this profile's and `other`'s) is moved to count
+    /// from it, whichever of the two started first.
     pub fn merge(&mut self, other: &Profile) {
         let mut strs: HashMap<StrId, StrId> = HashMap::new();
         let mut str_of = |p: &mut Profile, id: StrId| -> StrId {
@@ -242,25 +244,41 @@ impl Profile {
                 self.add_thread_named(t.pid, t.tid, name)
             })
             .collect();
-        let shift = other
+        // Both profiles' times count from the earlier start: the one that started later has
+        // its samples moved by the difference.
+        let start = self
             .meta
             .start_time_unix_ns
-            .saturating_sub(self.meta.start_time_unix_ns);
+            .min(other.meta.start_time_unix_ns);
+        let own_shift = self.meta.start_time_unix_ns - start;
+        let shift = other.meta.start_time_unix_ns - start;
+        if own_shift > 0 {
+            for smp in &mut self.samples {
+                smp.time_ns = smp.time_ns.saturating_add(own_shift);
+            }
+        }
         for smp in &other.samples {
             self.samples.push(Sample {
-                time_ns: smp.time_ns + shift,
+                time_ns: smp.time_ns.saturating_add(shift),
                 thread: threads[smp.thread as usize],
                 stack: smp.stack.map(|s| stacks[s.0 as usize]),
                 ..*smp
             });
         }
-        self.meta.lost_samples += other.meta.lost_samples;
-        self.meta.truncated_stacks += other.meta.truncated_stacks;
-        self.meta.cpu_time_ns += other.meta.cpu_time_ns;
+        let m = &mut self.meta;
+        m.start_time_unix_ns = start;
+        m.duration_ns = own_shift
+            .saturating_add(m.duration_ns)
+            .max(shift.saturating_add(other.meta.duration_ns));
+        m.lost_samples = m.lost_samples.saturating_add(other.meta.lost_samples);
+        m.truncated_stacks = m
+            .truncated_stacks
+            .saturating_add(other.meta.truncated_stacks);
+        m.cpu_time_ns = m.cpu_time_ns.saturating_add(other.meta.cpu_time_ns);
         for (why, n) in &other.meta.truncated_by {
-            *self.meta.truncated_by.entry(why.clone()).or_default() += n;
+            let total = m.truncated_by.entry(why.clone()).or_default();
+            *total = total.saturating_add(*n);
         }
-        self.meta.duration_ns = self.meta.duration_ns.max(shift + other.meta.duration_ns);
     }
 
     /// The id of `frame` (whose strings are this profile's), added the first time.
@@ -425,14 +443,16 @@ impl Profile {
         let mut w = vec![0u64; self.stacks.len() + 1];
         for s in &self.samples {
             let i = s.stack.map_or(self.stacks.len(), |id| id.0 as usize);
-            w[i] += s.weight;
+            w[i] = w[i].saturating_add(s.weight);
         }
         w
     }
 
-    /// The weight of all samples, in sampling periods.
+    /// The weight of all samples, in sampling periods (saturating at `u64::MAX`).
     pub fn total_weight(&self) -> u64 {
-        self.samples.iter().map(|s| s.weight).sum()
+        self.samples
+            .iter()
+            .fold(0u64, |w, s| w.saturating_add(s.weight))
     }
 }
 
@@ -532,5 +552,42 @@ mod tests {
         assert_eq!(a.frames().len(), 3);
         assert_eq!(a.stacks().len(), 3);
         assert_eq!(a.threads.len(), 2);
+    }
+
+    #[test]
+    fn merge_starts_at_the_earlier_start_in_either_order() {
+        let mut a = profile(1, 1_000, 2, 1);
+        a.meta.duration_ns = 100;
+        let mut b = profile(2, 1_500, 1, 2);
+        b.meta.duration_ns = 700;
+        // The one that started first merged into the later one.
+        let mut later = b.clone();
+        later.merge(&a);
+        assert_eq!(later.meta.start_time_unix_ns, 1_000);
+        // b's own samples moved by the 500 ns between the starts; a's kept their times.
+        assert!(leaves(&later).contains(&("f".to_owned(), 2, 500)));
+        assert!(leaves(&later).contains(&("f".to_owned(), 1, 1)));
+        assert_eq!(later.meta.duration_ns, 1_200);
+        // The same profile as merging the other way round.
+        let mut earlier = a.clone();
+        earlier.merge(&b);
+        assert_eq!(earlier.meta.start_time_unix_ns, 1_000);
+        assert_eq!(earlier.meta.duration_ns, 1_200);
+        assert_eq!(leaves(&earlier), leaves(&later));
+    }
+
+    #[test]
+    fn weights_saturate() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t");
+        let f = p.intern_frame_named("f", "m", None, 0, 0, false);
+        let s = p.intern_stack(None, f);
+        p.add_sample(0, t, 0, u64::MAX, Some(s));
+        p.add_sample(1, t, 0, 2, Some(s));
+        p.add_sample(2, t, 0, u64::MAX, None);
+        p.add_sample(3, t, 0, 2, None);
+        assert_eq!(p.total_weight(), u64::MAX);
+        assert_eq!(p.weight_per_stack(), vec![u64::MAX, u64::MAX]);
+        assert_eq!(p.weight_by_kind()[0], u64::MAX);
     }
 }
