@@ -213,6 +213,9 @@ pub(crate) struct Conn {
     /// The longest a reply may take.
     pub timeout: Duration,
     deadline: Instant,
+    /// The limit of the current wait (`timeout`, or [`GRACE`] for a cleanup wait), for a
+    /// [`QemuError::Timeout`].
+    limit: Duration,
     /// Whether the [`Cancel`] check applies to the current wait (not during cleanup).
     cancellable: bool,
 }
@@ -226,6 +229,7 @@ impl Conn {
             cancel,
             timeout: REPLY_TIMEOUT,
             deadline: Instant::now() + REPLY_TIMEOUT,
+            limit: REPLY_TIMEOUT,
             cancellable: true,
         })
     }
@@ -237,12 +241,14 @@ impl Conn {
     /// Starts the wait for a reply: it must be complete within the timeout.
     pub fn begin(&mut self) {
         self.deadline = Instant::now() + self.timeout;
+        self.limit = self.timeout;
         self.cancellable = true;
     }
 
     /// Starts a cleanup wait: at most [`GRACE`], whatever the [`Cancel`] check says.
     pub fn begin_cleanup(&mut self) {
         self.deadline = Instant::now() + GRACE;
+        self.limit = GRACE;
         self.cancellable = false;
     }
 
@@ -258,7 +264,7 @@ impl Conn {
                 return Err(QemuError::Cancelled);
             }
             if Instant::now() >= self.deadline {
-                return Err(QemuError::Timeout(self.timeout));
+                return Err(QemuError::Timeout(self.limit));
             }
             match self.stream.read(&mut chunk) {
                 Ok(0) => return Err(QemuError::Gone),
@@ -336,6 +342,34 @@ pub(crate) mod tests {
         loop {
             c.write_all(&[b'A'; 4096])?;
         }
+    }
+
+    /// Says nothing, and keeps the connection open.
+    fn silent(c: UnixStream) -> std::io::Result<()> {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        drop(c);
+        Ok(())
+    }
+
+    #[test]
+    fn a_timeout_reports_the_limit_of_its_wait() {
+        use super::{Conn, QemuError, GRACE};
+        use std::time::Duration;
+        let sock = peer("silent", silent);
+        let mut c = Conn::connect(&sock, 1024, super::never()).unwrap();
+        c.begin_cleanup();
+        let r = c.fill();
+        assert!(
+            matches!(r, Err(QemuError::Timeout(d)) if d == GRACE),
+            "{r:?}"
+        );
+        c.timeout = Duration::from_millis(200);
+        c.begin();
+        let r = c.fill();
+        assert!(
+            matches!(r, Err(QemuError::Timeout(d)) if d == Duration::from_millis(200)),
+            "{r:?}"
+        );
     }
 
     /// `bytes` over and over, a byte every 20 ms.
