@@ -216,9 +216,17 @@ pub enum Error {
     /// The program has its own SIGPROF handler: superprof does not replace it.
     HandlerInstalled,
     /// A system call failed (mapping the sample buffer, installing the handler, creating the
-    /// timers), or the profile could not be written (unknown extension, I/O error); the
-    /// errno is kept for the C API.
+    /// timers), or the output's extension names no known format; the errno is kept for the C
+    /// API.
     Io(std::io::Error),
+    /// The profile could not be written to `path`: `source` says why (its errno kept for the
+    /// C API).
+    Write {
+        /// The output file.
+        path: PathBuf,
+        /// The error of creating, filling, syncing or renaming it.
+        source: std::io::Error,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -232,6 +240,9 @@ impl std::fmt::Display for Error {
                  not replace it"
             ),
             Error::Io(e) => write!(f, "{e}"),
+            Error::Write { path, source } => {
+                write!(f, "cannot write '{}': {source}", path.display())
+            }
         }
     }
 }
@@ -245,7 +256,7 @@ impl Error {
             Error::AlreadyRunning => libc::EALREADY,
             Error::NotRunning => libc::EINVAL,
             Error::HandlerInstalled => libc::EBUSY,
-            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io(e) | Error::Write { source: e, .. } => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 }
@@ -524,7 +535,10 @@ fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), E
                 ),
             ))
         })?;
-        superprof_resolve::write_output(profile, path, format).map_err(|e| Error::Io(e.source))?;
+        superprof_resolve::write_output(profile, path, format).map_err(|e| Error::Write {
+            path: e.path,
+            source: e.source,
+        })?;
     }
     Ok(())
 }
@@ -695,3 +709,22 @@ extern "C" fn preload_init() {
 #[used]
 #[link_section = ".init_array"]
 static PRELOAD_INIT: extern "C" fn() = preload_init;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profile_that_cannot_be_written_names_its_file() {
+        let path = std::env::temp_dir()
+            .join(format!("superprof-no-such-dir-{}", std::process::id()))
+            .join("out.parquet");
+        let e = report(&Profile::default(), Some(&path), false).unwrap_err();
+        assert!(
+            matches!(&e, Error::Write { path: p, .. } if *p == path),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        assert_eq!(e.errno(), libc::ENOENT);
+    }
+}
