@@ -158,9 +158,13 @@ impl Record<'_> {
 /// What the parser must know about how the events were opened.
 #[derive(Debug, Clone, Copy)]
 pub struct Layout {
-    /// Number of user registers in each sample (bits set in `sample_regs_user`).
+    /// Number of user registers in each sample (bits set in `sample_regs_user`): at most 8; a
+    /// sample parsed with more is refused as malformed.
     pub user_regs: usize,
 }
+
+/// The most user registers a sample may carry for [`parse_record`].
+const MAX_USER_REGS: usize = 8;
 
 struct Cursor<'a> {
     buf: &'a [u8],
@@ -346,11 +350,13 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
     }
     let abi = c.u64()?;
     let regs = if abi != 0 {
-        let mut r = [0u64; 8];
-        for slot in r.iter_mut().take(layout.user_regs) {
+        let mut r = [0u64; MAX_USER_REGS];
+        // More registers than kept here: refused (None), not a slice past the array's end.
+        let r = r.get_mut(..layout.user_regs)?;
+        for slot in r.iter_mut() {
             *slot = c.u64()?;
         }
-        Some(UserRegs::from_perf_regs(&r[..layout.user_regs]))
+        Some(UserRegs::from_perf_regs(r))
     } else {
         None
     };
@@ -391,6 +397,41 @@ mod tests {
             } => Some((tid, time, out, preempted)),
             _ => None,
         }
+    }
+
+    /// A sample body with `regs` user registers (values 1, 2, ...) and no stack.
+    fn sample_body(regs: u64) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&1u64.to_ne_bytes()); // identifier
+        body.extend_from_slice(&7u32.to_ne_bytes()); // pid
+        body.extend_from_slice(&9u32.to_ne_bytes()); // tid
+        body.extend_from_slice(&1234u64.to_ne_bytes()); // time
+        body.extend_from_slice(&[0; 8]); // cpu, res
+        body.extend_from_slice(&1u64.to_ne_bytes()); // period
+        body.extend_from_slice(&0u64.to_ne_bytes()); // callchain: nr
+        body.extend_from_slice(&2u64.to_ne_bytes()); // regs abi (64-bit)
+        for i in 1..=regs {
+            body.extend_from_slice(&i.to_ne_bytes());
+        }
+        body.extend_from_slice(&0u64.to_ne_bytes()); // stack size
+        body
+    }
+
+    #[test]
+    fn a_layout_of_too_many_registers_is_refused_not_a_panic() {
+        fn parse(regs: usize, body: &[u8]) -> Option<Record<'_>> {
+            parse_record(PERF_RECORD_SAMPLE, 0, body, Layout { user_regs: regs })
+        }
+        match parse(3, &sample_body(3)) {
+            Some(Record::Sample(s)) => {
+                assert_eq!((s.tid, s.time), (9, 1234));
+                assert!(s.regs.is_some());
+            }
+            r => panic!("{r:?}"),
+        }
+        let n = MAX_USER_REGS + 1;
+        assert!(parse(n, &sample_body(n as u64)).is_none());
+        assert!(parse(usize::MAX, &sample_body(3)).is_none());
     }
 
     #[test]
