@@ -51,8 +51,9 @@ impl Default for SamplerConfig {
 /// Why the events could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum SampleError {
-    /// The process (or the thread whose id it holds) does not exist, or ended meanwhile.
-    #[error("no process with pid {0}")]
+    /// The process or thread with this id (a pid, or the tid of one of its threads) does not
+    /// exist, or ended meanwhile.
+    #[error("no process or thread {0}")]
     NoSuchProcess(u32),
     /// The kernel refused the events (EACCES, EPERM), or allows user space only where kernel
     /// sampling was needed (off-CPU time).
@@ -765,6 +766,12 @@ pub use superprof_unwind::maps::list_threads;
 #[cfg(test)]
 mod tests {
     use super::throttle;
+
+    #[test]
+    fn no_such_process_names_a_process_or_a_thread() {
+        let e = super::SampleError::NoSuchProcess(4321);
+        assert_eq!(e.to_string(), "no process or thread 4321");
+    }
 
     #[test]
     fn throttle_lowers_to_the_kernels_maximum_only() {
