@@ -109,6 +109,11 @@ pub struct ProbeDefinitions {
     group: String,
     /// (path, offset) -> (name, id)
     defined: HashMap<(PathBuf, u64), (String, u64)>,
+    /// Definitions written whose id could not be read, and that could not be removed at once
+    /// either: removed at drop.
+    orphans: Vec<String>,
+    /// The number of the next definition's name (`p0`, `p1`...): never reused.
+    next: usize,
 }
 
 impl ProbeDefinitions {
@@ -125,6 +130,8 @@ impl ProbeDefinitions {
             dir,
             group: format!("superprof_{me}"),
             defined: HashMap::new(),
+            orphans: Vec::new(),
+            next: 0,
         };
         defs.sweep();
         // Writable? (A definition is tried with the first probe; this opens only.)
@@ -175,30 +182,45 @@ impl ProbeDefinitions {
         let path = path.ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "a path tracefs cannot take")
         })?;
-        let name = format!("p{}", self.defined.len());
+        let name = format!("p{}", self.next);
+        self.next += 1;
         self.write(&format!(
             "p:{}/{name} {path}:{:#x}\n",
             self.group, spec.offset
         ))?;
-        let id = std::fs::read_to_string(
-            self.dir
-                .join("events")
-                .join(&self.group)
-                .join(&name)
-                .join("id"),
-        )?
-        .trim()
-        .parse()
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "unreadable event id"))?;
+        let id = match self.event_id(&name) {
+            Ok(id) => id,
+            Err(e) => {
+                // Defined, but of no use without its id: removed at once, or at drop.
+                if self.remove(&name).is_err() {
+                    self.orphans.push(name);
+                }
+                return Err(e);
+            }
+        };
         self.defined.insert(key, (name, id));
         Ok(ProbeEvent::Defined(id))
+    }
+
+    /// The perf event id of this group's definition `name`.
+    fn event_id(&self, name: &str) -> io::Result<u64> {
+        let path = self.dir.join("events").join(&self.group).join(name);
+        std::fs::read_to_string(path.join("id"))?
+            .trim()
+            .parse()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "unreadable event id"))
+    }
+
+    /// Removes this group's definition `name`.
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.write(&format!("-:{}/{name}\n", self.group))
     }
 }
 
 impl Drop for ProbeDefinitions {
     fn drop(&mut self) {
-        for (name, _) in self.defined.values() {
-            let _ = self.write(&format!("-:{}/{name}\n", self.group));
+        for name in self.defined.values().map(|(n, _)| n).chain(&self.orphans) {
+            let _ = self.remove(name);
         }
     }
 }
@@ -469,6 +491,42 @@ fn parse_hits(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_definition_whose_id_cannot_be_read_is_removed() {
+        // A stand-in for tracefs: uprobe_events a plain file, one event's id readable.
+        let dir = std::env::temp_dir().join(format!("superprof-tracefs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("events/superprof_test/p1")).unwrap();
+        std::fs::write(dir.join("events/superprof_test/p1/id"), "42\n").unwrap();
+        std::fs::write(dir.join("uprobe_events"), "").unwrap();
+        let mut defs = ProbeDefinitions {
+            dir: dir.clone(),
+            group: "superprof_test".to_owned(),
+            defined: HashMap::new(),
+            orphans: Vec::new(),
+            next: 0,
+        };
+        let spec = |offset| ProbeSpec {
+            path: "/bin/true".into(),
+            offset,
+        };
+        // p0's id is missing: an error, and p0 removed again at once.
+        assert!(defs.define(&spec(0x10)).is_err());
+        // p1 (a name of its own) is defined, and removed at drop.
+        assert!(matches!(
+            defs.define(&spec(0x20)),
+            Ok(ProbeEvent::Defined(42))
+        ));
+        drop(defs);
+        let events = std::fs::read_to_string(dir.join("uprobe_events")).unwrap();
+        assert_eq!(
+            events,
+            "p:superprof_test/p0 /bin/true:0x10\n-:superprof_test/p0\n\
+             p:superprof_test/p1 /bin/true:0x20\n-:superprof_test/p1\n"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn record(ty: u32, words: &[u64]) -> Vec<u8> {
         let mut r = Vec::new();
