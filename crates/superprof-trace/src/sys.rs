@@ -28,7 +28,6 @@ pub const PTRACE_EVENT_FORK: i32 = 1;
 pub const PTRACE_EVENT_VFORK: i32 = 2;
 pub const PTRACE_EVENT_CLONE: i32 = 3;
 pub const PTRACE_EVENT_EXEC: i32 = 4;
-pub const PTRACE_EVENT_STOP: i32 = 128;
 
 pub fn seize(tid: u32, options: usize) -> io::Result<()> {
     ptrace(libc::PTRACE_SEIZE, tid, 0, options).map(drop)
@@ -226,6 +225,10 @@ impl WaitStatus {
     /// The PTRACE_EVENT_* of an event stop, 0 for other stops.
     pub fn event(self) -> i32 {
         (self.0 >> 16) & 0xffff
+    }
+    /// What it says, decoded once.
+    pub fn stop(self) -> crate::status::Stop {
+        crate::status::Stop::of(self.0)
     }
 }
 

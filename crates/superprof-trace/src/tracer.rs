@@ -8,6 +8,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::launch::ExitStatus;
+use crate::status::Stop;
 use crate::sys;
 
 /// What to follow and how to resume threads.
@@ -939,32 +940,36 @@ impl Tracer {
         while std::time::Instant::now() < deadline {
             match sys::wait_any_nohang() {
                 Ok(Some((t2, st))) if t2 == tid => {
-                    if st.exited().is_some() || st.signaled().is_some() {
-                        self.handle(t2, st);
-                        return StepEnd::Ended;
-                    }
-                    let again = match st.stop_sig() {
-                        Some(libc::SIGTRAP)
-                            if st.event() == 0 && sys::signal_from_kernel(tid) != Some(false) =>
-                        {
+                    let stop = st.stop();
+                    let again = match stop {
+                        Stop::Ended(_) => {
+                            self.handle(t2, st);
+                            return StepEnd::Ended;
+                        }
+                        Stop::Trap if sys::signal_from_kernel(tid) != Some(false) => {
                             return StepEnd::Done;
                         }
-                        Some(
+                        Stop::Signal(
                             sig @ (libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE),
-                        ) if st.event() == 0 => {
+                        ) => {
                             // The instruction faulted: the signal goes with the step (to the
                             // handler, or it ends the process).
                             sys::single_step(tid, sig)
                         }
-                        Some(sig) => {
-                            // A signal from elsewhere (or a stale interrupt) before the step:
-                            // keep the signal for later and step again.
-                            if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
+                        Stop::Trap | Stop::Signal(_) => {
+                            // A signal from elsewhere before the step: keep it for later and
+                            // step again.
+                            if let Some(sig) = stop.signal() {
                                 self.defer_signal(tid, sig);
                             }
                             sys::single_step(tid, 0)
                         }
-                        None => Ok(()),
+                        // A stale interrupt, a syscall-stop or an event before the step: step
+                        // again.
+                        Stop::Interrupt { .. } | Stop::Syscall | Stop::Event(_) => {
+                            sys::single_step(tid, 0)
+                        }
+                        Stop::Other => Ok(()),
                     };
                     if again.is_err() {
                         return StepEnd::Failed;
@@ -1052,9 +1057,10 @@ impl Tracer {
     /// A wait status that arrives while the threads running in the memory of `space` are
     /// being held.
     fn handle_while_holding(&mut self, space: u32, tid: u32, st: sys::WaitStatus) {
-        let Some(sig) = st.stop_sig() else {
+        let stop = st.stop();
+        if matches!(stop, Stop::Ended(_) | Stop::Other) {
             return self.handle(tid, st); // an exit
-        };
+        }
         let known = self.threads.get(&tid).copied();
         let group = known.map_or_else(|| sys::tgid_of(tid), |t| Some(t.pid));
         let in_space = match known {
@@ -1081,31 +1087,26 @@ impl Tracer {
             return;
         }
         let t = self.threads.get_mut(&tid).expect("known");
-        match st.event() {
-            sys::PTRACE_EVENT_STOP
-                if matches!(
-                    sig,
-                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
-                ) && !t.fresh =>
-            {
+        match stop {
+            Stop::Interrupt { stopping: true } if !t.fresh => {
                 // Group-stop: it stays stopped anyway; keep it there, not held.
                 t.state = State::GroupStopped;
                 t.held = false;
                 let _ = sys::listen(tid);
             }
-            sys::PTRACE_EVENT_STOP if t.interrupting => {
+            Stop::Interrupt { .. } if t.interrupting => {
                 // The owner's interrupt (the sampler's) answered: report it, the owner resumes.
                 t.interrupting = false;
                 t.state = State::Stopped;
                 t.held = false;
                 self.events.push_back(TraceEvent::Stopped { tid, pid });
             }
-            sys::PTRACE_EVENT_STOP => {
+            Stop::Interrupt { .. } => {
                 t.fresh = false;
                 t.state = State::Stopped;
                 t.held = true;
             }
-            0 if sig == libc::SIGTRAP => {
+            Stop::Trap => {
                 if self.hit_breakpoint(tid).is_some() {
                     let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
                     self.events.push_back(TraceEvent::Breakpoint {
@@ -1118,23 +1119,24 @@ impl Tracer {
                     t.state = State::Stopped;
                     t.held = true;
                 } else {
-                    self.defer_signal(tid, sig);
+                    self.defer_signal(tid, libc::SIGTRAP);
                     let t = self.threads.get_mut(&tid).expect("known");
                     t.state = State::Stopped;
                     t.held = true;
                 }
             }
-            0 if sig == (libc::SIGTRAP | 0x80) => {
+            Stop::Syscall => {
                 t.state = State::Stopped;
                 t.held = false;
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
             }
-            0 => {
+            Stop::Signal(sig) => {
                 t.state = State::Stopped;
                 t.held = true;
                 self.defer_signal(tid, sig);
             }
-            _ => {
+            Stop::Ended(_) | Stop::Other => {} // handled above
+            Stop::Event(_) => {
                 // clone/fork/exec events of a held thread: process them normally; the thread
                 // is resumed by that, so hold it again.
                 self.handle(tid, st);
@@ -1357,11 +1359,8 @@ impl Tracer {
     }
 
     fn handle(&mut self, tid: u32, st: sys::WaitStatus) {
-        if let Some(status) = st
-            .exited()
-            .map(ExitStatus::Code)
-            .or_else(|| st.signaled().map(ExitStatus::Signal))
-        {
+        let stop = st.stop();
+        if let Stop::Ended(status) = stop {
             let Some(t) = self.threads.remove(&tid) else {
                 return;
             };
@@ -1386,7 +1385,9 @@ impl Tracer {
             }
             return;
         }
-        let Some(sig) = st.stop_sig() else { return };
+        if stop == Stop::Other {
+            return;
+        }
         if !self.threads.contains_key(&tid) {
             // A thread or child auto-attached through TRACECLONE/TRACEFORK that reports
             // before its parent's event: adopt it; this is its first stop.
@@ -1395,7 +1396,7 @@ impl Tracer {
                 self.resume_with(tid, 0);
                 return;
             }
-            if st.event() == 0 && sig != (libc::SIGTRAP | 0x80) {
+            if let Some(sig) = stop.signal() {
                 // Not a first stop: a signal on its way to a task we did not know. It keeps
                 // its signal (a pid reused since we last saw it, say).
                 let space = self.space_of(pid);
@@ -1427,14 +1428,17 @@ impl Tracer {
             return;
         }
         let pid = self.threads[&tid].pid;
-        match st.event() {
-            sys::PTRACE_EVENT_CLONE | sys::PTRACE_EVENT_FORK | sys::PTRACE_EVENT_VFORK => {
+        match stop {
+            Stop::Event(
+                event
+                @ (sys::PTRACE_EVENT_CLONE | sys::PTRACE_EVENT_FORK | sys::PTRACE_EVENT_VFORK),
+            ) => {
                 if let Ok(new) = sys::event_msg(tid) {
-                    self.on_fork_event(tid, pid, new as u32, st.event());
+                    self.on_fork_event(tid, pid, new as u32, event);
                 }
                 self.resume_with(tid, 0);
             }
-            sys::PTRACE_EVENT_EXEC => {
+            Stop::Event(sys::PTRACE_EVENT_EXEC) => {
                 // Every other thread of the process is gone; the exec'ing one is now `pid`.
                 // The old code, and the breakpoints in it, are gone too (or stay with a
                 // process that still shares that memory).
@@ -1473,7 +1477,9 @@ impl Tracer {
                 }
                 self.events.push_back(TraceEvent::Exec { pid });
             }
-            sys::PTRACE_EVENT_STOP => {
+            // An event the options never ask for: let it run.
+            Stop::Event(_) => self.resume_with(tid, 0),
+            Stop::Interrupt { stopping } => {
                 let t = self.threads.get_mut(&tid).expect("known thread");
                 if t.fresh {
                     // The first stop of an auto-attached thread or process.
@@ -1489,10 +1495,7 @@ impl Tracer {
                     }
                     return;
                 }
-                if matches!(
-                    sig,
-                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
-                ) {
+                if stopping {
                     // Group-stop: stay stopped as the signal wants, without us resuming it.
                     // A pending interrupt stays pending: it is answered when the group-stop
                     // ends (SIGCONT re-traps with an event stop).
@@ -1513,7 +1516,7 @@ impl Tracer {
                     self.resume_with(tid, 0);
                 }
             }
-            _ if sig == (libc::SIGTRAP | 0x80) => {
+            Stop::Syscall => {
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.state = State::Stopped;
                 }
@@ -1522,10 +1525,10 @@ impl Tracer {
             // The end of a step that outlived its wait: a trap of the kernel's, and not of a
             // breakpoint instruction (the thread may have reached one since, if something
             // resumed it without the step).
-            _ if sig == libc::SIGTRAP
-                && self.late_steps.contains(&tid)
-                && sys::signal_from_kernel(tid) != Some(false)
-                && sys::breakpoint_trap(tid) != Some(true) =>
+            Stop::Trap
+                if self.late_steps.contains(&tid)
+                    && sys::signal_from_kernel(tid) != Some(false)
+                    && sys::breakpoint_trap(tid) != Some(true) =>
             {
                 self.late_steps.remove(&tid);
                 let space = self.space_of(pid);
@@ -1535,7 +1538,7 @@ impl Tracer {
                 self.events
                     .push_back(TraceEvent::Stepped { tid, pid: space });
             }
-            _ if sig == libc::SIGTRAP && self.hit_breakpoint(tid).is_some() => {
+            Stop::Trap if self.hit_breakpoint(tid).is_some() => {
                 let addr = self.threads[&tid].at_breakpoint.unwrap_or(0);
                 let space = self.space_of(pid);
                 self.events.push_back(TraceEvent::Breakpoint {
@@ -1544,14 +1547,14 @@ impl Tracer {
                     addr,
                 });
             }
-            _ if sig == libc::SIGTRAP && self.trapped_on_tombstone(tid) => {
+            Stop::Trap if self.trapped_on_tombstone(tid) => {
                 // It trapped on a breakpoint removed since: back onto the restored code.
                 self.resume_with(tid, 0);
             }
-            _ => {
-                // A signal on its way to the target: deliver it.
-                self.resume_with(tid, sig);
-            }
+            // A signal on its way to the target: deliver it.
+            Stop::Trap => self.resume_with(tid, libc::SIGTRAP),
+            Stop::Signal(sig) => self.resume_with(tid, sig),
+            Stop::Ended(_) | Stop::Other => {} // handled above
         }
     }
 
