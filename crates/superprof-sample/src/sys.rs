@@ -316,16 +316,7 @@ pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<usize>> {
         .collect())
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock the sampler asks the kernel to stamp records with.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use superprof_unwind::monotonic_ns;
 
 /// Reads a perf counter's value block (value, time enabled, time running...).
 pub fn read_u64s(fd: &OwnedFd, buf: &mut [u64]) -> io::Result<()> {

@@ -777,16 +777,7 @@ pub fn set_raw_regs(tid: u32, r: &RawRegs) -> io::Result<()> {
     .map(drop)
 }
 
-/// CLOCK_MONOTONIC in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use superprof_unwind::monotonic_ns;
 
 #[cfg(test)]
 mod stub_tail_tests {

@@ -1,4 +1,4 @@
-//! File mapping, the one unsafe operation of this crate.
+//! The unsafe operations of this crate: file mapping, and the clock samples are stamped with.
 
 use std::path::Path;
 
@@ -8,4 +8,17 @@ pub fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
     // process truncates the file while it is mapped, reads may fault (SIGBUS); profilers accept
     // this (as perf and samply do) for the speed of not copying whole binaries.
     unsafe { memmap2::Mmap::map(&file) }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock every sampler stamps its samples with (the perf
+/// sampler asks the kernel for it; the ptrace sampler and the syscall log read it), so that
+/// their times compare.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
