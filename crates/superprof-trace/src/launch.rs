@@ -3,10 +3,11 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crate::posix::{self, kernel_sigaction};
 use crate::status::decode;
 pub use crate::status::ExitStatus;
 
@@ -16,49 +17,6 @@ static INHERITED_IGNORED: AtomicU64 = AtomicU64::new(0);
 
 /// The highest signal number the kernel has (SIGRTMAX).
 const MAX_SIGNAL: i32 = 64;
-
-/// The kernel's `struct sigaction` (x86_64 and AArch64 alike). The C library's sigaction
-/// refuses the two signals it keeps for itself (32 and 33), which a process can still inherit
-/// ignored: glibc's posix_spawn leaves them so in its children.
-#[repr(C)]
-struct KernelSigaction {
-    handler: usize,
-    flags: u64,
-    restorer: usize,
-    mask: u64,
-}
-
-/// rt_sigaction, straight to the kernel: sets `sig` to `handler` (SIG_DFL or SIG_IGN) if
-/// given, and returns the disposition it had. Async-signal-safe.
-fn kernel_sigaction(sig: i32, handler: Option<usize>) -> Option<usize> {
-    let new = handler.map(|h| KernelSigaction {
-        handler: h,
-        flags: 0,
-        restorer: 0,
-        mask: 0,
-    });
-    let mut old = KernelSigaction {
-        handler: 0,
-        flags: 0,
-        restorer: 0,
-        mask: 0,
-    };
-    let new_ptr = new
-        .as_ref()
-        .map_or(std::ptr::null(), |n| n as *const KernelSigaction);
-    // SAFETY: both pointers are null or point to a KernelSigaction, the layout the kernel
-    // reads and writes for an 8-byte signal set; SIG_DFL and SIG_IGN need no restorer.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigaction,
-            sig as libc::c_long,
-            new_ptr,
-            &mut old as *mut KernelSigaction,
-            8 as libc::c_long,
-        )
-    };
-    (rc == 0).then_some(old.handler)
-}
 
 /// The C library's own signals (SIGCANCEL, SIGSETXID), never passed on ignored.
 fn libc_internal(sig: i32) -> bool {
@@ -108,12 +66,7 @@ pub fn reset_signals_for_exec() {
         };
         kernel_sigaction(sig, Some(action));
     }
-    // SAFETY: installing an empty mask for the calling thread.
-    unsafe {
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-    }
+    posix::unblock_all_signals();
 }
 
 /// The command superprof launched (0: none), for [`wait_launched`].
@@ -134,16 +87,14 @@ pub fn wait_launched(idle: impl FnMut(u32)) -> Option<ExitStatus> {
 /// signals on). `None` if it is not ours to reap (reaped already).
 pub fn wait_child(pid: u32, mut idle: impl FnMut(u32)) -> Option<ExitStatus> {
     loop {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child with a valid out-pointer, not blocking.
-        match unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) } {
-            0 => {
+        match posix::waitpid(pid, true) {
+            Ok(None) => {
                 idle(pid);
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            r if r == pid as i32 => return Some(decode(status)),
-            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-            _ => return None, // reaped already, or not ours
+            Ok(Some(status)) => return Some(decode(status)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None, // reaped already, or not ours
         }
     }
 }
@@ -153,16 +104,6 @@ pub struct PendingChild {
     pub pid: u32,
     go: Option<OwnedFd>,
     exec_status: OwnedFd,
-}
-
-fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is a valid out-array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two fresh descriptors that we now own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Finds `cmd` on PATH the way execvp would.
@@ -197,39 +138,16 @@ impl PendingChild {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in argument"))?;
         let mut argv: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
-        let (go_r, go_w) = pipe(libc::O_CLOEXEC)?;
-        let (st_r, st_w) = pipe(libc::O_CLOEXEC)?;
-        // SAFETY: the child of a (possibly multi-threaded) process only calls async-signal-safe
-        // functions (close, read, execve, write, _exit) on memory prepared before the fork.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if pid == 0 {
-            // SAFETY: see above; `environ` is the process environment, unchanged since fork.
-            unsafe {
-                // Our copy of the write end would keep the read below from ever seeing EOF.
-                libc::close(go_w.as_raw_fd());
-                // The command starts with no signal blocked (superprof blocks SIGCHLD) and the
-                // dispositions it would have alone (superprof ignores SIGPIPE, handles SIGINT).
-                reset_signals_for_exec();
-                let mut b = 0u8;
-                while libc::read(go_r.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1) < 0 {}
-                extern "C" {
-                    static environ: *const *const libc::c_char;
-                }
-                libc::execve(prog.as_ptr(), argv.as_ptr(), environ);
-                let err = *libc::__errno_location();
-                let bytes = err.to_ne_bytes();
-                libc::write(st_w.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, 4);
-                libc::_exit(127);
-            }
-        }
+        let (go_r, go_w) = posix::pipe(libc::O_CLOEXEC)?;
+        let (st_r, st_w) = posix::pipe(libc::O_CLOEXEC)?;
+        // The command starts with no signal blocked (superprof blocks SIGCHLD) and the
+        // dispositions it would have alone (superprof ignores SIGPIPE, handles SIGINT).
+        let pid = posix::fork_held_exec(&prog, &argv, &go_r, &go_w, &st_w, reset_signals_for_exec)?;
         drop(go_r);
         drop(st_w);
-        LAUNCHED.store(pid as u32, Ordering::SeqCst);
+        LAUNCHED.store(pid, Ordering::SeqCst);
         Ok(PendingChild {
-            pid: pid as u32,
+            pid,
             go: Some(go_w),
             exec_status: st_r,
         })
@@ -245,31 +163,15 @@ impl PendingChild {
     /// that, or the wait would never end.
     pub fn release_with(&mut self, mut idle: impl FnMut()) -> io::Result<()> {
         drop(self.go.take());
-        loop {
-            let mut pfd = libc::pollfd {
-                fd: self.exec_status.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, 10) };
-            if rc > 0 {
-                break;
-            }
+        while !posix::poll_readable(&self.exec_status, 10) {
             idle();
         }
         let mut buf = [0u8; 4];
         let n = loop {
-            // SAFETY: reading into a 4-byte buffer we own; the write end closes on exec.
-            let n = unsafe {
-                libc::read(
-                    self.exec_status.as_raw_fd(),
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    4,
-                )
-            };
-            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                break n;
+            // The write end closes on exec: 0 bytes, or the exec's errno.
+            match posix::read(&self.exec_status, &mut buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => break r.unwrap_or(0),
             }
         };
         if n == 4 {
@@ -289,23 +191,16 @@ impl PendingChild {
 
 /// Reaps the child if it has exited.
 pub fn try_wait(pid: u32) -> Option<ExitStatus> {
-    let mut status = 0;
-    // SAFETY: waitpid on our own child with a valid out-pointer.
-    let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-    (rc == pid as i32).then(|| decode(status))
+    posix::waitpid(pid, true).ok().flatten().map(decode)
 }
 
+/// Waits for child `pid` to end, and reaps it.
 pub fn wait_exit(pid: u32) -> io::Result<ExitStatus> {
-    let mut status = 0;
     loop {
-        // SAFETY: as in try_wait, blocking.
-        let rc = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-        if rc == pid as i32 {
-            return Ok(decode(status));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match posix::waitpid(pid, false) {
+            Ok(Some(status)) => return Ok(decode(status)),
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => return Err(e),
+            _ => {}
         }
     }
 }
@@ -324,11 +219,9 @@ pub fn wait_exit_timeout(pid: u32, limit: std::time::Duration) -> Option<ExitSta
     }
 }
 
+/// Sends `sig` to process `pid`.
 pub fn kill(pid: u32, sig: libc::c_int) {
-    // SAFETY: sending a signal has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
+    posix::kill(pid, sig);
 }
 
 /// The fields of /proc/PID/stat after the command name (which may hold spaces and

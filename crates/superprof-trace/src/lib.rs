@@ -30,6 +30,7 @@ mod janitor;
 mod launch;
 mod locate;
 mod names;
+mod posix;
 pub mod sampler;
 mod status;
 mod sys;

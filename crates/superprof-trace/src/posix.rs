@@ -1,0 +1,165 @@
+//! The process-control system calls of the launcher, wrapped: signal dispositions and masks,
+//! pipes, fork and exec, waits and kills. Every unsafe block of launching lives here; the
+//! launcher (launch.rs) is safe code.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// The kernel's `struct sigaction` (x86_64 and AArch64 alike). The C library's sigaction
+/// refuses the two signals it keeps for itself (32 and 33), which a process can still inherit
+/// ignored: glibc's posix_spawn leaves them so in its children.
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// rt_sigaction, straight to the kernel: sets `sig` to `handler` (SIG_DFL or SIG_IGN) if
+/// given, and returns the disposition it had. Async-signal-safe.
+pub fn kernel_sigaction(sig: i32, handler: Option<usize>) -> Option<usize> {
+    let new = handler.map(|h| KernelSigaction {
+        handler: h,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    });
+    let mut old = KernelSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    let new_ptr = new
+        .as_ref()
+        .map_or(std::ptr::null(), |n| n as *const KernelSigaction);
+    // SAFETY: both pointers are null or point to a KernelSigaction, the layout the kernel
+    // reads and writes for an 8-byte signal set; SIG_DFL and SIG_IGN need no restorer.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig as libc::c_long,
+            new_ptr,
+            &mut old as *mut KernelSigaction,
+            8 as libc::c_long,
+        )
+    };
+    (rc == 0).then_some(old.handler)
+}
+
+/// Unblocks every signal of the calling thread. Async-signal-safe.
+pub fn unblock_all_signals() {
+    // SAFETY: installing an empty mask for the calling thread.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+}
+
+/// A pipe: (read end, write end).
+pub fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Forks a child that first calls `before_exec`, then waits until `go` (a pipe's read end)
+/// reaches end-of-file (`go_w`, the write end, is closed in the child so that only the
+/// parent's copy counts), then execs `prog` with `argv` (null-terminated) and this process's
+/// environment; if exec fails, its errno goes to `status` (4 bytes) and the child exits 127.
+/// Returns the child's pid. `before_exec` runs in the child of a possibly multi-threaded
+/// process: it must call only async-signal-safe functions.
+pub fn fork_held_exec(
+    prog: &CStr,
+    argv: &[*const libc::c_char],
+    go: &OwnedFd,
+    go_w: &OwnedFd,
+    status: &OwnedFd,
+    before_exec: fn(),
+) -> io::Result<u32> {
+    assert!(
+        argv.last().is_some_and(|p| p.is_null()),
+        "argv ends in null"
+    );
+    // SAFETY: the child only calls async-signal-safe functions (close, before_exec, read,
+    // execve, write, _exit) on memory prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; `environ` is the process environment, unchanged since fork;
+        // `argv` is null-terminated and its strings outlive the exec.
+        unsafe {
+            libc::close(go_w.as_raw_fd());
+            before_exec();
+            let mut b = 0u8;
+            while libc::read(go.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1) < 0 {}
+            extern "C" {
+                static environ: *const *const libc::c_char;
+            }
+            libc::execve(prog.as_ptr(), argv.as_ptr(), environ);
+            let err = *libc::__errno_location();
+            let bytes = err.to_ne_bytes();
+            libc::write(status.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, 4);
+            libc::_exit(127);
+        }
+    }
+    Ok(pid as u32)
+}
+
+/// waitpid on child `pid`: its raw status once it has ended, `None` if it still runs (with
+/// `nohang`). EINTR comes back as an error of kind `Interrupted`.
+pub fn waitpid(pid: u32, nohang: bool) -> io::Result<Option<libc::c_int>> {
+    let mut status = 0;
+    let flags = if nohang { libc::WNOHANG } else { 0 };
+    // SAFETY: waitpid with a valid out-pointer.
+    match unsafe { libc::waitpid(pid as i32, &mut status, flags) } {
+        0 => Ok(None),
+        r if r == pid as i32 => Ok(Some(status)),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Sends `sig` to process `pid`; errors (no such process) are ignored.
+pub fn kill(pid: u32, sig: libc::c_int) {
+    // SAFETY: sending a signal has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Waits at most `ms` milliseconds for `fd` to be readable (or at its end).
+pub fn poll_readable(fd: &OwnedFd, ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
+}
+
+/// One read(2) into `buf`.
+pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: reading at most buf.len() bytes into `buf`, which we own.
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
