@@ -25,6 +25,7 @@
 mod cfi;
 mod debugfile;
 mod debuginfod;
+mod functions;
 mod jitdump;
 mod kallsyms;
 mod perfmap;
@@ -37,6 +38,7 @@ use std::path::{Path, PathBuf};
 use addr2line::Loader;
 
 pub use debuginfod::Debuginfod;
+pub use functions::{elf_functions, ElfFunction};
 pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};
 pub use kallsyms::Kallsyms;
 pub use perfmap::PerfMap;

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use object::{Object, ObjectSymbol};
 use superprof_unwind::ElfImage;
 
 /// A function found in a running process.
@@ -155,27 +154,17 @@ fn scan(
         let Ok(obj) = object::File::parse(&*data) else {
             continue;
         };
-        for sym in obj.symbols().chain(obj.dynamic_symbols()) {
-            // (An undefined function of a non-PIE program has an address too: its PLT entry,
-            // which makes its address the same everywhere. The function is elsewhere.)
-            if sym.kind() != object::SymbolKind::Text || sym.address() == 0 || sym.is_undefined() {
-                continue;
-            }
-            let Ok(raw) = sym.name() else { continue };
-            let addr = sym.address().wrapping_add(file.bias);
+        for sym in superprof_symbols::elf_functions(&obj) {
+            let raw = sym.name;
+            let addr = sym.addr.wrapping_add(file.bias);
             let demangled = || superprof_symbols::demangle(raw);
             if want(raw, &demangled, addr) {
-                const STT_GNU_IFUNC: u8 = 10;
-                let ifunc = matches!(
-                    sym.flags(),
-                    object::SymbolFlags::Elf { st_info, .. } if st_info.0 & 0xf == STT_GNU_IFUNC
-                );
                 let f = FunctionAddress {
                     name: demangled(),
                     module: file.path.clone(),
                     addr,
-                    size: sym.size(),
-                    ifunc,
+                    size: sym.size,
+                    ifunc: sym.ifunc,
                 };
                 if !found.contains(&f) {
                     found.push(f);

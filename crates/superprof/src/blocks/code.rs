@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+use object::{Object, ObjectSection, SectionKind};
 use superprof_analyze::{blocks_for, Arch, Block};
 
 /// A function symbol: ELF virtual address and size.
@@ -57,17 +57,12 @@ impl ElfCode {
             })
             .filter_map(|s| Some((s.address(), s.address().checked_add(s.size())?)))
             .collect();
-        let mut functions: Vec<Function> = obj
-            .symbols()
-            .chain(obj.dynamic_symbols())
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0 && s.size() > 0)
-            .filter(|s| s.address().checked_add(s.size()).is_some())
-            .filter_map(|s| {
-                Some(Function {
-                    name: superprof_symbols::demangle(s.name().ok()?),
-                    addr: s.address(),
-                    size: s.size(),
-                })
+        let mut functions: Vec<Function> = superprof_symbols::elf_functions(&obj)
+            .filter(|s| s.size > 0)
+            .map(|s| Function {
+                name: superprof_symbols::demangle(s.name),
+                addr: s.addr,
+                size: s.size,
             })
             .collect();
         functions.sort_by_key(|f| (f.addr, std::cmp::Reverse(f.size)));
