@@ -48,12 +48,13 @@ fn run(exe: &Path, mode: &str, output: Option<&Path>) -> Output {
 
 #[test]
 fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
-    let dir = tempdir("split");
+    let dir = TempDir::new("lib-split");
     let exe = build(&dir);
     let folded = dir.join("out.folded");
     let out = run(&exe, "split", Some(&folded));
-    let truth = values(&String::from_utf8_lossy(&out.stdout));
-    let (m, total) = leaves(&folded);
+    let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let f = Folded::read(&folded);
+    let (m, total) = (f.leaves(), f.total());
     assert!(total > 150, "{total} samples: {m:?}");
     assert!(
         !m.contains_key("before_start"),
@@ -69,7 +70,7 @@ fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
         ("inside_alpha", "main;inside_alpha"),
         ("late_thread_work", "late;late_thread_work"),
     ] {
-        let whole = complete_share(&folded, leaf, tail);
+        let whole = f.share_ending(leaf, tail);
         assert!(whole >= 0.95, "{leaf}: {:.1}% whole stacks", whole * 100.0);
     }
     // The table on stderr.
@@ -82,7 +83,7 @@ fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
 
 #[test]
 fn malloc_heavy_code_started_and_stopped_many_times() {
-    let dir = tempdir("malloc");
+    let dir = TempDir::new("lib-malloc");
     let exe = build(&dir);
     let out = run(&exe, "malloc", None);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok"));
@@ -93,12 +94,13 @@ fn malloc_heavy_code_started_and_stopped_many_times() {
 
 #[test]
 fn fork_inside_the_profiled_part() {
-    let dir = tempdir("fork");
+    let dir = TempDir::new("lib-fork");
     let exe = build(&dir);
     let folded = dir.join("fork.folded");
     let out = run(&exe, "fork", Some(&folded));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "child=7");
-    let (m, total) = leaves(&folded);
+    let f = Folded::read(&folded);
+    let (m, total) = (f.leaves(), f.total());
     // The parent's work: 0.6 s alpha, 0.3 s beta (the child's 0.3 s of beta is its own).
     let alpha = m.get("inside_alpha").copied().unwrap_or(0) as f64;
     let beta = m.get("inside_beta").copied().unwrap_or(0) as f64;
@@ -114,7 +116,7 @@ fn fork_inside_the_profiled_part() {
 
 #[test]
 fn a_program_with_its_own_sigprof_handler_is_refused() {
-    let dir = tempdir("handler");
+    let dir = TempDir::new("lib-handler");
     let exe = build(&dir);
     let out = run(&exe, "handler", None);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -129,7 +131,7 @@ fn a_program_with_its_own_sigprof_handler_is_refused() {
 /// The C API gives the reason of a failed write as errno (ENOENT: the folder is gone), not EIO.
 #[test]
 fn a_failed_write_gives_its_errno() {
-    let dir = tempdir("gone");
+    let dir = TempDir::new("lib-gone");
     let exe = build(&dir);
     let folder = dir.join("out");
     std::fs::create_dir(&folder).unwrap();
@@ -139,7 +141,7 @@ fn a_failed_write_gives_its_errno() {
         .arg(&folder)
         .output()
         .unwrap();
-    let v = values(&String::from_utf8_lossy(&out.stdout));
+    let v = fixture_values(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(v["start"], 0.0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         v["enoent"],
@@ -151,10 +153,10 @@ fn a_failed_write_gives_its_errno() {
 
 #[test]
 fn stop_without_start_and_start_twice_are_harmless() {
-    let dir = tempdir("misuse");
+    let dir = TempDir::new("lib-misuse");
     let exe = build(&dir);
     let out = run(&exe, "misuse", None);
-    let v = values(&String::from_utf8_lossy(&out.stdout));
+    let v = fixture_values(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(v["einval"], 1.0);
     assert_eq!(v["start"], 0.0);
     assert_eq!(v["ealready"], 1.0);
@@ -163,7 +165,7 @@ fn stop_without_start_and_start_twice_are_harmless() {
 
 #[test]
 fn linked_statically() {
-    let dir = tempdir("static");
+    let dir = TempDir::new("lib-static");
     let exe = build_with(&dir, true, "-fno-omit-frame-pointer");
     let folded = dir.join("static.folded");
     run(&exe, "split", Some(&folded));
@@ -180,7 +182,7 @@ fn linked_statically() {
 
 #[test]
 fn full_stacks_without_frame_pointers() {
-    let dir = tempdir("nofp");
+    let dir = TempDir::new("lib-nofp");
     let exe = build_with(&dir, false, "-fomit-frame-pointer");
     let folded = dir.join("nofp.folded");
     run(&exe, "split", Some(&folded));

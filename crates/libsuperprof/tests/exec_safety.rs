@@ -14,14 +14,14 @@ use common::*;
 
 /// The parent (linked with libsuperprof.so) and the child it execs, static and dynamic.
 struct Programs {
-    dir: PathBuf,
+    dir: TempDir,
     parent: PathBuf,
     child_static: PathBuf,
     child_dynamic: PathBuf,
 }
 
 fn programs(tag: &str) -> Programs {
-    let dir = tempdir(tag);
+    let dir = TempDir::new(&format!("lib-{tag}"));
     let flags = ["-O2", "-g"];
     Programs {
         parent: compile(&dir, "parent", "exec_after_start.c", Link::Shared, &flags),
@@ -122,7 +122,7 @@ fn the_programs_own_sigprof_handler_and_itimer_outlive_stop() {
     let p = programs("own");
     let out = run(&p.parent, &["own".as_ref()]);
     assert!(out.status.success(), "{out:?}");
-    let v = values(&String::from_utf8_lossy(&out.stdout));
+    let v = fixture_values(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(v.get("own_handler_kept"), Some(&1.0), "{out:?}");
     assert_eq!(v.get("hits_after_stop"), Some(&1.0), "{out:?}");
 }

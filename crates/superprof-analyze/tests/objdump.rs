@@ -6,6 +6,7 @@ use std::process::Command;
 
 use object::{Object, ObjectSection, ObjectSymbol};
 use superprof_analyze::{blocks, classify, decode_all, Arch, Flow};
+use superprof_testkit::{compile, compile_with, TempDir};
 
 /// (address, mnemonic, direct target) of each instruction of `func`, from objdump.
 fn objdump(exe: &Path, func: &str) -> Vec<(u64, String, Option<u64>)> {
@@ -39,18 +40,9 @@ fn function_bytes(exe: &Path, func: &str) -> (Vec<u8>, u64) {
 
 #[test]
 fn blocks_agree_with_objdump_on_compiled_code() {
-    let dir = std::env::temp_dir().join(format!("superprof-analyze-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("branches");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/branches.c");
+    let dir = TempDir::new("analyze");
     for opt in ["-O0", "-O2"] {
-        let st = Command::new("gcc")
-            .args([opt, "-g", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let exe = compile(&dir, "branches", &["branches.c"], &[opt, "-g"]);
         for func in ["pick", "zigzag", "main"] {
             let (bytes, base) = function_bytes(&exe, func);
             let theirs = objdump(&exe, func);
@@ -162,19 +154,16 @@ fn aarch64_decoder_agrees_with_objdump() {
     {
         panic!("aarch64-linux-gnu-gcc is missing: scripts/test installs gcc-aarch64-linux-gnu");
     }
-    let dir = std::env::temp_dir().join(format!("superprof-analyze-a64-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let obj = dir.join("branches.o");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/branches_core.h");
+    let dir = TempDir::new("analyze-a64");
     let mut kinds = BTreeSet::new();
     for opt in ["-O0", "-O2"] {
-        let st = Command::new("aarch64-linux-gnu-gcc")
-            .args([opt, "-x", "c", "-c", "-fno-pic", "-o"])
-            .arg(&obj)
-            .arg(&src)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let obj = compile_with(
+            "aarch64-linux-gnu-gcc",
+            &dir,
+            "branches.o",
+            &["branches_core.h"],
+            &[opt, "-x", "c", "-c", "-fno-pic"],
+        );
         let text = String::from_utf8(
             Command::new("aarch64-linux-gnu-objdump")
                 .args(["-d", "--no-show-raw-insn"])
@@ -264,18 +253,15 @@ fn aarch64_decoder_agrees_with_objdump() {
 #[test]
 fn learn_generalizes_aarch64_branches() {
     use superprof_analyze::{Analyzer, BlockEnd, Decode, Learn};
-    let dir = std::env::temp_dir().join(format!("superprof-learn-a64-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/branches_core.h");
+    let dir = TempDir::new("learn-a64");
     let code_of = |opt: &str| {
-        let obj = dir.join(format!("b{opt}.o"));
-        let st = Command::new("aarch64-linux-gnu-gcc")
-            .args([opt, "-x", "c", "-c", "-fno-pic", "-o"])
-            .arg(&obj)
-            .arg(&src)
-            .status()
-            .expect("aarch64-linux-gnu-gcc runs (scripts/test installs it)");
-        assert!(st.success());
+        let obj = compile_with(
+            "aarch64-linux-gnu-gcc",
+            &dir,
+            &format!("b{opt}.o"),
+            &["branches_core.h"],
+            &[opt, "-x", "c", "-c", "-fno-pic"],
+        );
         let data = std::fs::read(&obj).unwrap();
         let file = object::File::parse(&*data).unwrap();
         file.section_by_name(".text")

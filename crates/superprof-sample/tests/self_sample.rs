@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use superprof_sample::{
     list_threads, parse_record, split_records, PerfSampler, Record, SamplerConfig, TargetMode,
 };
+use superprof_testkit::thread_cpu;
 
 #[test]
 fn samples_this_process_with_registers_and_stack() {
@@ -57,18 +58,6 @@ fn samples_this_process_with_registers_and_stack() {
         "{samples} samples in {cpu:.3} s of CPU time: not between 100 and 999 Hz"
     );
     black_box(x);
-}
-
-/// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which lives on this frame.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0);
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[test]

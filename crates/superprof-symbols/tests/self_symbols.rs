@@ -1,8 +1,6 @@
 //! Symbolization of this very test binary (built with debug info by cargo's test profile) and
 //! of the running kernel.
 
-use std::path::Path;
-
 use superprof_symbols::{Kallsyms, Symbolizer};
 use superprof_unwind::{ElfCache, ProcessModules};
 
@@ -12,21 +10,11 @@ pub fn symbol_marker_function() -> (u64, u32) {
 }
 
 fn own_modules() -> (ElfCache, ProcessModules) {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let mut elves = ElfCache::default();
     let mut process = ProcessModules::default();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-            continue;
-        }
-        let (a, b) = f[0].split_once('-').unwrap();
-        let (a, b) = (
-            u64::from_str_radix(a, 16).unwrap(),
-            u64::from_str_radix(b, 16).unwrap(),
-        );
-        let off = u64::from_str_radix(f[2], 16).unwrap();
-        process.add_mapping(&mut elves, a, b - a, off, Path::new(f[5]));
+    let own = superprof_unwind::maps::executable_mappings(std::process::id()).unwrap();
+    for m in own.iter().filter(|m| m.path.is_absolute()) {
+        process.add_mapping(&mut elves, m.start, m.end - m.start, m.offset, &m.path);
     }
     (elves, process)
 }

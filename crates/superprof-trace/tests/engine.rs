@@ -2,26 +2,16 @@
 //! the same code, single-stepping, clean detach, "address of function F".
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use superprof_testkit::{code_bytes, compile, TempDir};
 use superprof_trace::{find_function, ExitStatus, PendingChild, TraceEvent, TraceOptions, Tracer};
 
-fn fixture(name: &str, flags: &[&str]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("superprof-engine-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(name);
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bp.c");
-    let st = Command::new("gcc")
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(src)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    out
+/// bp.c built with `flags` into `dir/name`.
+fn fixture(dir: &TempDir, name: &str, flags: &[&str]) -> PathBuf {
+    compile(dir, name, &["bp.c"], flags)
 }
 
 /// Runs the tracer until the root exits; sets a breakpoint on `counted` at exec and counts
@@ -55,7 +45,8 @@ fn count_hits(tracer: &mut Tracer) -> (u64, Option<ExitStatus>) {
 #[test]
 fn breakpoint_counts_are_exact_with_threads_on_the_same_code() {
     // PIE, five threads (four plus main) calling `counted` 3000 times each.
-    let exe = fixture("bp-pie", &["-O2", "-g", "-pthread", "-pie", "-fPIE"]);
+    let dir = TempDir::new("engine-bp-pie");
+    let exe = fixture(&dir, "bp-pie", &["-O2", "-g", "-pthread", "-pie", "-fPIE"]);
     let mut child = PendingChild::spawn(
         &exe,
         &[exe.display().to_string(), "3000".into(), "4".into()],
@@ -73,7 +64,8 @@ fn breakpoint_counts_are_exact_with_threads_on_the_same_code() {
 #[test]
 fn single_step_moves_the_pc_past_the_breakpoint() {
     superprof_trace::block_sigchld();
-    let exe = fixture("bp-step", &["-O2", "-g", "-pthread"]);
+    let dir = TempDir::new("engine-bp-step");
+    let exe = fixture(&dir, "bp-step", &["-O2", "-g", "-pthread"]);
     let mut child =
         PendingChild::spawn(&exe, &[exe.display().to_string(), "10".into(), "0".into()]).unwrap();
     let mut tracer = Tracer::launch(child.pid, TraceOptions::default()).unwrap();
@@ -118,33 +110,11 @@ fn single_step_moves_the_pc_past_the_breakpoint() {
     assert_eq!(status, ExitStatus::Code(0));
 }
 
-fn code_bytes(pid: u32, exe: &Path) -> Vec<u8> {
-    use std::os::unix::fs::FileExt;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let line = maps
-        .lines()
-        .find(|l| l.contains("r-xp") && l.ends_with(exe.to_str().unwrap()))
-        .expect("code mapping");
-    let (a, b) = line
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .split_once('-')
-        .unwrap();
-    let (a, b) = (
-        u64::from_str_radix(a, 16).unwrap(),
-        u64::from_str_radix(b, 16).unwrap(),
-    );
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut buf = vec![0u8; (b - a) as usize];
-    mem.read_exact_at(&mut buf, a).unwrap();
-    buf
-}
-
 #[test]
 fn attach_break_and_detach_leaves_the_code_as_it_was() {
     superprof_trace::block_sigchld();
-    let exe = fixture("bp-attach", &["-O2", "-g", "-pthread"]);
+    let dir = TempDir::new("engine-bp-attach");
+    let exe = fixture(&dir, "bp-attach", &["-O2", "-g", "-pthread"]);
     let mut child = Command::new(&exe)
         .args(["0", "3"])
         .stdout(Stdio::piped())
@@ -196,7 +166,8 @@ fn attach_break_and_detach_leaves_the_code_as_it_was() {
 
 #[test]
 fn finds_functions_in_the_executable_and_in_libc() {
-    let exe = fixture("bp-find", &["-O2", "-g", "-pthread", "-pie", "-fPIE"]);
+    let dir = TempDir::new("engine-bp-find");
+    let exe = fixture(&dir, "bp-find", &["-O2", "-g", "-pthread", "-pie", "-fPIE"]);
     let mut child = Command::new(&exe)
         .args(["0", "1"])
         .stdout(Stdio::piped())

@@ -1,0 +1,306 @@
+//! superprof-testkit: what every test suite of the workspace needs, once (a `publish = false`
+//! dev-dependency of the crates whose tests run real processes):
+//!
+//! - fixtures: [`fixtures_dir`], [`compile`] (gcc), [`run_ok`], [`spawn_ready`];
+//! - scratch folders: [`TempDir`] (one per test, removed after), [`scratch_dir`];
+//! - CPU locks: [`cpu_lock`] and [`cpu_share`], so that tests that measure CPU shares do not
+//!   compete for this machine's two cores;
+//! - readings: [`Folded`] stacks, [`fixture_values`] (what a fixture prints of itself),
+//!   [`code_bytes`] of a running process, [`thread_cpu`];
+//! - tolerances from statistics: [`assert_share`] (4σ of a binomial share),
+//!   [`assert_sample_count`] (a count against the CPU time it stands for);
+//! - processes: [`is_root`], [`require_root`], [`wait_exec`], [`assert_running_untraced`].
+
+#![deny(missing_docs)]
+
+mod folded;
+
+pub use folded::Folded;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+static CPU: RwLock<()> = RwLock::new(());
+
+/// Serializes CPU-heavy tests of one test binary: one at a time, and none beside a test that
+/// holds [`cpu_share`].
+pub fn cpu_lock() -> RwLockWriteGuard<'static, ()> {
+    CPU.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Taken by the lighter tests of a file whose timing tests must run alone: they run side by
+/// side, never beside a test holding [`cpu_lock`].
+pub fn cpu_share() -> RwLockReadGuard<'static, ()> {
+    CPU.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The workspace's root folder.
+pub fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The workspace's test fixtures (tests/fixtures).
+pub fn fixtures_dir() -> PathBuf {
+    workspace_dir().join("tests/fixtures")
+}
+
+/// A folder shared by the tests of this process (a working folder for commands that write
+/// beside themselves), writable by everyone (for the tests that run as an unprivileged user).
+pub fn scratch_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("superprof-test-cwd-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let _ = Command::new("chmod").arg("777").arg(&d).status();
+        d
+    })
+    .clone()
+}
+
+/// A scratch folder of one test, removed when dropped; writable by every user (for the
+/// tests that run programs as nobody there).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A fresh, empty folder named after `tag`, this process and a counter.
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir =
+            std::env::temp_dir().join(format!("superprof-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = Command::new("chmod").arg("777").arg(&dir).status();
+        TempDir(dir)
+    }
+
+    /// `name` in this folder.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles C sources from tests/fixtures into `dir/out` with gcc and `flags` (the fixtures'
+/// folder is on the include path).
+pub fn compile(dir: impl AsRef<Path>, out: &str, sources: &[&str], flags: &[&str]) -> PathBuf {
+    compile_with("gcc", dir, out, sources, flags)
+}
+
+/// [`compile`] with compiler `cc` (a cross compiler: aarch64-linux-gnu-gcc).
+pub fn compile_with(
+    cc: &str,
+    dir: impl AsRef<Path>,
+    out: &str,
+    sources: &[&str],
+    flags: &[&str],
+) -> PathBuf {
+    let exe = dir.as_ref().join(out);
+    let mut cmd = Command::new(cc);
+    cmd.args(flags)
+        .arg("-I")
+        .arg(fixtures_dir())
+        .arg("-o")
+        .arg(&exe);
+    for s in sources {
+        cmd.arg(fixtures_dir().join(s));
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cc} runs (scripts/test installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "{cc} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// Runs `cmd` and asserts that it succeeded, with its output in the message if not.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("command runs");
+    assert!(
+        out.status.success(),
+        "{:?} failed ({:?}):\nstdout: {}\nstderr: {}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Starts a fixture that prints "ready" once it runs, and waits for that line. The child's
+/// stdout stays open (in the returned reader) so that the fixture never sees a closed pipe.
+pub fn spawn_ready(
+    exe: &Path,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    (child, lines)
+}
+
+/// The "key=value" pairs a fixture printed (what it measured of itself).
+pub fn fixture_values(stdout: &str) -> BTreeMap<String, f64> {
+    stdout
+        .split_whitespace()
+        .filter_map(|w| {
+            let (k, v) = w.split_once('=')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A share measured on `n` samples against the fixture's own figure `truth`: within 4σ of a
+/// binomial share (σ = √(p(1−p)/n)), plus half a point for the fixture's own rounding and
+/// clock.
+pub fn assert_share(what: &str, measured: f64, truth: f64, n: u64) {
+    let sigma = (truth * (1.0 - truth) / n.max(1) as f64).sqrt();
+    let allowed = 4.0 * sigma + 0.005;
+    let diff = (measured - truth).abs();
+    assert!(
+        diff <= allowed,
+        "{what}: superprof says {:.2}% of {n} samples, ground truth {:.2}% (off by {:.2} points, \
+         4σ allows {:.2})",
+        measured * 100.0,
+        truth * 100.0,
+        diff * 100.0,
+        allowed * 100.0
+    );
+}
+
+/// A sample count against the CPU time it stands for, whatever rate this machine delivers
+/// (on this VM cpu-clock gives about half the rate asked): never more than `asked_hz` (no
+/// sample twice) and never fewer than the slowest scheduler tick, 100 Hz (a timer that fires
+/// at all fires each tick), each with 4σ of Poisson noise.
+pub fn assert_sample_count(what: &str, n: u64, cpu_seconds: f64, asked_hz: f64) {
+    let (low, high) = (100.0 * cpu_seconds, asked_hz * cpu_seconds);
+    assert!(
+        n as f64 >= low - 4.0 * low.sqrt() && n as f64 <= high + 4.0 * high.sqrt(),
+        "{what}: {n} samples in {cpu_seconds:.3} s of CPU time: not between 100 and {asked_hz} Hz"
+    );
+}
+
+/// A share against a figure with a tolerance in points that is not statistical (a peer's
+/// rounding, a clock's granularity): say why where it is used.
+pub fn assert_close(what: &str, measured: f64, truth: f64, points: f64) {
+    let diff = (measured - truth).abs() * 100.0;
+    assert!(
+        diff <= points,
+        "{what}: superprof says {:.2}%, ground truth {:.2}% (off by {diff:.2} points, allowed {points})",
+        measured * 100.0,
+        truth * 100.0
+    );
+}
+
+/// The bytes of `exe`'s code (its executable mapping) in running process `pid`.
+pub fn code_bytes(pid: u32, exe: &Path) -> Vec<u8> {
+    let m = superprof_unwind::maps::executable_mappings(pid)
+        .unwrap()
+        .into_iter()
+        .find(|m| m.path == exe)
+        .expect("code mapping");
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; (m.end - m.start) as usize];
+    mem.read_exact_at(&mut buf, m.start).unwrap();
+    buf
+}
+
+/// The /proc status of a process a tracer has let go: it must be alive, untraced and not
+/// stopped.
+pub fn assert_running_untraced(pid: u32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(status.contains("TracerPid:\t0"), "still traced:\n{status}");
+    for stopped in ["State:\tt", "State:\tT", "State:\tZ"] {
+        assert!(!status.contains(stopped), "left stopped or dead:\n{status}");
+    }
+}
+
+/// Whether the tests run as root (they do: scripts/test installs packages, and CI runs it as
+/// root).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+}
+
+/// Fails a test that needs root (`what` for) when run otherwise, rather than passing it
+/// unchecked.
+pub fn require_root(what: &str) {
+    assert!(
+        is_root(),
+        "this test needs root ({what}); the suite runs as root (scripts/test)"
+    );
+}
+
+/// Waits (10 s at most) until process `pid` runs `exe`: its exec is done.
+pub fn wait_exec(pid: u32, exe: &Path) {
+    let want = std::fs::canonicalize(exe).unwrap();
+    let start = Instant::now();
+    while std::fs::read_link(format!("/proc/{pid}/exe")).ok() != Some(want.clone()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "process {pid} never ran {}",
+            exe.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
+pub fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which lives on this frame.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Burns `d` of the calling thread's CPU time (in this function: not inlined).
+#[inline(never)]
+pub fn burn(d: Duration) -> u64 {
+    let end = thread_cpu() + d;
+    let mut x = 1u64;
+    while thread_cpu() < end {
+        for _ in 0..20_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+    x
+}
