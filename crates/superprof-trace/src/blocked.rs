@@ -12,8 +12,9 @@ pub struct Blocked {
     pub syscall: Option<u64>,
     /// The call's first argument (a file descriptor, for the calls that take one).
     pub arg0: u64,
-    /// The user stack pointer and pc it goes on from.
+    /// The user stack pointer it goes on from.
     pub sp: u64,
+    /// The user pc it goes on from (in a system call: the instruction after it).
     pub pc: u64,
 }
 
@@ -63,6 +64,7 @@ pub struct BlockedReader {
 /// What [`BlockedReader::read`] finds of a thread that is not on a CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffCpuState {
+    /// Where it waits: the system call, its first argument, the user sp and pc.
     pub blocked: Blocked,
     /// Its state letter in /proc stat: `S` or `D` for a wait; `R` when it was woken and
     /// waits for a CPU; `t` or `T` when stopped (by a tracer, or a signal).
@@ -77,6 +79,8 @@ impl OffCpuState {
 }
 
 impl BlockedReader {
+    /// Opens the syscall and stat files of thread `tid` of process `pid`; None if either
+    /// cannot be opened (the thread is gone, or its files are not superprof's to read).
     pub fn open(pid: u32, tid: u32) -> Option<BlockedReader> {
         let open = |f: &str| std::fs::File::open(format!("/proc/{pid}/task/{tid}/{f}")).ok();
         Some(BlockedReader {

@@ -101,6 +101,7 @@ pub fn wait_child(pid: u32, mut idle: impl FnMut(u32)) -> Option<ExitStatus> {
 
 /// A forked child that waits before calling exec until [`PendingChild::release`].
 pub struct PendingChild {
+    /// The child's process id, which the command keeps after its exec.
     pub pid: u32,
     go: Option<OwnedFd>,
     exec_status: OwnedFd,
@@ -125,7 +126,7 @@ fn is_executable(p: &Path) -> bool {
 }
 
 impl PendingChild {
-    /// Forks; the child blocks until released, then execs `program` with `args` (args[0]
+    /// Forks; the child blocks until released, then execs `program` with `args` (`args[0]`
     /// included) and the current environment.
     pub fn spawn(program: &Path, args: &[String]) -> io::Result<PendingChild> {
         use std::os::unix::ffi::OsStrExt;

@@ -1,13 +1,27 @@
-//! superprof-trace: the coordinator, a ptrace engine for traced processes.
+//! superprof-trace: the coordinator, a ptrace engine for traced processes, and the launcher of
+//! the commands superprof profiles.
 //!
 //! - [`PendingChild`] launches a command held before exec, so that sampling or tracing can be
-//!   set up first; [`ExitStatus`] is how it ended.
+//!   set up first; [`ExitStatus`] is how it ended, and [`wait_child`], [`wait_launched`] and
+//!   their kin wait for it, with the signal dispositions it would have had alone
+//!   ([`note_inherited_signals`]). Its system calls (sigaction, fork then exec, waitpid...)
+//!   are wrapped in a private module, `posix`, so that the launcher itself is safe code.
 //! - [`Tracer`] seizes a launched command or a running process and every thread it starts
-//!   (children too with `follow_forks`), turns wait statuses into [`TraceEvent`]s, forwards
-//!   every signal to the target, and on finish (or drop) detaches an attached process, which
-//!   runs on, or kills a launched one.
+//!   (children too with [`TraceOptions::follow_forks`]), turns wait statuses (each decoded once,
+//!   as a `status::Stop`) into [`TraceEvent`]s, and forwards every signal to the target. It sets
+//!   breakpoints, patches code and runs system calls in the target; a janitor process puts
+//!   the code back if superprof dies without doing it. [`Tracer::finish`] detaches an attached
+//!   process, which runs on, or kills a launched one; dropped unfinished (an error, a panic),
+//!   the tracer lets every process go, a launched one too.
 //! - [`sampler::run`] is the ptrace sampler: on CPU time, interrupt a thread, read its
-//!   registers and stack, resume it.
+//!   registers and stack, resume it; in the wall-clock mode, also off-CPU samples of threads
+//!   blocked in the kernel, found through [`blocked`] (/proc's syscall file) and read without
+//!   a stop where one would disturb them.
+//! - [`syscalls::trace`] is the syscall log: every syscall of the traced threads, with
+//!   decoded arguments, result and duration.
+//! - [`find_function`], [`function_at`], [`mapped_files`] and their kin find functions in a
+//!   running process (ELF symbols and load biases); [`read_memory`] and [`write_memory`]
+//!   reach its memory, [`CpuTime`] its threads' CPU time.
 //!
 //! The other parts of superprof never call ptrace themselves.
 //!
@@ -24,6 +38,8 @@
 //! tracer.finish(); // detach: the process runs on
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+#![deny(missing_docs)]
 
 pub mod blocked;
 mod janitor;

@@ -11,6 +11,7 @@ use superprof_unwind::ElfImage;
 pub struct FunctionAddress {
     /// The symbol's name, demangled.
     pub name: String,
+    /// The file it is in, as the process names it ([`MappedFile::path`]).
     pub module: PathBuf,
     /// Runtime address of the function's entry.
     pub addr: u64,
@@ -22,7 +23,8 @@ pub struct FunctionAddress {
 }
 
 /// The functions of process `pid` named `name` (the exact symbol name, or its demangled form),
-/// in every executable file it maps.
+/// in every executable file it maps; if there are none, the C++ functions whose demangled name
+/// without its parameter list is `name` (`f` for `f(int)`).
 pub fn find_function(pid: u32, name: &str) -> std::io::Result<Vec<FunctionAddress>> {
     // A demangled name has a parameter list (C++) or a path (Rust): a plain name such as
     // `malloc` is compared with the raw names only.

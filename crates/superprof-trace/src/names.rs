@@ -4,7 +4,9 @@
 /// The architectures whose syscall numbers superprof knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
+    /// x86_64's 64-bit system calls (a 32-bit `int 0x80` call has other numbers).
     X86_64,
+    /// AArch64's (the generic table of asm-generic/unistd.h).
     Aarch64,
 }
 

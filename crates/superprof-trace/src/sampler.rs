@@ -21,9 +21,14 @@ use superprof_unwind::UserRegs;
 use crate::sys;
 use crate::tracer::{TraceEvent, Tracer};
 
+/// How [`run`] samples.
 #[derive(Debug, Clone, Copy)]
 pub struct PtraceSamplerConfig {
+    /// Samples per second of CPU time: a thread is sampled after each 1/`frequency` s of CPU
+    /// it uses (with `off_cpu`, every thread is also looked at as often in wall time); 0
+    /// counts as 1.
     pub frequency: u32,
+    /// Bytes of stack copied at each sample, from the stack pointer up.
     pub stack_size: u32,
     /// Also sample off-CPU time (the wall-clock mode).
     pub off_cpu: bool,
@@ -43,9 +48,14 @@ pub struct Wait {
 pub struct PtraceSample<'a> {
     /// CLOCK_MONOTONIC nanoseconds.
     pub time: u64,
+    /// The process of the thread sampled.
     pub pid: u32,
+    /// The thread sampled.
     pub tid: u32,
+    /// Its registers (an off-CPU sample read without a stop: pc and sp alone, the others 0).
     pub regs: UserRegs,
+    /// Its stack from `regs.sp` up: at most `stack_size` bytes, fewer where an unreadable
+    /// page ends the copy.
     pub stack: &'a [u8],
     /// The copy filled the whole buffer (the stack may go on beyond it).
     pub stack_full: bool,
@@ -60,26 +70,38 @@ pub struct PtraceSample<'a> {
 /// What the sampler reports to its owner.
 #[derive(Debug)]
 pub enum SamplerEvent<'a> {
+    /// An on-CPU sample: the thread was stopped after using a sampling period of CPU time
+    /// (or more: see [`PtraceSample::periods`]).
     Sample(PtraceSample<'a>),
     /// An off-CPU sample (wall-clock mode). Without a stop, the registers other than pc and
     /// sp are 0.
     OffCpu(PtraceSample<'a>, Wait),
     /// More off-CPU time of a thread still blocked where its last off-CPU sample was.
     OffCpuAgain {
+        /// When it was looked at, CLOCK_MONOTONIC nanoseconds.
         time: u64,
+        /// The thread's process.
         pid: u32,
+        /// The thread.
         tid: u32,
+        /// Its system call, and the wall time since it was last looked at.
         wait: Wait,
     },
+    /// Any other event of the tracer, passed on (a new thread or process, an exec, an exit,
+    /// a breakpoint...). A thread that an exec, a breakpoint or a step stopped is resumed
+    /// once the call returns; an exit of the root process ends [`run`] after it.
     Trace(TraceEvent),
     /// Called about every 50 ms: a chance to stop (return [`Control::Stop`]) or to do
     /// periodic work.
     Tick,
 }
 
+/// What the callback of [`run`] (or of [`crate::syscalls::trace`]) answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
+    /// Go on.
     Continue,
+    /// Return now; the tracer is left as it is, for its owner to finish.
     Stop,
 }
 
@@ -155,7 +177,8 @@ fn forget_process(pid: u32, credits: &mut HashMap<u32, Credit>, sets: &mut [&mut
     }
 }
 
-/// Samples until the root process exits or `on` returns [`Control::Stop`].
+/// Samples until the root process exits or `on` returns [`Control::Stop`] for a
+/// [`SamplerEvent::Tick`] (its answer to the other events is not looked at).
 pub fn run(
     tracer: &mut Tracer,
     cfg: &PtraceSamplerConfig,

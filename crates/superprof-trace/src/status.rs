@@ -1,10 +1,14 @@
-//! How a process ended, and the names of signals: shared by the launcher, the syscall log and
-//! the samplers (a module of their own, so that none of those depends on another for them).
+//! How a process ended ([`ExitStatus`]), what a wait status of a traced thread says ([`Stop`],
+//! decoded once for every handler of the tracer), and the names of signals: shared by the
+//! launcher, the tracer, the syscall log and the samplers (a module of their own, so that none
+//! of those depends on another for them).
 
 /// How a child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitStatus {
+    /// It exited with this status (0 to 255: the low 8 bits of what it passed to exit).
     Code(i32),
+    /// This signal killed it.
     Signal(i32),
 }
 

@@ -260,7 +260,7 @@ pub fn wait_any_nohang() -> io::Result<Option<(u32, WaitStatus)>> {
 }
 
 /// Blocks SIGCHLD in the calling thread (and the threads it creates later), so that
-/// [`wait_sigchld`] can wait for it. Call it before any thread is started.
+/// `wait_sigchld` can wait for it. Call it before any thread is started.
 pub fn block_sigchld() {
     // SAFETY: building and installing a signal mask for this thread.
     unsafe {
@@ -351,6 +351,8 @@ pub fn write_memory(pid: u32, addr: u64, data: &[u8]) -> io::Result<()> {
 pub struct CpuTime(std::fs::File);
 
 impl CpuTime {
+    /// Opens the schedstat file of thread `tid` of process `pid`; None if it cannot be opened
+    /// (the thread is gone, or the kernel keeps no scheduler statistics).
     pub fn open(pid: u32, tid: u32) -> Option<CpuTime> {
         std::fs::File::open(format!("/proc/{pid}/task/{tid}/schedstat"))
             .ok()
@@ -500,9 +502,9 @@ pub const SYSCALL_INSN: &[u8] = &[0x01, 0x00, 0x00, 0xd4];
 /// pointer), and makes a system call at `point`: getpid, unless superprof, stopped at its
 /// entry (PTRACE_SYSCALL, never a single step: a step's trap flag would outlive a dead tracer
 /// and kill the thread with SIGTRAP), makes it another; then it puts everything back and goes
-/// to where the thread was ([`stub_tail`]). Superprof may send the thread back to `point` for
-/// more calls, and sets its registers back itself at the end; if superprof dies at any
-/// moment, the thread finishes the stub by itself and goes on.
+/// to where the thread was (its tail, which superprof writes before each use). Superprof may
+/// send the thread back to `point` for more calls, and sets its registers back itself at the
+/// end; if superprof dies at any moment, the thread finishes the stub by itself and goes on.
 #[cfg(target_arch = "x86_64")]
 pub const STUB: &[u8] = &[
     0x48, 0x8d, 0x64, 0x24, 0x80, // lea -0x80(%rsp),%rsp

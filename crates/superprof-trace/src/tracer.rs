@@ -106,11 +106,16 @@ struct Saved {
     patch: bool,
 }
 
+/// What the traced threads did, as [`Tracer::next_event`] reports it. A thread stopped by an
+/// event stays stopped until [`Tracer::resume`] (or [`Tracer::resume_after`]), as each
+/// variant says; `pid` is the thread's process unless a variant says otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TraceEvent {
     /// A thread stopped on [`Tracer::interrupt`]; it stays stopped until [`Tracer::resume`].
     Stopped {
+        /// The thread.
         tid: u32,
+        /// Its process.
         pid: u32,
     },
     /// A thread reached a breakpoint set with [`Tracer::set_breakpoint`]; it stays stopped on
@@ -118,66 +123,102 @@ pub enum TraceEvent {
     /// memory holds the breakpoint: for a child that shares its parent's memory (vfork,
     /// posix_spawn) until it execs, the parent.
     Breakpoint {
+        /// The thread, its pc on the breakpoint.
         tid: u32,
+        /// The process whose memory holds the breakpoint.
         pid: u32,
+        /// The breakpoint's address.
         addr: u64,
     },
     /// A [`Tracer::single_step`] finished (`pid` as for `Breakpoint`).
     Stepped {
+        /// The thread, stopped after the instruction.
         tid: u32,
+        /// The process whose memory it runs in.
         pid: u32,
     },
     /// Syscall entry or exit (with [`TraceOptions::syscalls`]); resume it with
     /// [`Tracer::resume`].
     Syscall {
+        /// The thread, stopped at the entry or the exit.
         tid: u32,
+        /// Its process.
         pid: u32,
     },
+    /// A new thread of a traced process, traced from its start. It runs on by itself, unless
+    /// [`TraceOptions::hold_new_threads`] holds it: a [`TraceEvent::ThreadReady`] follows then.
     NewThread {
+        /// The new thread.
         tid: u32,
+        /// Its process.
         pid: u32,
     },
     /// A new thread at its first stop, held there (with [`TraceOptions::hold_new_threads`]):
     /// it has run nothing yet. Resume it with [`Tracer::resume`].
     ThreadReady {
+        /// The new thread.
         tid: u32,
+        /// Its process.
         pid: u32,
     },
+    /// A child process followed (with [`TraceOptions::follow_forks`]): it and every thread
+    /// it starts are traced from now on. It runs on by itself.
     NewProcess {
+        /// The child.
         pid: u32,
+        /// The process that forked it.
         parent: u32,
     },
     /// A process called exec. Its (only remaining) thread `pid` is stopped at the start of
     /// the new program until [`Tracer::resume`].
     Exec {
+        /// The process; its one thread has this id now, whichever thread called exec.
         pid: u32,
     },
     /// A thread ended, or left the memory of `pid`: a child that shared it (vfork,
     /// posix_spawn) and is not followed called exec or exited.
     ThreadExited {
+        /// The thread.
         tid: u32,
+        /// Its process, or the process whose memory it shared.
         pid: u32,
     },
     /// A traced process ended; `status` is how its main thread ended.
     ProcessExited {
+        /// The process, gone: its pid may be reused.
         pid: u32,
+        /// Its exit code, or the signal that killed it.
         status: ExitStatus,
     },
 }
 
+/// Why a command could not be started traced, or a process attached.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// [`Tracer::spawn`] was given an empty command.
     #[error("no command given after --")]
     NoCommand,
+    /// The command's program (named here) was not found on PATH.
     #[error("cannot run '{0}': command not found")]
     CommandNotFound(String),
+    /// No process has this pid, or it ended before a thread of it was seized.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    /// ptrace refused to attach (EPERM, EACCES).
     #[error("permission denied tracing pid {pid}: {why}")]
-    PermissionDenied { pid: u32, why: String },
+    PermissionDenied {
+        /// The process.
+        pid: u32,
+        /// For the user: what ptrace needs (with the Yama ptrace_scope, where there is one) and
+        /// how to get it.
+        why: String,
+    },
+    /// Anything else that failed (a system call, an exec): `context` says what.
     #[error("{context}: {source}")]
     Io {
+        /// What superprof was doing (`PTRACE_SEIZE of thread 1234`, `cannot start 'ls'`).
         context: String,
+        /// The system's error.
         #[source]
         source: io::Error,
     },
@@ -419,7 +460,7 @@ impl Tracer {
         })
     }
 
-    /// Replaces the code at `addr` of process `pid` by `bytes` (at most [`MAX_PATCH`]): a jump
+    /// Replaces the code at `addr` of process `pid` by `bytes` (at most 8, `MAX_PATCH`): a jump
     /// to code mapped into the program, say. The original goes back when the process is let
     /// go (and from a fork child's copy, and by the janitor if superprof dies), like a
     /// breakpoint's. Every thread that runs this code must be stopped (see
@@ -636,7 +677,7 @@ impl Tracer {
         Err(io::Error::other("no system call stop"))
     }
 
-    /// Threads that are running (neither stopped for us nor in a group-stop).
+    /// Threads that are running (neither stopped for us nor in a group-stop), as (tid, pid).
     pub fn running_threads(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.threads
             .iter()
@@ -644,11 +685,13 @@ impl Tracer {
             .map(|(&tid, t)| (tid, t.pid))
     }
 
+    /// How many threads are traced now, of every traced process, stopped or not.
     pub fn thread_count(&self) -> usize {
         self.threads.len()
     }
 
-    /// Asks a running thread to stop; a [`TraceEvent::Stopped`] follows.
+    /// Asks a running thread to stop; a [`TraceEvent::Stopped`] follows. Returns whether it
+    /// was asked (false: not a running thread of the tracer, or asked already).
     pub fn interrupt(&mut self, tid: u32) -> bool {
         match self.threads.get_mut(&tid) {
             Some(t) if t.state == State::Running && !t.interrupting => {

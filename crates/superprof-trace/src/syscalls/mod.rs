@@ -20,14 +20,23 @@ use crate::tracer::{TraceEvent, Tracer};
 pub struct SyscallEvent {
     /// When it was entered, CLOCK_MONOTONIC nanoseconds.
     pub time_ns: u64,
+    /// The process of the thread that made it.
     pub pid: u32,
+    /// The thread that made it.
     pub tid: u32,
+    /// Its name (`syscall_NR` for a number with no name, `ia32:syscall_NR` for a 32-bit call).
     pub name: String,
+    /// Its arguments as strace prints them: descriptors, paths, sizes and common flags
+    /// decoded, the others in hex (for a call not known here, the six registers without
+    /// the trailing zeros).
     pub args: Vec<String>,
-    /// The result; None when the syscall never returned (exit, exit_group, a killed thread).
+    /// The result (-1 when it failed, with `errno`); None when the syscall never returned
+    /// (exit, exit_group, a killed thread).
     pub ret: Option<i64>,
     /// The errno name when it failed.
     pub errno: Option<String>,
+    /// Nanoseconds from its entry stop to its exit stop as superprof handled them (tracing
+    /// included); for one that never returned, until its thread's end was seen.
     pub duration_ns: u64,
     /// The result is an address (mmap, brk): print it in hex.
     pub returns_address: bool,
@@ -41,9 +50,11 @@ struct Pending {
     args: Vec<String>,
 }
 
-/// Traces syscalls until the root process exits or `on` asks to stop. With a launched root,
-/// only syscalls from its exec on are reported (what superprof does before exec is not the
-/// command's). Returns how the root ended, if it did.
+/// Traces syscalls until the root process exits or `on` asks to stop. `on` gets each syscall
+/// once it returns (or its thread ended in it), and `None` about every 50 ms (a chance to
+/// stop). The tracer must stop at syscalls ([`crate::TraceOptions::syscalls`]). With a
+/// launched root, only syscalls from its exec on are reported (what superprof does before exec
+/// is not the command's). Returns how the root ended, if it did.
 pub fn trace(
     tracer: &mut Tracer,
     launched: bool,
