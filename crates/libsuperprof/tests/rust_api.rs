@@ -96,7 +96,7 @@ fn guard_samples_a_rust_program() {
             profile.stack_frames(s.stack).any(|f| {
                 profile
                     .str(profile.frame(f).function)
-                    .ends_with("rust_api::common::burn")
+                    .ends_with("superprof_testkit::burn")
             })
         })
         .count();
