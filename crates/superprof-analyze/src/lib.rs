@@ -273,3 +273,71 @@ pub fn decode_all_for(arch: Arch, code: &[u8], base: u64) -> Vec<Insn> {
     }
     out
 }
+
+#[cfg(test)]
+mod block_tests {
+    use super::*;
+
+    fn block(start: u64, end: u64, instructions: u32, flow: Flow) -> Block {
+        Block {
+            start,
+            end,
+            instructions,
+            flow,
+        }
+    }
+
+    #[test]
+    fn x86_64_code_splits_after_control_flow_and_at_targets() {
+        let code = [
+            0x31, 0xc0, // 0x1000 xor eax, eax
+            0x85, 0xff, // 0x1002 test edi, edi
+            0x74, 0x05, // 0x1004 je 0x100b
+            0xb8, 0x01, 0x00, 0x00, 0x00, // 0x1006 mov eax, 1
+            0xff, 0xc0, // 0x100b inc eax (the je's target)
+            0xc3, // 0x100d ret
+            0xcc, // 0x100e int3: filler after a return, in no block
+            0x66, 0x90, // 0x100f xchg ax, ax: filler too
+            0xe8, 0xea, 0xff, 0xff, 0xff, // 0x1011 call 0x1000
+            0xf3, 0xa4, // 0x1016 rep movsb: a block of its own
+            0xc3, // 0x1018 ret
+        ];
+        assert_eq!(
+            blocks_for(Arch::X86_64, &code, 0x1000),
+            vec![
+                block(0x1000, 0x1006, 3, Flow::Conditional { target: 0x100b }),
+                block(0x1006, 0x100b, 1, Flow::Next),
+                block(0x100b, 0x100e, 2, Flow::Return),
+                block(0x1011, 0x1016, 1, Flow::Call { target: 0x1000 }),
+                block(0x1016, 0x1018, 1, Flow::Repeat),
+                block(0x1018, 0x1019, 1, Flow::Return),
+            ]
+        );
+        // Undecodable bytes end the run.
+        assert_eq!(
+            blocks_for(Arch::X86_64, &[0x90, 0x0f, 0xff], 0x10),
+            vec![block(0x10, 0x11, 1, Flow::Next)]
+        );
+    }
+
+    #[test]
+    fn aarch64_code_splits_after_control_flow_and_at_targets() {
+        let words: [u32; 5] = [
+            0xb400_0060, // 0x2000 cbz x0, 0x200c
+            0x9100_0400, // 0x2004 add x0, x0, #1
+            0x1400_0002, // 0x2008 b 0x2010
+            0xd100_0400, // 0x200c sub x0, x0, #1 (the cbz's target)
+            0xd65f_03c0, // 0x2010 ret (the b's target)
+        ];
+        let code: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(
+            blocks_for(Arch::Aarch64, &code, 0x2000),
+            vec![
+                block(0x2000, 0x2004, 1, Flow::Conditional { target: 0x200c }),
+                block(0x2004, 0x200c, 2, Flow::Jump { target: 0x2010 }),
+                block(0x200c, 0x2010, 1, Flow::Next),
+                block(0x2010, 0x2014, 1, Flow::Return),
+            ]
+        );
+    }
+}
