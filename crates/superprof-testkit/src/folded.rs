@@ -113,3 +113,23 @@ impl Folded {
         m
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Folded;
+
+    #[test]
+    fn folded_text_parses_and_shares_add_up() {
+        let f = Folded::parse("main;main;a;spin 6\nmain;main;b;spin 3\n\nworker;start;b 1\n");
+        assert_eq!(f.total(), 10);
+        assert_eq!(f.0[0].0, ["main", "main", "a", "spin"]);
+        // The root (a thread's name) is not a frame: `main` counts once per stack.
+        assert_eq!(f.share_through("main"), 0.9);
+        assert_eq!(f.share_through("b"), 0.4);
+        assert_eq!(f.share_leaf("spin"), 0.9);
+        assert_eq!(f.complete_share("spin", "a"), 6.0 / 9.0);
+        assert_eq!(f.share_ending("spin", "main;b;spin"), 3.0 / 9.0);
+        assert_eq!(f.leaves()["b"], 1);
+        assert_eq!(f.share_per_root()["worker"], 0.1);
+    }
+}

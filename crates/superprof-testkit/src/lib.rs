@@ -304,3 +304,34 @@ pub fn burn(d: Duration) -> u64 {
     }
     x
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_within_four_sigma_passes() {
+        // p = 0.5, n = 10,000: σ = 0.005, 4σ + 0.5 point = 2.5 points.
+        assert_share("in", 0.524, 0.5, 10_000);
+        assert_sample_count("in", 500, 1.0, 999.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "4σ allows 2.50")]
+    fn a_share_beyond_four_sigma_fails() {
+        assert_share("out", 0.526, 0.5, 10_000);
+    }
+
+    #[test]
+    #[should_panic(expected = "not between 100 and 999 Hz")]
+    fn more_samples_than_asked_fail() {
+        assert_sample_count("out", 1_200, 1.0, 999.0);
+    }
+
+    #[test]
+    fn fixture_values_are_read_from_key_value_words() {
+        let v = fixture_values("alpha=0.6 beta=0.3 noise x=y\ncpu_ms=812");
+        assert_eq!(v.len(), 3);
+        assert_eq!(v["cpu_ms"], 812.0);
+    }
+}
