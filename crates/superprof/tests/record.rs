@@ -225,6 +225,18 @@ fn four_threads_match_their_cpu_time() {
         "{summary}: {cpu:.3} s of CPU time, the program says {process_cpu:.3}"
     );
     assert_eq!(f.total() as f64, n, "{summary}");
+    // Nothing lost (the rings are sized for every CPU at once), and whole stacks.
+    let tail = summary.split("; ").nth(1).unwrap_or_default();
+    let figures: Vec<f64> = tail
+        .split(", ")
+        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(
+        tail.contains(" lost, ") && tail.contains(" truncated stacks") && figures.len() >= 2,
+        "{summary}"
+    );
+    assert_eq!(figures[0], 0.0, "lost records: {summary}");
+    assert!(figures[1] <= 0.01 * n, "truncated stacks: {summary}");
 }
 
 #[test]

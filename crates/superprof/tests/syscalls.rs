@@ -60,7 +60,8 @@ mod serde_json_lite {
 
     pub struct Doc {
         pub summary: Vec<(String, u64, u64, u64)>,
-        pub events: Vec<(String, u32, u32, String)>,
+        /// (name, pid, tid, ok/err/unfinished, duration_ns).
+        pub events: Vec<(String, u32, u32, String, u64)>,
     }
 
     impl Doc {
@@ -73,7 +74,7 @@ mod serde_json_lite {
                      for s in d['syscalls']: print('S', s['name'], s['calls'], s['errors'], s['total_ns'])\n\
                      for e in d['events']:\n\
                      \x20   assert isinstance(e['args'], list) and e['duration_ns'] >= 0 and e['time_ns'] >= 0\n\
-                     \x20   print('E', e['name'], e['pid'], e['tid'], 'err' if e['errno'] else ('unfinished' if e['ret'] is None else 'ok'))",
+                     \x20   print('E', e['name'], e['pid'], e['tid'], 'err' if e['errno'] else ('unfinished' if e['ret'] is None else 'ok'), e['duration_ns'])",
                 )
                 .arg(path)
                 .output()
@@ -100,6 +101,7 @@ mod serde_json_lite {
                         w[2].parse().unwrap(),
                         w[3].parse().unwrap(),
                         w[4].to_owned(),
+                        w[5].parse().unwrap(),
                     )),
                 }
             }
@@ -252,6 +254,49 @@ fn attach_by_pid_logs_and_detaches() {
         "{counts:?}"
     );
     assert!(counts.get("openat").is_some_and(|c| c.1 > 50), "{counts:?}");
+}
+
+/// The time of each call against what the program measured around it: a 20 ms sleep lasts
+/// at least 20 ms between its entry and exit stops (the program sleeps only once resumed from
+/// the first), and the calls together no longer than the program's own clock saw them take
+/// (its clock reads bracket both stops); the summary's total is its calls' sum.
+#[test]
+fn call_times_are_bounded_by_what_the_program_measured() {
+    let dir = TempDir::new("sys-times");
+    let exe = sysheavy(&dir);
+    let out = dir.path("times.json");
+    let run = run_ok(
+        superprof()
+            .args(["syscalls", "--format", "json", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&exe)
+            .args(["15", "sleep"]),
+    );
+    let measured = fixture_values(&String::from_utf8_lossy(&run.stdout))["slept_ns"] as u64;
+    let doc = serde_json_lite::Doc::read(&out);
+    let sleeps: Vec<u64> = doc
+        .events
+        .iter()
+        .filter(|e| e.0 == "clock_nanosleep" || e.0 == "nanosleep")
+        .map(|e| e.4)
+        .collect();
+    assert_eq!(sleeps.len(), 15, "{:?}", doc.events);
+    for &d in &sleeps {
+        assert!(d >= 20_000_000, "a 20 ms sleep took {d} ns");
+    }
+    let sum: u64 = sleeps.iter().sum();
+    assert!(
+        sum <= measured,
+        "the sleeps took {sum} ns, the program measured {measured} ns around them"
+    );
+    let total = doc
+        .summary
+        .iter()
+        .find(|s| s.0 == "clock_nanosleep" || s.0 == "nanosleep")
+        .map(|s| s.3)
+        .unwrap();
+    assert_eq!(total, sum);
 }
 
 #[test]
