@@ -35,7 +35,7 @@ fn run_limited(cmd: &mut Command, limit: Duration) -> Output {
 fn check_split_shares(out: &Output, f: &Folded) {
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
     for func in ["work_alpha", "work_beta", "work_gamma"] {
-        assert_close(func, f.share_through(func), truth[func], 5.0);
+        assert_share(func, f.share_through(func), truth[func], f.total());
     }
 }
 
