@@ -396,13 +396,7 @@ fn both_backends(arch: Arch) {
     assert_known_shares("gdbstub", &folded, &user, truth);
     // Nearly every sample unwound to its entry point (a few land on the stack switch).
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let unwound: f64 = stderr
-        .split("% fully unwound")
-        .next()
-        .and_then(|s| s.rsplit(' ').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no statistics: {stderr}"));
-    assert!(unwound >= 95.0, "{stderr}");
+    assert!(fully_unwound(&stderr) >= 95.0, "{stderr}");
     let qmp = q.qmp.to_string_lossy().into_owned();
     let (_, folded, truth) = profile(
         &dir,
@@ -940,21 +934,8 @@ fn qmp_reads_upper_half_addresses() {
 #[test]
 fn x86_64_higher_half_kernel_through_gdbstub_and_qmp() {
     let _cpu = cpu_lock();
-    let dir = TempDir::new("qemu-higher-half");
-    let k = build(&dir, Arch::X86_64);
-    let q = start_qemu(&dir, Arch::X86_64, &k);
+    let (dir, k, q) = higher_half_on_both_backends(Arch::X86_64);
     let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
-    for (backend, sock, interval) in [("--gdb", &q.gdb, "1"), ("--qmp", &q.qmp, "4")] {
-        let sock = sock.to_string_lossy().into_owned();
-        let (_, folded, truth) = profile(
-            &dir,
-            &k,
-            &q,
-            &[backend, &sock, "--interval", interval, "--duration", "3"],
-            "hh.folded",
-        );
-        assert_known_shares(backend, &folded, &user, truth);
-    }
     // The same kernel as if KASLR had moved it: an ELF whose addresses are all 2 MiB lower
     // than where the guest runs it. The slide is found in guest memory, through both backends,
     // and the profile is the same.
@@ -1166,9 +1147,16 @@ fn aarch64_address_spaces_tell_programs_and_instances_apart() {
 #[test]
 fn aarch64_higher_half_kernel_through_gdbstub_and_qmp() {
     let _cpu = cpu_lock();
-    let dir = TempDir::new("qemu-aarch64-higher-half");
-    let k = build(&dir, Arch::Aarch64);
-    let q = start_qemu(&dir, Arch::Aarch64, &k);
+    higher_half_on_both_backends(Arch::Aarch64);
+}
+
+/// The upper-half kernel of `arch` profiled through the gdbstub and QMP: the kernel's own
+/// split of its time, and 95% of the samples unwound to their entry point. Returns the
+/// folder, the kernels and the QEMU that runs them, for more.
+fn higher_half_on_both_backends(arch: Arch) -> (TempDir, Kernels, Qemu) {
+    let dir = TempDir::new(&format!("qemu-higher-half-{arch:?}"));
+    let k = build(&dir, arch);
+    let q = start_qemu(&dir, arch, &k);
     let user = k.user.file_name().unwrap().to_string_lossy().into_owned();
     for (backend, sock, interval) in [("--gdb", &q.gdb, "1"), ("--qmp", &q.qmp, "4")] {
         let sock = sock.to_string_lossy().into_owned();
@@ -1179,14 +1167,22 @@ fn aarch64_higher_half_kernel_through_gdbstub_and_qmp() {
             &[backend, &sock, "--interval", interval, "--duration", "3"],
             "hh.folded",
         );
-        assert_known_shares(backend, &folded, &user, truth);
+        assert_known_shares(&format!("{arch:?} {backend}"), &folded, &user, truth);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let unwound: f64 = stderr
-            .split("% fully unwound")
-            .next()
-            .and_then(|s| s.rsplit(' ').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0.0);
-        assert!(unwound > 95.0, "{stderr}");
+        assert!(
+            fully_unwound(&stderr) >= 95.0,
+            "{arch:?} {backend}: {stderr}"
+        );
     }
+    (dir, k, q)
+}
+
+/// The share of samples fully unwound, from superprof qemu's statistics line.
+fn fully_unwound(stderr: &str) -> f64 {
+    stderr
+        .split("% fully unwound")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no statistics: {stderr}"))
 }
