@@ -484,14 +484,17 @@ pub fn single_step(tid: u32, sig: i32) -> io::Result<()> {
 pub const BREAKPOINT: &[u8] = &[0xcc]; // int3; the pc stops after it
 #[cfg(target_arch = "x86_64")]
 pub const PC_AFTER_BREAKPOINT: u64 = 1;
+/// The breakpoint instruction (AArch64: `brk #0`; the pc stays on it).
 #[cfg(target_arch = "aarch64")]
 pub const BREAKPOINT: &[u8] = &[0x00, 0x00, 0x20, 0xd4]; // brk #0; the pc stays on it
+/// How far past the breakpoint the pc is when it traps (AArch64: not at all).
 #[cfg(target_arch = "aarch64")]
 pub const PC_AFTER_BREAKPOINT: u64 = 0;
 
 /// The system call instruction (x86_64: `syscall`; AArch64: `svc #0`).
 #[cfg(target_arch = "x86_64")]
 pub const SYSCALL_INSN: &[u8] = &[0x0f, 0x05];
+/// The system call instruction (AArch64: `svc #0`).
 #[cfg(target_arch = "aarch64")]
 pub const SYSCALL_INSN: &[u8] = &[0x01, 0x00, 0x00, 0xd4];
 
@@ -520,6 +523,8 @@ pub const STUB: &[u8] = &[
     0xff, 0x25, 0x00, 0x00, 0x00, 0x00, // jmp *0(%rip): the 8 bytes that follow
     0, 0, 0, 0, 0, 0, 0, 0, // where to go on
 ];
+/// The system call stub described above, for AArch64 (it ends in a `b` or `ldr x16; br x16`
+/// written by `stub_tail`).
 #[cfg(target_arch = "aarch64")]
 pub const STUB: &[u8] = &[
     0xe0, 0x07, 0xbc, 0xa9, // stp x0, x1, [sp, #-64]!
@@ -538,6 +543,7 @@ pub const STUB: &[u8] = &[
 /// Where the stub's system call instruction is.
 #[cfg(target_arch = "x86_64")]
 pub const STUB_POINT: u64 = 24;
+/// The offset of the stub's system call instruction (AArch64).
 #[cfg(target_arch = "aarch64")]
 pub const STUB_POINT: u64 = 20;
 
@@ -580,6 +586,7 @@ fn a64_stub_tail(at: u64, resume: u64, gcs: bool) -> Vec<u8> {
 /// not there to choose (getpid).
 #[cfg(target_arch = "x86_64")]
 pub const HARMLESS_SYSCALL: u64 = 39;
+/// A system call without effect, for the stub (AArch64: getpid, 172).
 #[cfg(target_arch = "aarch64")]
 pub const HARMLESS_SYSCALL: u64 = 172;
 
@@ -744,6 +751,7 @@ pub fn set_raw_regs(tid: u32, r: &RawRegs) -> io::Result<()> {
     ptrace(libc::PTRACE_SETREGS, tid, 0, &mut r as *mut _ as usize).map(drop)
 }
 
+/// The general registers of stopped thread `tid` (AArch64: `user_pt_regs`, NT_PRSTATUS).
 #[cfg(target_arch = "aarch64")]
 pub fn raw_regs(tid: u32) -> io::Result<RawRegs> {
     // SAFETY: user_regs_struct is plain old data; zero is a valid value.
@@ -762,6 +770,7 @@ pub fn raw_regs(tid: u32) -> io::Result<RawRegs> {
     Ok(r)
 }
 
+/// Sets the general registers of stopped thread `tid` (AArch64).
 #[cfg(target_arch = "aarch64")]
 pub fn set_raw_regs(tid: u32, r: &RawRegs) -> io::Result<()> {
     let mut r = *r;
