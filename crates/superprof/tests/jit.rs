@@ -67,7 +67,7 @@ fn check(
     jit_name: fn(&str) -> Option<&'static str>,
     named: f64,
     perf: Perf,
-    since: Option<f64>,
+    timed_part: bool,
 ) {
     let folded = dir.path("jit.folded");
     let out = run_ok(
@@ -95,26 +95,38 @@ fn check(
         (a + b) as f64 >= named * total as f64,
         "{cmd:?}: hotA {a} + hotB {b} of {total}: {l:?}"
     );
-    // The split, from the samples after `since` seconds where the program times only its
-    // part after a warm-up.
-    let (a, b) = match since {
-        Some(s) => {
-            let out = run_ok(
-                superprof()
-                    .arg("report")
-                    .arg(dir.path("jit.parquet"))
-                    .args(["--format", "folded", "--since", &s.to_string()]),
-            );
-            let l = leaves(&Folded::parse(&String::from_utf8_lossy(&out.stdout)));
-            let count = |which: &str| -> u64 {
-                l.iter()
-                    .filter(|(k, _)| jit_name(k) == Some(which))
-                    .map(|(_, n)| n)
-                    .sum()
-            };
-            (count("hotA"), count("hotB"))
-        }
-        None => (a, b),
+    // The split, from the samples of the part the program timed (after a warm-up): its
+    // window, in Unix time, against the recording's start.
+    let (a, b) = if timed_part {
+        let parquet = dir.path("jit.parquet");
+        let meta = run_ok(Command::new("python3").arg("-c").arg(
+            "import pyarrow.parquet as pq, sys\n\
+             print(pq.read_metadata(sys.argv[1]).metadata[b'superprof.start_time_unix_ns'].decode())",
+        ).arg(&parquet));
+        let start_ns: f64 = String::from_utf8_lossy(&meta.stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        let at = |ms: f64| format!("{:.3}", (ms * 1e6 - start_ns) / 1e9);
+        let out = run_ok(
+            superprof()
+                .arg("report")
+                .arg(&parquet)
+                .args(["--format", "folded", "--since"])
+                .arg(at(own["from_ms"]))
+                .arg("--until")
+                .arg(at(own["until_ms"])),
+        );
+        let l = leaves(&Folded::parse(&String::from_utf8_lossy(&out.stdout)));
+        let count = |which: &str| -> u64 {
+            l.iter()
+                .filter(|(k, _)| jit_name(k) == Some(which))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        (count("hotA"), count("hotB"))
+    } else {
+        (a, b)
     };
     let share = a as f64 / (a + b) as f64;
     let want = own["hotA"];
@@ -202,7 +214,7 @@ fn node_perf_basic_prof_names_js_functions() {
         js_name,
         0.85,
         Perf::Record,
-        None,
+        false,
     );
 }
 
@@ -229,7 +241,7 @@ fn java_perf_map_at_exit_names_methods() {
         java_name,
         0.85,
         Perf::Record,
-        Some(1.5),
+        true,
     );
 }
 
@@ -294,7 +306,7 @@ fn java_jitdump_names_methods_with_lines() {
         java_name,
         0.85,
         Perf::InjectJit,
-        Some(1.5),
+        true,
     );
     // The source lines the agent wrote: hotA and hotB are lines 4 and 5 of Hot.java.
     let top =
@@ -330,7 +342,7 @@ fn node_jitdump_names_js_functions() {
         js_name,
         0.85,
         Perf::InjectJit,
-        None,
+        false,
     );
     // The dump is there, and no perf map of that process: the names came from the dump.
     let pid = std::fs::read_dir(&dir.0)
