@@ -596,6 +596,25 @@ fn blocks_of_a_whole_program_in_process_equal_ptraces() {
     assert_eq!(a, b);
 }
 
+/// How many x in 0..1000 meet each combination of classify's conditions (x % 5 == 0 or not
+/// or either, x % 3 == 0 or not or either, x & 3 in any subset of its values).
+fn blocks_mt_path_counts() -> std::collections::BTreeSet<u64> {
+    let mut out = std::collections::BTreeSet::new();
+    for five in [None, Some(true), Some(false)] {
+        for three in [None, Some(true), Some(false)] {
+            for low in 1u32..16 {
+                let n = (0u64..1000)
+                    .filter(|x| five.is_none_or(|f| (x % 5 == 0) == f))
+                    .filter(|x| three.is_none_or(|t| (x % 3 == 0) == t))
+                    .filter(|x| low & (1 << (x & 3)) != 0)
+                    .count();
+                out.insert(n as u64);
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn blocks_count_the_same_on_every_engine_and_analyzer() {
     // block start -> count, per run; `classify` runs 1,000 times (4 threads, 250 calls), and
@@ -624,6 +643,26 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
             Some(&1000),
             "{analyzer} {engine}: {blocks:?}"
         );
+        // Each block runs for the x in 0..1000 (every x once) that take its path: x % 5,
+        // then x % 3, then x & 3 decide. Whatever blocks the compiler made, each count is the
+        // number of x meeting some of those conditions.
+        let possible = blocks_mt_path_counts();
+        for (start, n) in &blocks {
+            assert!(
+                possible.contains(n),
+                "{analyzer} {engine}: block {start} ran {n} times, which no path of classify \
+                 gives: {blocks:?}"
+            );
+        }
+        if analyzer == "learn" {
+            // The learner single-stepped on this machine's AArch64 (no simulation) and then
+            // predicted, every prediction the decoder's.
+            let a = &doc["analyzer"];
+            assert_eq!(a["name"], "learn", "{doc}");
+            assert!(a["single_steps"].as_u64() > Some(0), "{a}");
+            assert!(a["predictions"].as_u64() > Some(0), "{a}");
+            assert_eq!(a["predictions_right"], a["predictions"], "{a}");
+        }
         runs.push(((analyzer, engine), blocks));
     }
     for (what, b) in &runs[1..] {
