@@ -101,7 +101,8 @@ impl GuestUnwinder {
                 )
             }
         };
-        outcome(end, out.last(), |avma| {
+        let aarch64 = ra == gimli::AArch64::X30; // (the return-address column says the arch)
+        outcome(end, out.last(), aarch64, |avma| {
             let (_, img, bias) = self.modules.iter().find(|(r, _, _)| r.contains(&avma))?;
             img.cfi_ends_stack(avma.wrapping_sub(*bias), ra)
         })

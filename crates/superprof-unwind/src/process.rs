@@ -101,10 +101,13 @@ where
 
 /// The honest outcome of a walk: complete only where the outermost frame's CFI says the stack
 /// ends (`ends` answers for an address; a return address is looked up at the call, one byte
-/// before it).
+/// before it), or, on AArch64 (`aarch64`), where framehop stopped at a frame record whose
+/// saved frame pointer is null: AAPCS64's end of the chain, which glibc's thread_start sets
+/// (it clears x29 before calling start_thread, whose CFI has a rule for every register).
 pub(crate) fn outcome(
     end: WalkEnd,
     last: Option<&FrameAddress>,
+    aarch64: bool,
     ends: impl Fn(u64) -> Option<bool>,
 ) -> UnwindOutcome {
     match end {
@@ -121,6 +124,9 @@ pub(crate) fn outcome(
             };
             match ends(at) {
                 Some(true) => UnwindOutcome::Complete,
+                // framehop ends an AArch64 walk cleanly only at a null frame pointer or
+                // return address, or an undefined return address: the chain's end.
+                Some(false) if aarch64 => UnwindOutcome::Complete,
                 Some(false) => UnwindOutcome::Truncated(Truncation::FramePointer),
                 None => UnwindOutcome::Truncated(Truncation::NoUnwindInfo),
             }
@@ -274,10 +280,52 @@ impl ProcessModules {
             .unwinder
             .iter_frames(regs.pc, uregs, &mut self.cache, &mut read_stack);
         let end = walk(iter, 1024, out);
-        outcome(end, out.last(), |avma| {
+        outcome(end, out.last(), cfg!(target_arch = "aarch64"), |avma| {
             let m = self.lookup(avma)?;
             let img = self.images.get(&m.module)?;
             img.cfi_ends_stack(avma.wrapping_sub(m.bias), HOST_RA)
         })
+    }
+}
+
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+
+    #[test]
+    fn a_walk_is_complete_where_the_cfi_or_aarch64s_null_frame_says_so() {
+        let last = FrameAddress::InstructionPointer(0x1000);
+        let (ends, rule) = (|_| Some(true), |_| Some(false));
+        assert_eq!(
+            outcome(Some(Ok(())), Some(&last), false, ends),
+            UnwindOutcome::Complete
+        );
+        // x86_64: framehop's clean end at a frame whose CFI has a rule is not the stack's.
+        assert_eq!(
+            outcome(Some(Ok(())), Some(&last), false, rule),
+            UnwindOutcome::Truncated(Truncation::FramePointer)
+        );
+        // AArch64: framehop ends cleanly only at a null frame pointer or return address.
+        assert_eq!(
+            outcome(Some(Ok(())), Some(&last), true, rule),
+            UnwindOutcome::Complete
+        );
+        assert_eq!(
+            outcome(Some(Ok(())), Some(&last), true, |_| None),
+            UnwindOutcome::Truncated(Truncation::NoUnwindInfo)
+        );
+        assert_eq!(
+            outcome(None, Some(&last), true, ends),
+            UnwindOutcome::Truncated(Truncation::Depth)
+        );
+        assert_eq!(
+            outcome(
+                Some(Err(framehop::Error::CouldNotReadStack(8))),
+                Some(&last),
+                true,
+                ends
+            ),
+            UnwindOutcome::Truncated(Truncation::Unreadable)
+        );
     }
 }

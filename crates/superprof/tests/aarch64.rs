@@ -725,6 +725,20 @@ fn folded_of(name: &str) -> (&'static Section, Folded) {
     for summary in s.output.lines().filter(|l| l.contains(" lost")) {
         assert!(summary.contains(" 0 lost"), "{name}: {summary}");
     }
+    // Whole stacks: at most 2% cut short (a few reads of memory unmapped at exec); every
+    // thread's stack ends at its start (AArch64: a null frame pointer), not short of it.
+    if let Some(summary) = s.output.lines().find(|l| l.contains(" truncated stacks")) {
+        let figure = |after: &str| -> f64 {
+            summary
+                .split(after)
+                .next()
+                .and_then(|t| t.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name}: {summary}"))
+        };
+        let (n, cut) = (figure(" samples ("), figure(" truncated stacks"));
+        assert!(cut <= 0.02 * n, "{name}: {summary}");
+    }
     let text = s
         .output
         .split_once("<<folded")
@@ -842,8 +856,9 @@ fn record_unwinds_code_without_frame_pointers() {
                 }
             }
         }
+        // (1.5 s of CPU time at no less than the 100 Hz of the slowest tick.)
         assert!(
-            leaf > 200,
+            leaf > 100,
             "{sampler}: {leaf} samples in leaf_work: {}",
             s.output
         );
