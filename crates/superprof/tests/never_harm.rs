@@ -610,8 +610,10 @@ fn sigkill_of_superprof_leaves_a_launched_command_running() {
                 continue; // killed before it forked the command
             }
             ran += 1;
+            // (Its content, not the file's existence: the shell creates the file, then writes.)
             let start = Instant::now();
-            while !done.exists() && start.elapsed() < Duration::from_secs(5) {
+            let finished = || std::fs::read_to_string(&done).is_ok_and(|t| t == "finished\n");
+            while !finished() && start.elapsed() < Duration::from_secs(5) {
                 std::thread::sleep(Duration::from_millis(20));
             }
             assert_eq!(
