@@ -320,13 +320,7 @@ pub use superprof_unwind::monotonic_ns;
 
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    superprof_unwind::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Reads a perf counter's value block (value, time enabled, time running...).

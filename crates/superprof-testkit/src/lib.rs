@@ -282,14 +282,7 @@ pub fn wait_exec(pid: u32, exe: &Path) {
 
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 pub fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which lives on this frame.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0);
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    Duration::from_nanos(superprof_unwind::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
 }
 
 /// Burns `d` of the calling thread's CPU time (in this function: not inlined).

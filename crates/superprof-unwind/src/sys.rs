@@ -10,15 +10,20 @@ pub fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&file) }
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock every sampler stamps its samples with (the perf
-/// sampler asks the kernel for it; the ptrace sampler and the syscall log read it), so that
-/// their times compare.
-pub fn monotonic_ns() -> u64 {
+/// The time of clock `clock` (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID...) in nanoseconds.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock every sampler stamps its samples with (the perf
+/// sampler asks the kernel for it; the ptrace sampler and the syscall log read it), so that
+/// their times compare.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
