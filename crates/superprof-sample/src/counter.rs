@@ -39,6 +39,13 @@ pub struct EventSpec {
     pub type_: u32,
     /// `perf_event_attr.config`: the event's number within its type.
     pub config: u64,
+    /// perf's modifiers after the name (`instructions:u`): which privilege levels are left
+    /// out. None of them without a modifier.
+    pub exclude_user: bool,
+    /// Kernel left out (`:u`, `:h`).
+    pub exclude_kernel: bool,
+    /// Hypervisor left out (any modifier but `h`).
+    pub exclude_hv: bool,
 }
 
 const HARDWARE: [(&str, u64); 10] = [
@@ -90,6 +97,21 @@ impl EventSpec {
     /// Parses an event name: hardware, software, cache (`l1d-read-miss`), tracepoint
     /// (`sched:sched_switch`) or raw (`r01c2`).
     pub fn parse(name: &str) -> Result<EventSpec, String> {
+        // perf's modifiers: `:u` user space, `:k` kernel, `:h` hypervisor, any together
+        // (`cycles:uk`); not on tracepoints, whose names have a colon of their own.
+        if let Some((base, mods)) = name.rsplit_once(':') {
+            let modifiers = !mods.is_empty() && mods.bytes().all(|b| b"ukh".contains(&b));
+            if let Some(mut spec) = EventSpec::parse(base)
+                .ok()
+                .filter(|s| modifiers && s.kind != EventKind::Tracepoint)
+            {
+                spec.exclude_user = !mods.contains('u');
+                spec.exclude_kernel = !mods.contains('k');
+                spec.exclude_hv = !mods.contains('h');
+                spec.name = format!("{}:{mods}", spec.name);
+                return Ok(spec);
+            }
+        }
         let lower = name.to_ascii_lowercase();
         let canonical = ALIASES
             .iter()
@@ -100,6 +122,9 @@ impl EventSpec {
             kind,
             type_,
             config,
+            exclude_user: false,
+            exclude_kernel: false,
+            exclude_hv: false,
         };
         if let Some((_, c)) = HARDWARE.iter().find(|(n, _)| *n == canonical) {
             return Ok(make(EventKind::Hardware, sys::PERF_TYPE_HARDWARE, *c));
@@ -136,6 +161,21 @@ impl EventSpec {
         Err(format!(
             "unknown event '{name}' (see superprof stat --list)"
         ))
+    }
+
+    /// The `perf_event_attr` flags of its modifiers (exclude_user, _kernel, _hv).
+    pub fn exclude_flags(&self) -> u64 {
+        let mut f = 0;
+        if self.exclude_user {
+            f |= sys::FLAG_EXCLUDE_USER;
+        }
+        if self.exclude_kernel {
+            f |= sys::FLAG_EXCLUDE_KERNEL;
+        }
+        if self.exclude_hv {
+            f |= sys::FLAG_EXCLUDE_HV;
+        }
+        f
     }
 
     /// Every named event of a kind (raw and tracepoint events are open-ended).
@@ -196,7 +236,7 @@ impl Counter {
         user_only: bool,
         group: Option<&Counter>,
     ) -> io::Result<Counter> {
-        let mut flags = 0;
+        let mut flags = spec.exclude_flags();
         if user_only {
             flags |= sys::FLAG_EXCLUDE_KERNEL | sys::FLAG_EXCLUDE_HV;
         }
@@ -230,4 +270,33 @@ pub fn probe(spec: &EventSpec) -> Result<(), io::Error> {
     Counter::open(spec, 0, false, None)
         .or_else(|_| Counter::open(spec, 0, true, None))
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perfs_modifiers_leave_privilege_levels_out() {
+        let plain = EventSpec::parse("instructions").unwrap();
+        assert_eq!(plain.exclude_flags(), 0);
+        let u = EventSpec::parse("instructions:u").unwrap();
+        assert_eq!((u.name.as_str(), u.config), ("instructions:u", 1));
+        assert_eq!(
+            u.exclude_flags(),
+            sys::FLAG_EXCLUDE_KERNEL | sys::FLAG_EXCLUDE_HV
+        );
+        let k = EventSpec::parse("cycles:k").unwrap();
+        assert_eq!(
+            k.exclude_flags(),
+            sys::FLAG_EXCLUDE_USER | sys::FLAG_EXCLUDE_HV
+        );
+        assert_eq!(
+            EventSpec::parse("page-faults:uk").unwrap().exclude_flags(),
+            sys::FLAG_EXCLUDE_HV
+        );
+        // Not modifiers: unknown letters, and nothing after the colon.
+        assert!(EventSpec::parse("instructions:x").is_err());
+        assert!(EventSpec::parse("instructions:").is_err());
+    }
 }

@@ -24,6 +24,7 @@ pub const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
 // Bits of the attr flag word.
 pub const FLAG_DISABLED: u64 = 1 << 0;
 pub const FLAG_INHERIT: u64 = 1 << 1;
+pub const FLAG_EXCLUDE_USER: u64 = 1 << 4;
 pub const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
 pub const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 pub const FLAG_MMAP: u64 = 1 << 8;

@@ -359,7 +359,7 @@ impl ProbeGroup {
                 type_: spec.type_,
                 config: spec.config,
                 read_format,
-                flags: flags & !sys::FLAG_WATERMARK,
+                flags: (flags & !sys::FLAG_WATERMARK) | spec.exclude_flags(),
                 // A group keeps one clock.
                 clockid: libc::CLOCK_MONOTONIC,
                 ..Default::default()

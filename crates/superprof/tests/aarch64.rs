@@ -240,9 +240,37 @@ fn run() -> &'static (String, BTreeMap<String, Section>) {
     static RUN: OnceLock<(String, BTreeMap<String, Section>)> = OnceLock::new();
     RUN.get_or_init(|| {
         let _cpu = cpu_lock();
-        let console = boot_and_run();
+        let console = boot(&commands(), &[]);
         let sections = parse_sections(&console);
         (console, sections)
+    })
+}
+
+/// The commands of the second boot, under `-icount shift=0` (TCG's PMU counts instructions
+/// only so): `sum`'s instructions read by stat, and counted by blocks (its blocks' executions
+/// times their instructions).
+fn icount_commands() -> Vec<(String, String)> {
+    vec![
+        (
+            "icount-stat".into(),
+            "superprof stat --format json -o $J --engine uprobe -e instructions:u,cycles -r \
+             sum -- ./perforator"
+                .into(),
+        ),
+        (
+            "icount-blocks".into(),
+            "superprof blocks --format json -o $J --engine in-process -r sum -- ./perforator"
+                .into(),
+        ),
+    ]
+}
+
+/// The sections of the -icount boot.
+fn icount_guest() -> &'static BTreeMap<String, Section> {
+    static RUN: OnceLock<BTreeMap<String, Section>> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let _cpu = cpu_lock();
+        parse_sections(&boot(&icount_commands(), &["-icount", "shift=0,sleep=off"]))
     })
 }
 
@@ -252,7 +280,14 @@ fn console_tail() -> String {
     c[c.len().saturating_sub(3000)..].to_owned()
 }
 
-fn boot_and_run() -> String {
+/// The guest's root folder (busybox, the libraries, superprof, the fixtures in /t) and the
+/// unpacked kernel package: made once, for every boot.
+fn prepared() -> &'static (TempDir, PathBuf, PathBuf) {
+    static ROOT: OnceLock<(TempDir, PathBuf, PathBuf)> = OnceLock::new();
+    ROOT.get_or_init(prepare)
+}
+
+fn prepare() -> (TempDir, PathBuf, PathBuf) {
     let superprof = cross_built("superprof");
     let libsuperprof = cross_built("libsuperprof.so");
     let dir = TempDir::new("aarch64");
@@ -264,19 +299,14 @@ fn boot_and_run() -> String {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
     std::fs::copy(pkg.join("bin/busybox"), root.join("bin/busybox")).unwrap();
-    // The C library of the cross toolchain, where the programs' interpreter looks.
-    for lib in [
-        "ld-linux-aarch64.so.1",
-        "libc.so.6",
-        "libm.so.6",
-        "libgcc_s.so.1",
-    ] {
-        std::fs::copy(
-            Path::new("/usr/aarch64-linux-gnu/lib").join(lib),
-            root.join("lib").join(lib),
-        )
-        .unwrap_or_else(|e| panic!("{lib}: {e} (scripts/aarch64-build installs it)"));
-    }
+    // Debian's own arm64 C library where the programs' interpreter looks, its debug files
+    // where superprof looks for them (as on a Debian host with libc6-dbg installed).
+    install_debian_libc(&debs, &pkg, &root);
+    std::fs::copy(
+        "/usr/aarch64-linux-gnu/lib/libgcc_s.so.1",
+        root.join("lib/libgcc_s.so.1"),
+    )
+    .expect("libgcc_s.so.1 of the cross toolchain (scripts/aarch64-build installs it)");
     // superprof without its DWARF (the symbols stay: its calibration regions are found by name).
     run_ok(
         Command::new("aarch64-linux-gnu-strip")
@@ -335,11 +365,18 @@ fn boot_and_run() -> String {
                 .arg(fx.join(src)),
         );
     }
+    (dir, root, pkg)
+}
+
+/// Boots the guest with `commands` (under the extra QEMU arguments `qemu_args`) and returns
+/// its console once it powered off.
+fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
+    let (dir, root, pkg) = prepared();
     let mut script = format!("cd /t\n{CODE_SUM}");
     // (SUPERPROF_GUEST_ONLY=PREFIX,PREFIX... runs only the sections named so: for debugging.)
     let only = std::env::var("SUPERPROF_GUEST_ONLY").unwrap_or_default();
     let wanted = |n: &str| only.split(',').any(|p| n.starts_with(p));
-    for (name, cmd) in commands().into_iter().filter(|(n, _)| wanted(n)) {
+    for (name, cmd) in commands.iter().filter(|(n, _)| wanted(n)) {
         script.push_str(&format!(
             "J=/tmp/{name}.json\necho '<<< {name}'\n{{\n{cmd}\n}} >/tmp/out 2>&1\necho \"rc=$?\"\n\
              cat /tmp/out\necho '<<json'\n[ -f $J ] && cat $J\necho\necho '>>> {name}'\n"
@@ -354,8 +391,9 @@ fn boot_and_run() -> String {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let initrd = dir.path("initrd.gz");
-    initramfs(&root, "cpio", &initrd);
+    initramfs(root, "cpio", &initrd);
     let console = dir.path("console.txt");
+    let _ = std::fs::remove_file(&console);
     let mut guest = Guest {
         child: Command::new("qemu-system-aarch64")
             .args(["-M", "virt", "-cpu", "max", "-smp", "2", "-m", "1G"])
@@ -374,10 +412,11 @@ fn boot_and_run() -> String {
             ])
             .arg(format!("file:{}", console.display()))
             .arg("-kernel")
-            .arg(vmlinuz(&pkg))
+            .arg(vmlinuz(pkg))
             .arg("-initrd")
             .arg(&initrd)
             .args(["-append", "console=ttyAMA0 quiet panic=-1"])
+            .args(qemu_args)
             .stdin(Stdio::null())
             .spawn()
             .expect("qemu-system-aarch64 (scripts/test installs qemu-system-arm)"),
@@ -404,6 +443,57 @@ fn boot_and_run() -> String {
         "the guest stopped early: {text}"
     );
     text
+}
+
+/// The GNU build id of an ELF file, in hex (readelf reads any architecture's notes).
+fn build_id(elf: &Path) -> String {
+    let out = run_ok(Command::new("readelf").arg("-n").arg(elf));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("{}: no build id", elf.display()))
+        .trim()
+        .to_owned()
+}
+
+/// The regular file named `name` somewhere under `dir`.
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let (p, t) = (e.path(), e.file_type().ok()?);
+        if t.is_dir() {
+            if let Some(f) = find_file(&p, name) {
+                return Some(f);
+            }
+        } else if t.is_file() && e.file_name() == name {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Debian's arm64 libc6 (ld.so, libc, libm) into the guest's /lib, and each library's
+/// debug file from libc6-dbg into its /usr/lib/debug/.build-id.
+fn install_debian_libc(debs: &Path, pkg: &Path, root: &Path) {
+    let (libc, dbg) = (pkg.join("libc6"), pkg.join("libc6-dbg"));
+    let deb = |prefix: &'static str| {
+        find_deb(debs, &format!("{prefix}*_arm64.deb"), move |n| {
+            n.starts_with(prefix) && n.ends_with("_arm64.deb")
+        })
+    };
+    unpack(&deb("libc6_"), &libc);
+    unpack(&deb("libc6-dbg_"), &dbg);
+    for lib in ["ld-linux-aarch64.so.1", "libc.so.6", "libm.so.6"] {
+        let from =
+            find_file(&libc, lib).unwrap_or_else(|| panic!("no {lib} in {}", libc.display()));
+        std::fs::copy(&from, root.join("lib").join(lib)).unwrap();
+        let id = build_id(&from);
+        let rel = format!("usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+        let debug = dbg.join(&rel);
+        assert!(debug.exists(), "libc6-dbg has no {rel} for {lib}");
+        let to = root.join(&rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&debug, &to).unwrap();
+    }
 }
 
 fn parse_sections(console: &str) -> BTreeMap<String, Section> {
@@ -746,7 +836,18 @@ fn folded_of(name: &str) -> (&'static Section, Folded) {
         .split_once("<<folded")
         .map_or("", |(_, f)| f)
         .trim_start();
-    (s, Folded::parse(text))
+    let folded = Folded::parse(text);
+    // Every frame of libc and ld.so named (from their debug files, by build id): none left
+    // as `module+0xOFFSET`.
+    for (stack, n) in &folded.0 {
+        for frame in &stack[1..] {
+            assert!(
+                !(frame.starts_with("libc.so.6+") || frame.starts_with("ld-linux-aarch64.so.1+")),
+                "{name}: an unnamed frame {frame} in {n} samples of {stack:?}"
+            );
+        }
+    }
+    (s, folded)
 }
 
 /// The split's three work functions: each one's share of the samples in any of them against
@@ -777,11 +878,9 @@ fn assert_split(what: &str, output: &str, f: &Folded, funcs: [&str; 3]) {
         f.0.iter()
             .filter(|(s, _)| s.iter().skip(1).any(|x| funcs.contains(&x.as_str())))
             .filter(|(s, _)| {
-                // main, or a thread's start (glibc's start_thread, which the Debian libc names
-                // in no symbol table it has: libc.so.6+0x...).
+                // main, or a thread's start (glibc's start_thread, named by libc6-dbg).
                 s.iter().skip(1).any(|x| x == "main")
-                    || s.get(1)
-                        .is_some_and(|x| x == "start_thread" || x.starts_with("libc.so.6+0x"))
+                    || s.iter().skip(1).take(2).any(|x| x == "start_thread")
             })
             .map(|(_, n)| n)
             .sum();
@@ -791,11 +890,19 @@ fn assert_split(what: &str, output: &str, f: &Folded, funcs: [&str; 3]) {
     );
 }
 
-/// record on both samplers: split.c's shares within 4σ of its own clock, and whole stacks.
+/// record on both samplers (perf on the PMU's cycles): split.c's shares within 4σ of its own
+/// clock, and whole stacks.
 #[test]
 fn record_a_known_split_on_both_samplers() {
     for sampler in SAMPLERS {
         let (s, f) = folded_of(&format!("record-split-{sampler}"));
+        // The perf sampler samples the PMU's cycles (TCG's -cpu max has one), at a fixed period.
+        let event = if sampler == "perf" {
+            "(cycles at "
+        } else {
+            "(cpu-clock (ptrace) at "
+        };
+        assert!(s.output.contains(event), "{sampler}: {}", s.output);
         assert_split(
             sampler,
             &s.output,
@@ -958,4 +1065,46 @@ fn stat_reads_the_pmus_cycles() {
         "{}",
         s.output
     );
+}
+
+/// A section of the -icount boot, which must have exited 0 with its JSON.
+fn icount_ok(name: &str) -> (&'static Section, &'static Value) {
+    let s = icount_guest()
+        .get(name)
+        .unwrap_or_else(|| panic!("no section {name} on the -icount guest's console"));
+    assert_eq!(s.rc, 0, "{name}: {}", s.output);
+    let json = s
+        .json
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: no JSON; it printed: {}", s.output));
+    (s, json)
+}
+
+/// Under -icount, TCG's PMU counts instructions: stat's count of user-space instructions
+/// (`instructions:u`) for `sum`, the engine's own cost taken off, is the number of
+/// instructions its blocks ran, as blocks counts them (each block's executions times its
+/// instructions). (Counted with the kernel's, it was 0.26% more: the timer ticks inside.)
+#[test]
+fn stat_counts_the_instructions_that_blocks_count() {
+    let (s, doc) = icount_ok("icount-stat");
+    let m = regions(doc);
+    let stat = m["sum"].1["instructions:u"];
+    let cycles = m["sum"].1["cycles"];
+    let (b, blocks) = icount_ok("icount-blocks");
+    let counted: u64 = blocks["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap() * b["instructions"].as_u64().unwrap())
+        .sum();
+    // 10 million elements: a few instructions each.
+    assert!(counted > 10_000_000, "{}", b.output);
+    let off = (stat - counted as f64).abs() / counted as f64;
+    assert!(
+        off < 0.002,
+        "stat {stat} instructions, blocks {counted} ({:.4}% apart): {}",
+        off * 100.0,
+        s.output
+    );
+    assert!(cycles > 0.0, "{doc}");
 }
