@@ -40,8 +40,17 @@ pub struct AnalyzerStats {
     pub predictions: u64,
     /// Of those, how many the decoder agrees with (when checked).
     pub predictions_right: Option<u64>,
-    /// Entries of the learned table (exact encodings and generalized patterns).
+    /// Entries of the learned table (exact encodings, generalized patterns, opcode rows,
+    /// opcodes seen going straight on, addresses seen branching).
     pub table_entries: usize,
+    /// Single steps on code outside the regions, taken to learn while the table still
+    /// changed (filled in by the caller).
+    pub training_steps: u64,
+    /// Block runs that did not reach the end their prediction gave (their next stop was
+    /// elsewhere: an instruction predicted straight on branched); filled in by the caller.
+    pub mispredicted: u64,
+    /// Whether the table had stopped changing (see [`Analyzer::wants_training`]).
+    pub settled: bool,
 }
 
 /// Reads the traced program's code: fills `buf` from `addr`, returns how many bytes it read.
@@ -63,6 +72,12 @@ pub trait Analyzer {
     /// Whether an answer for a pc stays true (a decoder's does; a learner's can change).
     fn answers_are_final(&self) -> bool {
         true
+    }
+    /// Whether single steps on code outside the regions would still teach it something (a
+    /// learner whose table still changes); the caller steps a thread that leaves a region a
+    /// while when so.
+    fn wants_training(&self) -> bool {
+        false
     }
 }
 

@@ -19,23 +19,20 @@ use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode};
 
 /// Distinct addresses where an opcode must have gone straight on before it is predicted
 /// straight: a conditional branch not taken yet looks straight at its one address, while
-/// ordinary instructions of the same opcode are all over the code.
+/// ordinary instructions of the same opcode are all over the code. (Executions at one address
+/// are no evidence: a guard taken once in a thousand calls went straight on 999 times.)
 const CONFIDENT: usize = 4;
-/// Or so many straight-on executions (at fewer addresses): a conditional branch not taken in
-/// its first 64 executions, of an opcode never seen branching, is taken for straight code.
-const CONFIDENT_TIMES: u32 = 64;
 
 /// Straight-on observations of a head or key.
 #[derive(Debug, Clone, Default)]
 struct Straight {
     /// Up to [`CONFIDENT`] distinct addresses.
     addrs: Vec<u64>,
-    times: u32,
 }
 
 impl Straight {
     fn confident(&self) -> bool {
-        self.addrs.len() >= CONFIDENT || self.times >= CONFIDENT_TIMES
+        self.addrs.len() >= CONFIDENT
     }
 }
 
@@ -74,10 +71,25 @@ pub struct Learn {
     /// Addresses (up to [`CONFIDENT`]) where each head and each exact key went straight on.
     straight_heads: HashMap<u32, Straight>,
     straight_keys: HashMap<u32, Straight>,
+    /// The per-address table: instructions seen sending the pc elsewhere, whatever their
+    /// encoding's key predicts (a block ends there from then on).
+    branch_addrs: HashSet<u64>,
+    /// Observations in the current window, and how many of them were new to the table (an
+    /// opcode never seen, or a branch it did not predict).
+    window_observations: u64,
+    window_new: u64,
+    /// Whether the last whole window was predicted well enough ([`SETTLED_SHARE`]).
+    settled: bool,
     window: CodeWindow,
     check: Option<Decode>,
     stats: AnalyzerStats,
 }
+
+/// The knowledge suffices (no more training outside the regions) once, over a window of this
+/// many observations, the table could predict all but one in [`SETTLED_SHARE`] of them.
+const SETTLED_WINDOW: u64 = 4000;
+/// At most one observation in this many new to the table, over a window.
+const SETTLED_SHARE: u64 = 200;
 
 impl Learn {
     /// An empty table. With `check`, every prediction is compared with the decoder's.
@@ -90,6 +102,10 @@ impl Learn {
             branch_rows: HashSet::new(),
             straight_heads: HashMap::new(),
             straight_keys: HashMap::new(),
+            branch_addrs: HashSet::new(),
+            window_observations: 0,
+            window_new: 0,
+            settled: false,
             window: CodeWindow::new(),
             check: check.then(|| Decode::new(arch)),
             stats: AnalyzerStats {
@@ -150,6 +166,36 @@ impl Learn {
         }
     }
 
+    /// x86_64: whether the row of the opcode map that holds `head` is all branches: at least
+    /// two of its opcodes branched, and more of them than went straight on with confidence
+    /// and never branched (so one conditional branch not taken at a few places does not keep
+    /// its row of conditional branches from being learned).
+    fn refresh_row(&mut self, head: u32) {
+        if self.arch != Arch::X86_64 {
+            return;
+        }
+        let row = head >> 4;
+        let branched = self.branch_heads.iter().filter(|&&h| h >> 4 == row).count();
+        let straight = self
+            .straight_heads
+            .iter()
+            .filter(|(&h, seen)| {
+                h >> 4 == row && seen.confident() && !self.branch_heads.contains(&h)
+            })
+            .count();
+        if branched >= 2 && branched > straight {
+            self.branch_rows.insert(row);
+        } else {
+            self.branch_rows.remove(&row);
+        }
+    }
+
+    /// Whether the table has stopped changing: training on code outside the regions is no
+    /// longer worth its single steps.
+    pub fn settled(&self) -> bool {
+        self.settled
+    }
+
     /// Adds a branch key to the table, merged into the pattern it generalizes best.
     fn learn_branch(&mut self, key: u32) {
         if !self.branched.insert(key) {
@@ -157,16 +203,7 @@ impl Learn {
         }
         let head = self.head(key);
         self.branch_heads.insert(head);
-        if self.arch == Arch::X86_64 {
-            let row = head >> 4;
-            let branched_in_row = self.branch_heads.iter().filter(|&&h| h >> 4 == row).count();
-            let straight_in_row = self.straight_heads.iter().any(|(&h, seen)| {
-                h >> 4 == row && seen.confident() && !self.branch_heads.contains(&h)
-            });
-            if branched_in_row >= 2 && !straight_in_row {
-                self.branch_rows.insert(row);
-            }
-        }
+        self.refresh_row(head);
         if self.patterns.iter().any(|p| p.covers(key)) {
             return;
         }
@@ -229,7 +266,12 @@ impl Analyzer for Learn {
                     instructions: n,
                 };
             };
-            match self.predict(key) {
+            let prediction = if self.branch_addrs.contains(&at) {
+                Prediction::Branch
+            } else {
+                self.predict(key)
+            };
+            match prediction {
                 Prediction::Unknown => return BlockEnd::Unknown { addr: at },
                 Prediction::Straight => {
                     n += 1;
@@ -257,30 +299,63 @@ impl Analyzer for Learn {
         let Some((key, len)) = self.arch.encoding_key(code, addr) else {
             return;
         };
-        if next == addr + len as u64 {
+        let before = if self.branch_addrs.contains(&addr) {
+            Prediction::Branch
+        } else {
+            self.predict(key)
+        };
+        let straight = next == addr + len as u64;
+        // New to the table: an opcode never seen, or a branch it did not predict (a branch
+        // going straight on is a conditional one not taken; a known opcode going straight on
+        // where the table could not tell yet only adds to its evidence).
+        let head = self.head(key);
+        let new_head =
+            !self.straight_heads.contains_key(&head) && !self.branch_heads.contains(&head);
+        if new_head || (!straight && before != Prediction::Branch) {
+            self.window_new += 1;
+        }
+        self.window_observations += 1;
+        if self.window_observations == SETTLED_WINDOW {
+            self.settled = self.window_new * SETTLED_SHARE <= SETTLED_WINDOW;
+            self.window_observations = 0;
+            self.window_new = 0;
+        }
+        if straight {
             let head = self.head(key);
+            let mut confident_now = false;
             for seen in [
                 self.straight_heads.entry(head).or_default(),
                 self.straight_keys.entry(key).or_default(),
             ] {
-                seen.times = seen.times.saturating_add(1);
+                let was = seen.confident();
                 if seen.addrs.len() < CONFIDENT && !seen.addrs.contains(&addr) {
                     seen.addrs.push(addr);
                 }
+                confident_now |= !was && seen.confident();
+            }
+            if confident_now {
+                self.refresh_row(head);
             }
         } else {
+            self.branch_addrs.insert(addr);
             self.learn_branch(key);
         }
     }
 
     fn ends_block(&self, code: &[u8], addr: u64) -> bool {
-        self.arch
-            .encoding_key(code, addr)
-            .is_some_and(|(key, _)| self.predict(key) == Prediction::Branch)
+        self.branch_addrs.contains(&addr)
+            || self
+                .arch
+                .encoding_key(code, addr)
+                .is_some_and(|(key, _)| self.predict(key) == Prediction::Branch)
     }
 
     fn answers_are_final(&self) -> bool {
         false
+    }
+
+    fn wants_training(&self) -> bool {
+        !self.settled()
     }
 
     fn stats(&self) -> AnalyzerStats {
@@ -288,7 +363,9 @@ impl Analyzer for Learn {
             table_entries: self.branched.len()
                 + self.patterns.len()
                 + self.branch_rows.len()
-                + self.straight_heads.len(),
+                + self.straight_heads.len()
+                + self.branch_addrs.len(),
+            settled: self.settled(),
             ..self.stats.clone()
         }
     }

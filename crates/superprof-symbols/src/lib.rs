@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 
 use addr2line::Loader;
 
+pub use debugfile::find as find_debug_file;
 pub use debuginfod::Debuginfod;
 pub use functions::{elf_functions, ElfFunction};
 pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};

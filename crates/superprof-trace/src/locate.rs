@@ -156,7 +156,14 @@ fn scan(
         let Ok(obj) = object::File::parse(&*data) else {
             continue;
         };
-        for sym in superprof_symbols::elf_functions(&obj) {
+        // A stripped file's local functions are in its separate debug file (libc6-dbg's
+        // __strlen_avx2, behind strlen's ifunc), at the same addresses.
+        let debug = superprof_symbols::find_debug_file(&file.open_path)
+            .and_then(|p| superprof_symbols::map_file(&p).ok());
+        let debug_obj = debug.as_deref().and_then(|d| object::File::parse(d).ok());
+        let syms = superprof_symbols::elf_functions(&obj)
+            .chain(debug_obj.iter().flat_map(superprof_symbols::elf_functions));
+        for sym in syms {
             let raw = sym.name;
             let addr = sym.addr.wrapping_add(file.bias);
             let demangled = || superprof_symbols::demangle(raw);

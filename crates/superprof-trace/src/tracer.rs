@@ -866,6 +866,11 @@ impl Tracer {
         }
     }
 
+    /// Whether a breakpoint of ours is at `addr` in process `pid`.
+    pub fn has_breakpoint(&self, pid: u32, addr: u64) -> bool {
+        self.is_breakpoint(self.space_of(pid), addr)
+    }
+
     /// Addresses of the breakpoints set in `pid`.
     pub fn breakpoints(&self, pid: u32) -> impl Iterator<Item = u64> + '_ {
         let space = self.space_of(pid);

@@ -14,15 +14,39 @@ use superprof_analyze::{Analyzer, Arch, BlockEnd};
 use superprof_trace::Tracer;
 
 /// Why a thread is being single-stepped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// A block's last instruction.
+    BlockEnd,
+    /// An instruction inside a block, to learn from (or that the learner cannot vouch for).
+    Learn,
+    /// Code outside the regions, to learn from while the learner's table still changes; the
+    /// number of steps this excursion so far.
+    Train(u32),
+}
+
+/// A single step under way.
 #[derive(Debug, Clone, Copy)]
 struct Step {
     from: u64,
     /// The stack pointer before the step (a call pushes its return address below it).
     sp: u64,
     code: [u8; 16],
-    /// Stepping a block's last instruction (else: stepping to learn, inside a block).
-    block_end: bool,
+    kind: StepKind,
 }
+
+/// A thread let run on a prediction: straight on from `from` to the block's last instruction
+/// `last`. Its next stop must be on that path; anywhere else, an instruction predicted
+/// straight on branched.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    from: u64,
+    last: u64,
+}
+
+/// Single steps of one excursion outside the regions, at most (a thread that leaves for a
+/// long loop elsewhere is let go after these).
+const TRAIN_PER_EXCURSION: u32 = 512;
 
 /// The count engine's state for one process.
 pub struct Counts {
@@ -51,6 +75,20 @@ pub struct Counts {
     code: HashMap<u64, ([u8; 16], usize)>,
     /// Single steps inside blocks, to learn (the others step blocks' last instructions).
     learn_steps: u64,
+    /// Single steps outside the regions, to train the learner.
+    train_steps: u64,
+    /// Whether to train at all (the tests of the learner's checks turn it off with
+    /// SUPERPROF_TEST_NO_TRAINING, so that a wrong prediction can be made to happen).
+    train: bool,
+    /// Per thread: the run it was let go on, checked at its next stop.
+    runs: HashMap<u32, Run>,
+    /// Runs whose next stop was off their path.
+    mispredicted: u64,
+    /// Ranges [from, last) of runs that left their path: one of their instructions predicted
+    /// straight on branched. Whatever the learner predicts, a thread is single-stepped
+    /// through them until it sees one of their instructions branch (then the learner knows
+    /// that address, and the range is cleared).
+    suspect: Vec<(u64, u64)>,
     /// Whether block-ending branches are emulated (decode on x86_64) rather than stepped.
     emulate: bool,
     /// Branches worked out from the registers (no single step).
@@ -81,6 +119,8 @@ impl Counts {
         self.passes.clear();
         self.shadow_stack.clear();
         self.code.clear();
+        self.runs.clear();
+        self.suspect.clear();
     }
 
     /// The block run from `start` ended before `end`.
@@ -144,12 +184,19 @@ impl Counts {
         k
     }
 
-    fn start_step(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, block_end: bool) {
+    fn start_step(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, kind: StepKind) {
         let mut code = [0u8; 16];
-        let bytes = self.code_at(tracer, pid, pc);
-        code[..bytes.len()].copy_from_slice(bytes);
+        if let StepKind::Train(_) = kind {
+            // (Code outside the regions is read fresh: it is not cached per address.)
+            let n = tracer.read_code(pid, pc, &mut code);
+            code[n..].fill(0);
+            self.train_steps += 1;
+        } else {
+            let bytes = self.code_at(tracer, pid, pc);
+            code[..bytes.len()].copy_from_slice(bytes);
+        }
         let sp = tracer.regs(tid).map_or(0, |r| r.sp);
-        if !block_end {
+        if kind == StepKind::Learn {
             self.learn_steps += 1;
         }
         self.steps.insert(
@@ -158,7 +205,7 @@ impl Counts {
                 from: pc,
                 sp,
                 code,
-                block_end,
+                kind,
             },
         );
         if tracer.single_step(tid).is_err() {
@@ -174,7 +221,14 @@ impl Counts {
             return;
         };
         let cur = self.current.get(&tid).copied();
-        match self.block_end(tracer, pid, pc, hi) {
+        let mut end = self.block_end(tracer, pid, pc, hi);
+        if let BlockEnd::Last { addr, .. } = end {
+            // A run through a range where a prediction failed before: stepped.
+            if self.suspect.iter().any(|&(f, l)| pc < l && f < addr) {
+                end = BlockEnd::Unknown { addr: pc };
+            }
+        }
+        match end {
             BlockEnd::Last { addr, len, .. } => {
                 if let Some(c) = cur {
                     self.ended(c, addr + len as u64);
@@ -192,9 +246,19 @@ impl Counts {
                 }
                 self.add_end(tracer, pid, addr);
                 if addr == pc && on_bp {
-                    self.start_step(tracer, tid, pid, pc, true);
+                    self.start_step(tracer, tid, pid, pc, StepKind::BlockEnd);
                 } else {
-                    // It stops at the breakpoint (at once if it sits on it).
+                    // It stops at the breakpoint (at once if it sits on it); a learner's
+                    // prediction is checked at that stop.
+                    if !self.analyzer.answers_are_final() {
+                        self.runs.insert(
+                            tid,
+                            Run {
+                                from: pc,
+                                last: addr,
+                            },
+                        );
+                    }
                     tracer.resume(tid);
                 }
             }
@@ -208,7 +272,7 @@ impl Counts {
             }
             BlockEnd::Unknown { .. } => {
                 if on_bp || !self.has_bp(pc) {
-                    self.start_step(tracer, tid, pid, pc, false);
+                    self.start_step(tracer, tid, pid, pc, StepKind::Learn);
                 } else {
                     tracer.resume(tid);
                 }
@@ -216,16 +280,33 @@ impl Counts {
         }
     }
 
+    /// A thread stopped at breakpoint `addr`: if it ran on a prediction, was this stop on
+    /// its path? If not, an instruction predicted straight on branched: the run's range is
+    /// stepped from now on until that branch is seen (see [`Counts::suspect`]).
+    fn check_run(&mut self, tid: u32, addr: u64) {
+        let Some(run) = self.runs.remove(&tid) else {
+            return;
+        };
+        let on_path = (run.from < addr && addr <= run.last) || addr == run.last;
+        if !on_path {
+            self.mispredicted += 1;
+            if !self.suspect.contains(&(run.from, run.last)) {
+                self.suspect.push((run.from, run.last));
+            }
+        }
+    }
+
     pub fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
         self.stops += 1;
         self.steps.remove(&tid);
+        self.check_run(tid, addr);
         if self.starts.contains(&addr) {
             *self.arrivals.entry(addr).or_default() += 1;
             self.current.insert(tid, addr);
         }
         if self.ends.contains(&addr) {
             if !(self.emulate && self.emulate_branch(tracer, tid, pid, addr)) {
-                self.start_step(tracer, tid, pid, addr, true);
+                self.start_step(tracer, tid, pid, addr, StepKind::BlockEnd);
             }
             return;
         }
@@ -311,7 +392,16 @@ impl Counts {
         self.analyzer.observe(step.from, &step.code, pc);
         let len = self.arch.insn_len(&step.code, step.from).unwrap_or(0) as u64;
         let next = step.from + len;
-        if !step.block_end && pc == next {
+        if pc != next {
+            // A branch seen inside a range where a prediction failed: that was it.
+            self.suspect
+                .retain(|&(f, l)| !(f <= step.from && step.from < l));
+        }
+        if let StepKind::Train(n) = step.kind {
+            self.trained(tracer, tid, pid, pc, n);
+            return;
+        }
+        if step.kind == StepKind::Learn && pc == next {
             // Straight on inside the block.
             if !self.starts.contains(&pc) {
                 *self.passes.entry(pc).or_default() += 1;
@@ -321,6 +411,35 @@ impl Counts {
         }
         let call = pc != next && is_call(tracer, pid, &regs, &step, next);
         self.arrive(tracer, tid, pid, next, pc, call);
+    }
+
+    /// A training step of an excursion outside the regions (its `n`th) ended at `pc`.
+    fn trained(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, n: u32) {
+        if self.in_region(pc).is_none() {
+            self.leave(tracer, tid, pid, pc, n + 1);
+        } else if self.has_bp(pc) {
+            tracer.resume(tid); // its breakpoint counts it
+        } else {
+            // Back in a region where no breakpoint waits (a jump into its middle): counted
+            // here, as a branch's landing.
+            *self.arrivals.entry(pc).or_default() += 1;
+            self.current.insert(tid, pc);
+            self.advance(tracer, tid, pid, pc, false);
+        }
+    }
+
+    /// Thread `tid` is at `pc`, outside the regions: it runs on, single-stepped a while
+    /// first (`n` steps so far this excursion) while the learner still learns.
+    fn leave(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, n: u32) {
+        if n < TRAIN_PER_EXCURSION
+            && self.train
+            && self.analyzer.wants_training()
+            && !tracer.has_breakpoint(pid, pc)
+        {
+            self.start_step(tracer, tid, pid, pc, StepKind::Train(n));
+        } else {
+            tracer.resume(tid);
+        }
     }
 
     /// The block of `tid` ended with the instruction before `next`, and its pc is now `pc`,
@@ -335,7 +454,7 @@ impl Counts {
             self.add_start(tracer, pid, next);
         }
         if self.in_region(pc).is_none() {
-            tracer.resume(tid);
+            self.leave(tracer, tid, pid, pc, 0);
             return;
         }
         if self.starts.contains(&pc) {
@@ -444,6 +563,11 @@ impl Counts {
             current: HashMap::new(),
             steps: HashMap::new(),
             learn_steps: 0,
+            train_steps: 0,
+            train: std::env::var_os("SUPERPROF_TEST_NO_TRAINING").is_none(),
+            runs: HashMap::new(),
+            mispredicted: 0,
+            suspect: Vec::new(),
             emulate,
             emulated: 0,
             shadow_stack: HashMap::new(),
@@ -463,12 +587,15 @@ impl Counts {
     pub fn forget_thread(&mut self, tid: u32) {
         self.steps.remove(&tid);
         self.current.remove(&tid);
+        self.runs.remove(&tid);
     }
 
     /// The analyzer's name and what it did.
     pub fn analyzer_stats(&self) -> (&'static str, superprof_analyze::AnalyzerStats) {
         let mut stats = self.analyzer.stats();
         stats.single_steps = self.learn_steps;
+        stats.training_steps = self.train_steps;
+        stats.mispredicted = self.mispredicted;
         (self.analyzer.name(), stats)
     }
 }

@@ -107,6 +107,14 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
     report
         .blocks
         .sort_by(|a, b| b.count.cmp(&a.count).then(a.start.cmp(&b.start)));
+    if let Some((_, s)) = report.analyzer.as_ref().filter(|(_, s)| s.mispredicted > 0) {
+        eprintln!(
+            "superprof: {} block runs left the path the learner predicted (an instruction it \
+             took for straight code branched): the counts of their blocks may be off by up to \
+             that many; --analyzer decode is exact",
+            s.mispredicted
+        );
+    }
     let text = output::render(&report, args.format, args.annotate)?;
     superprof_resolve::write_text(args.output.as_deref(), args.target.console(), &text)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {

@@ -92,6 +92,9 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                     "predictions": s.predictions,
                     "predictions_right": s.predictions_right,
                     "table_entries": s.table_entries,
+                    "training_steps": s.training_steps,
+                    "mispredicted": s.mispredicted,
+                    "settled": s.settled,
                 });
             }
             if r.engine == Some("in-process") {
@@ -230,15 +233,21 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             }
             if let Some((name, s)) = &r.analyzer {
                 if *name == "learn" {
-                    let _ = writeln!(
+                    let _ =
+                        writeln!(
                         out,
-                        "learn: {} single steps, {} blocks predicted from the table{}, {} table entries",
+                        "learn: {} single steps in the regions and {} outside them to train, {} \
+                         blocks predicted from the table{}, {} table entries ({}), {} runs off \
+                         their predicted path (their ranges single-stepped since)",
                         s.single_steps,
+                        s.training_steps,
                         s.predictions,
                         s.predictions_right
                             .map(|n| format!(" ({n} agree with the decoder)"))
                             .unwrap_or_default(),
-                        s.table_entries
+                        s.table_entries,
+                        if s.settled { "settled" } else { "still learning" },
+                        s.mispredicted
                     );
                 }
             }
