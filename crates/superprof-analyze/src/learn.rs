@@ -71,6 +71,16 @@ pub struct Learn {
     /// Addresses (up to [`CONFIDENT`]) where each head and each exact key went straight on.
     straight_heads: HashMap<u32, Straight>,
     straight_keys: HashMap<u32, Straight>,
+    /// x86_64: rows of the opcode map where some opcode branched, and per row how many of its
+    /// opcodes went straight on with confidence.
+    rows_with_branch: HashSet<u32>,
+    row_straight_heads: HashMap<u32, u32>,
+    /// Addresses observed so far (up to [`SEEN_MAX`]): only an instruction at an address new
+    /// to it tells how well the table knows code it has not seen.
+    seen: HashSet<u64>,
+    /// Observations in a row at addresses seen before: training that only goes round the
+    /// same code (a loop outside the regions) has nothing left to teach.
+    stale: u64,
     /// The per-address table: instructions seen sending the pc elsewhere, whatever their
     /// encoding's key predicts (a block ends there from then on).
     branch_addrs: HashSet<u64>,
@@ -90,6 +100,11 @@ pub struct Learn {
 const SETTLED_WINDOW: u64 = 4000;
 /// At most one observation in this many new to the table, over a window.
 const SETTLED_SHARE: u64 = 200;
+/// Opcodes of a row of the x86 opcode map, straight on with confidence and none branching,
+/// before its other opcodes are predicted straight too.
+const ROW_STRAIGHT: u32 = 3;
+/// Addresses remembered for the settling window.
+const SEEN_MAX: usize = 1 << 20;
 
 impl Learn {
     /// An empty table. With `check`, every prediction is compared with the decoder's.
@@ -103,6 +118,10 @@ impl Learn {
             straight_heads: HashMap::new(),
             straight_keys: HashMap::new(),
             branch_addrs: HashSet::new(),
+            rows_with_branch: HashSet::new(),
+            row_straight_heads: HashMap::new(),
+            seen: HashSet::new(),
+            stale: 0,
             window_observations: 0,
             window_new: 0,
             settled: false,
@@ -160,10 +179,20 @@ impl Learn {
             self.straight_heads.get(&head)
         };
         if straight.is_some_and(Straight::confident) {
-            Prediction::Straight
-        } else {
-            Prediction::Unknown
+            return Prediction::Straight;
         }
+        // x86_64: an opcode seen at fewer places, in a row of the opcode map where no opcode
+        // ever branched and at least ROW_STRAIGHT opcodes went straight on with confidence
+        // (the vector instructions of a loop: pxor, paddd... each at one or two places).
+        let row = head >> 4;
+        if self.arch == Arch::X86_64
+            && !self.branch_heads.contains(&head)
+            && !self.rows_with_branch.contains(&row)
+            && self.row_straight_heads.get(&row).copied().unwrap_or(0) >= ROW_STRAIGHT
+        {
+            return Prediction::Straight;
+        }
+        Prediction::Unknown
     }
 
     /// x86_64: whether the row of the opcode map that holds `head` is all branches: at least
@@ -193,7 +222,7 @@ impl Learn {
     /// Whether the table has stopped changing: training on code outside the regions is no
     /// longer worth its single steps.
     pub fn settled(&self) -> bool {
-        self.settled
+        self.settled || self.stale >= SETTLED_WINDOW
     }
 
     /// Adds a branch key to the table, merged into the pattern it generalizes best.
@@ -203,6 +232,7 @@ impl Learn {
         }
         let head = self.head(key);
         self.branch_heads.insert(head);
+        self.rows_with_branch.insert(head >> 4);
         self.refresh_row(head);
         if self.patterns.iter().any(|p| p.covers(key)) {
             return;
@@ -309,29 +339,43 @@ impl Analyzer for Learn {
         // going straight on is a conditional one not taken; a known opcode going straight on
         // where the table could not tell yet only adds to its evidence).
         let head = self.head(key);
-        let new_head =
-            !self.straight_heads.contains_key(&head) && !self.branch_heads.contains(&head);
-        if new_head || (!straight && before != Prediction::Branch) {
-            self.window_new += 1;
-        }
-        self.window_observations += 1;
-        if self.window_observations == SETTLED_WINDOW {
-            self.settled = self.window_new * SETTLED_SHARE <= SETTLED_WINDOW;
-            self.window_observations = 0;
-            self.window_new = 0;
+        // The window counts instructions at addresses new to it only: stepping the same loop
+        // again says nothing of how well the table knows code it has not seen.
+        let first_time = self.seen.len() < SEEN_MAX && self.seen.insert(addr);
+        self.stale = if first_time { 0 } else { self.stale + 1 };
+        if first_time {
+            let new_head =
+                !self.straight_heads.contains_key(&head) && !self.branch_heads.contains(&head);
+            if new_head || (!straight && before != Prediction::Branch) {
+                self.window_new += 1;
+            }
+            self.window_observations += 1;
+            if self.window_observations == SETTLED_WINDOW {
+                self.settled = self.window_new * SETTLED_SHARE <= SETTLED_WINDOW;
+                self.window_observations = 0;
+                self.window_new = 0;
+            }
         }
         if straight {
-            let head = self.head(key);
             let mut confident_now = false;
-            for seen in [
+            let mut head_confident_now = false;
+            for (i, seen) in [
                 self.straight_heads.entry(head).or_default(),
                 self.straight_keys.entry(key).or_default(),
-            ] {
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 let was = seen.confident();
                 if seen.addrs.len() < CONFIDENT && !seen.addrs.contains(&addr) {
                     seen.addrs.push(addr);
                 }
-                confident_now |= !was && seen.confident();
+                let now = !was && seen.confident();
+                confident_now |= now;
+                head_confident_now |= now && i == 0;
+            }
+            if head_confident_now {
+                *self.row_straight_heads.entry(head >> 4).or_default() += 1;
             }
             if confident_now {
                 self.refresh_row(head);
@@ -368,5 +412,96 @@ impl Analyzer for Learn {
             settled: self.settled(),
             ..self.stats.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Observes the x86_64 instruction `code` at `addr`, going straight on or to `to`.
+    fn see(l: &mut Learn, code: &[u8], addr: u64, to: Option<u64>) {
+        let next = to.unwrap_or(addr + code.len() as u64);
+        l.observe(addr, code, next);
+    }
+
+    fn predict_at(l: &mut Learn, code: &[u8], addr: u64) -> BlockEnd {
+        let mut buf = code.to_vec();
+        buf.extend_from_slice(&[0xc3]); // ret after it
+        let mut read = |a: u64, out: &mut [u8]| {
+            let off = (a - addr) as usize;
+            let n = out.len().min(buf.len().saturating_sub(off));
+            out[..n].copy_from_slice(&buf[off..off + n]);
+            n
+        };
+        l.block_end(addr, addr + buf.len() as u64, &mut read)
+    }
+
+    #[test]
+    fn a_row_of_conditional_branches_is_learned_from_two_taken() {
+        let mut l = Learn::new(Arch::X86_64, false);
+        // je and jne taken somewhere: the row 7x is all branches, jg included.
+        see(&mut l, &[0x74, 0x05], 0x1000, Some(0x1007));
+        see(&mut l, &[0x75, 0x05], 0x2000, Some(0x2007));
+        assert_eq!(
+            predict_at(&mut l, &[0x7f, 0x10], 0x3000),
+            BlockEnd::Last {
+                addr: 0x3000,
+                len: 2,
+                instructions: 1
+            }
+        );
+        // One more conditional branch not taken at four places does not undo the row: two
+        // taken against one straight.
+        for a in [0x4000, 0x4100, 0x4200, 0x4300] {
+            see(&mut l, &[0x78, 0x05], a, None);
+        }
+        assert!(l.branch_rows.contains(&0x07));
+    }
+
+    #[test]
+    fn straight_needs_four_places_and_a_branch_seen_once_ends_blocks_there() {
+        let mut l = Learn::new(Arch::X86_64, false);
+        // inc eax, executed 1000 times at one address: still unknown (no evidence).
+        for _ in 0..1000 {
+            see(&mut l, &[0xff, 0xc0], 0x1000, None);
+        }
+        assert_eq!(
+            predict_at(&mut l, &[0xff, 0xc0], 0x5000),
+            BlockEnd::Unknown { addr: 0x5000 }
+        );
+        for a in [0x1100, 0x1200, 0x1300] {
+            see(&mut l, &[0xff, 0xc0], a, None);
+        }
+        // Straight on at four places: predicted straight, the look goes on to the ret
+        // after it (never seen: to be stepped).
+        assert_eq!(
+            predict_at(&mut l, &[0xff, 0xc0], 0x5000),
+            BlockEnd::Unknown { addr: 0x5002 }
+        );
+        // An instruction seen branching once ends a block at its address from then on,
+        // whatever its key predicts.
+        see(&mut l, &[0x90], 0x6000, Some(0x7000));
+        assert!(l.ends_block(&[0x90], 0x6000));
+    }
+
+    #[test]
+    fn training_stops_when_new_code_holds_nothing_new() {
+        let mut l = Learn::new(Arch::X86_64, false);
+        assert!(l.wants_training());
+        // 4,000 instructions at new addresses, all of a known opcode going straight on.
+        for a in 0..4 {
+            see(&mut l, &[0x01, 0xc0], 0x100 + a * 0x10, None);
+        }
+        for a in 0..SETTLED_WINDOW {
+            see(&mut l, &[0x01, 0xc0], 0x10_0000 + a * 4, None);
+        }
+        assert!(!l.wants_training());
+        // Or going round the same code.
+        let mut l = Learn::new(Arch::X86_64, false);
+        for _ in 0..=SETTLED_WINDOW {
+            see(&mut l, &[0x01, 0xc0], 0x100, None);
+        }
+        assert!(!l.wants_training());
     }
 }

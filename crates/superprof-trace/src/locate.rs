@@ -75,6 +75,13 @@ pub fn find_functions_matching(pid: u32, pattern: &str) -> std::io::Result<Vec<F
     if !exact.is_empty() {
         return Ok(exact);
     }
+    // A local function that only a separate debug file names (libc6-dbg's __strlen_avx2),
+    // looked for once the libraries are mapped and none of their own tables has the name
+    // (at exec, ld.so's debug file would give its private copy of strchr for `strchr`).
+    let in_debug_files = scan_tables(pid, &|raw, _, _| raw == pattern, true)?;
+    if !in_debug_files.is_empty() {
+        return Ok(in_debug_files);
+    }
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     Ok(scan(pid, |_, demangled, _| demangled().contains(pattern))?
         .into_iter()
@@ -146,6 +153,14 @@ fn scan(
     pid: u32,
     want: impl Fn(&str, &dyn Fn() -> String, u64) -> bool,
 ) -> std::io::Result<Vec<FunctionAddress>> {
+    scan_tables(pid, &want, false)
+}
+
+fn scan_tables(
+    pid: u32,
+    want: &impl Fn(&str, &dyn Fn() -> String, u64) -> bool,
+    debug_files: bool,
+) -> std::io::Result<Vec<FunctionAddress>> {
     let mut found = Vec::new();
     for file in mapped_files(pid)? {
         // Mapped, not read: a program built with debug info is mostly DWARF this never
@@ -158,7 +173,9 @@ fn scan(
         };
         // A stripped file's local functions are in its separate debug file (libc6-dbg's
         // __strlen_avx2, behind strlen's ifunc), at the same addresses.
-        let debug = superprof_symbols::find_debug_file(&file.open_path)
+        let debug = debug_files
+            .then(|| superprof_symbols::find_debug_file(&file.open_path))
+            .flatten()
             .and_then(|p| superprof_symbols::map_file(&p).ok());
         let debug_obj = debug.as_deref().and_then(|d| object::File::parse(d).ok());
         let syms = superprof_symbols::elf_functions(&obj)

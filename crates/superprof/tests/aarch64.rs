@@ -181,6 +181,34 @@ fn commands() -> Vec<(String, String)> {
         "stat-instructions".into(),
         "superprof stat --engine uprobe -e instructions -r sum -- ./perforator".into(),
     ));
+    // Which hardware events TCG's PMU gives.
+    v.push((
+        "list-hardware".into(),
+        "superprof stat --list hardware".into(),
+    ));
+    // The learning analyzer on code as -O3 makes it (a jump table, csel, tail calls, a
+    // vectorized loop, an error path taken once), against decode.
+    for analyzer in ["decode", "learn"] {
+        v.push((
+            format!("blocks-o3-{analyzer}"),
+            format!(
+                "superprof blocks --format json -o $J --engine ptrace --analyzer {analyzer} \
+                 -r run -r finish -r clamp -r mix -r rare_error -- ./learn_o3 40"
+            ),
+        ));
+    }
+    // And on Debian's arm64 glibc: strlen's implementation behind its ifunc (the one this
+    // CPU gets; libc6-dbg names it) and strchr.
+    for analyzer in ["decode", "learn"] {
+        v.push((
+            format!("blocks-libc-{analyzer}"),
+            format!(
+                "for f in __strlen_asimd __strlen_mte __strlen_generic; do \
+                 superprof blocks --format json -o $J --engine ptrace --analyzer {analyzer} \
+                 -r $f -r strchr -- ./strings 300 && echo strlen=$f && break; done"
+            ),
+        ));
+    }
     // The fixture alone: what it prints under every engine too.
     v.push(("plain-blocks_mt".into(), "./blocks_mt 250".into()));
     for (analyzer, engine) in BLOCKS {
@@ -251,6 +279,10 @@ fn run() -> &'static (String, BTreeMap<String, Section>) {
 /// times their instructions).
 fn icount_commands() -> Vec<(String, String)> {
     vec![
+        (
+            "icount-list-hardware".into(),
+            "superprof stat --list hardware".into(),
+        ),
         (
             "icount-stat".into(),
             "superprof stat --format json -o $J --engine uprobe -e instructions:u,cycles -r \
@@ -339,6 +371,8 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
         ("blocks_mt", "blocks_mt.c", &["-O1", "-g", "-pthread"][..]),
         ("attach", "attach.c", &["-O2", "-g", "-pthread"][..]),
         ("branches", "branches.c", &["-O2", "-g"][..]),
+        ("learn_o3", "learn_o3.c", &["-O3", "-g"][..]),
+        ("strings", "strings.c", &["-O1", "-g"][..]),
         ("tailjump", "tailjump.c", &["-O2", "-g"][..]),
         ("cold_return", "cold_return.c", &["-O2", "-g"][..]),
         ("split", "split.c", &["-O2", "-g"][..]),
@@ -421,14 +455,14 @@ fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
             .spawn()
             .expect("qemu-system-aarch64 (scripts/test installs qemu-system-arm)"),
     };
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_secs(900);
     loop {
         if guest.child.try_wait().unwrap().is_some() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the guest did not finish in 600 s: {}",
+            "the guest did not finish in 900 s: {}",
             std::fs::read_to_string(&console).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(200));
@@ -759,6 +793,50 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
     }
     for (what, b) in &runs[1..] {
         assert_eq!(b, &runs[0].1, "{what:?} against {:?}", runs[0].0);
+    }
+}
+
+/// The learning analyzer on AArch64 code at -O3 (learn_o3.c, 40 rounds: every stop is slow
+/// under TCG): every instruction counted as decode counts it, each function's entry run as
+/// often as the fixture calls it (run, mix and finish 40 times, clamp 39, rare_error once),
+/// and no prediction off its path.
+#[test]
+fn learn_counts_what_decode_counts_on_o3_code() {
+    let (_, decode) = ok("blocks-o3-decode");
+    let (s, learn) = ok("blocks-o3-learn");
+    // Per instruction: without training (not on AArch64 yet), a branch never taken may join
+    // two of decode's blocks into one, which runs as often.
+    assert_eq!(insn_counts(learn), insn_counts(decode), "{}", s.output);
+    let a = &learn["analyzer"];
+    assert_eq!(a["name"], "learn", "{learn}");
+    assert_eq!(a["mispredicted"], 0, "{a}");
+    assert!(a["predictions"].as_u64() > Some(0), "{a}");
+    let counts = block_counts(decode);
+    for r in decode["regions"].as_array().unwrap() {
+        let want = match r["name"].as_str().unwrap() {
+            "clamp" => 39,
+            "rare_error" => 1,
+            _ => 40,
+        };
+        let start = r["start"].as_str().unwrap();
+        assert_eq!(counts.get(start), Some(&want), "{}: {counts:?}", r["name"]);
+    }
+}
+
+/// The learning analyzer on Debian's arm64 glibc (strlen's implementation behind its ifunc,
+/// and strchr; strings.c calls each 300 times): every instruction counted as decode counts
+/// it, each function entered at least as often as the fixture calls it.
+#[test]
+fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
+    let (s, decode) = ok("blocks-libc-decode");
+    let (l, learn) = ok("blocks-libc-learn");
+    assert!(s.output.contains("strlen=__strlen_"), "{}", s.output);
+    assert_eq!(insn_counts(learn), insn_counts(decode), "{}", l.output);
+    assert_eq!(learn["analyzer"]["mispredicted"], 0, "{learn}");
+    let counts = block_counts(decode);
+    for r in decode["regions"].as_array().unwrap() {
+        let start = r["start"].as_str().unwrap();
+        assert!(counts.get(start) >= Some(&300), "{}: {counts:?}", r["name"]);
     }
 }
 
@@ -1107,4 +1185,29 @@ fn stat_counts_the_instructions_that_blocks_count() {
         s.output
     );
     assert!(cycles > 0.0, "{doc}");
+}
+
+/// The hardware events `stat --list hardware` finds on TCG's PMU (`-cpu max`): the supported
+/// ones of a listing.
+fn supported(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter(|l| l.trim_end().ends_with(" supported"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// TCG's PMU gives cycles, and instructions only under -icount (both boots list them).
+#[test]
+fn tcgs_pmu_gives_cycles_and_under_icount_instructions() {
+    let plain = supported(&section("list-hardware").output);
+    let icount_section = icount_guest()
+        .get("icount-list-hardware")
+        .expect("the -icount guest's listing");
+    let icount = supported(&icount_section.output);
+    assert!(plain.contains(&"cycles".to_owned()), "{plain:?}");
+    assert!(!plain.contains(&"instructions".to_owned()), "{plain:?}");
+    for e in ["cycles", "instructions"] {
+        assert!(icount.contains(&e.to_owned()), "{icount:?}");
+    }
 }
