@@ -28,6 +28,8 @@ const CONFIDENT: usize = 4;
 struct Straight {
     /// Up to [`CONFIDENT`] distinct addresses.
     addrs: Vec<u64>,
+    /// Executions seen going straight on, anywhere.
+    times: u32,
 }
 
 impl Straight {
@@ -103,6 +105,9 @@ const SETTLED_SHARE: u64 = 200;
 /// Opcodes of a row of the x86 opcode map, straight on with confidence and none branching,
 /// before its other opcodes are predicted straight too.
 const ROW_STRAIGHT: u32 = 3;
+/// Straight-on executions of an opcode (at any number of places) that make it straight once
+/// training has settled, in a row of the opcode map where nothing ever branched.
+const SETTLED_TIMES: u32 = 16;
 /// Addresses remembered for the settling window.
 const SEEN_MAX: usize = 1 << 20;
 
@@ -188,9 +193,15 @@ impl Learn {
         if self.arch == Arch::X86_64
             && !self.branch_heads.contains(&head)
             && !self.rows_with_branch.contains(&row)
-            && self.row_straight_heads.get(&row).copied().unwrap_or(0) >= ROW_STRAIGHT
         {
-            return Prediction::Straight;
+            // Or, once training has settled (the branch rows are known by then), an opcode
+            // of a row where nothing ever branched that went straight on often, wherever.
+            let times = self.straight_heads.get(&head).map_or(0, |s| s.times);
+            if self.row_straight_heads.get(&row).copied().unwrap_or(0) >= ROW_STRAIGHT
+                || (self.settled() && times >= SETTLED_TIMES)
+            {
+                return Prediction::Straight;
+            }
         }
         Prediction::Unknown
     }
@@ -367,6 +378,7 @@ impl Analyzer for Learn {
             .enumerate()
             {
                 let was = seen.confident();
+                seen.times = seen.times.saturating_add(1);
                 if seen.addrs.len() < CONFIDENT && !seen.addrs.contains(&addr) {
                     seen.addrs.push(addr);
                 }
