@@ -560,12 +560,11 @@ fn parse_sections(console: &str) -> BTreeMap<String, Section> {
 
 /// The section of `name`, which must have exited 0 with its JSON.
 fn ok(name: &str) -> (&'static Section, &'static Value) {
-    let s = guest().get(name).unwrap_or_else(|| {
-        panic!(
-            "no section {name} on the guest's console: {}",
-            console_tail()
-        )
-    });
+    succeeded(section(name), name)
+}
+
+/// A section that must have exited 0 with its JSON: the section, and its JSON.
+fn succeeded(s: &'static Section, name: &str) -> (&'static Section, &'static Value) {
     assert_eq!(s.rc, 0, "{name}: {}", s.output);
     let json = s
         .json
@@ -1150,12 +1149,7 @@ fn icount_ok(name: &str) -> (&'static Section, &'static Value) {
     let s = icount_guest()
         .get(name)
         .unwrap_or_else(|| panic!("no section {name} on the -icount guest's console"));
-    assert_eq!(s.rc, 0, "{name}: {}", s.output);
-    let json = s
-        .json
-        .as_ref()
-        .unwrap_or_else(|| panic!("{name}: no JSON; it printed: {}", s.output));
-    (s, json)
+    succeeded(s, name)
 }
 
 /// Under -icount, TCG's PMU counts instructions: stat's count of user-space instructions

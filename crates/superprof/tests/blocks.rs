@@ -381,6 +381,26 @@ fn assert_learn_is_decode(what: &str, learn: &Value, decode: &Value) {
     assert!(a["predictions_right"].as_u64() > Some(0), "{what}: {a}");
 }
 
+/// Runs blocks with `regions` on `cmd` with decode, then learn: decode's counts are
+/// callgrind's (`truth`), learn's are decode's. Returns learn's document.
+fn learn_decode_callgrind(
+    what: &str,
+    dir: &TempDir,
+    regions: &[&str],
+    cmd: &[&std::ffi::OsStr],
+    env: &[(&str, &str)],
+    truth: &BTreeMap<u64, u64>,
+) -> Value {
+    let decode = blocks_json_env(dir, regions, cmd, env);
+    let (blocks, ranges) = (blocks_of(&decode), region_ranges(&decode));
+    assert_matches_callgrind(&format!("{what} decode"), &blocks, &ranges, truth);
+    let mut args = regions.to_vec();
+    args.extend(["--analyzer", "learn"]);
+    let learn = blocks_json_env(dir, &args, cmd, env);
+    assert_learn_is_decode(what, &learn, &decode);
+    learn
+}
+
 /// The learning analyzer on code as -O3 makes it (learn_o3.c: a jump table, conditional
 /// moves, tail calls, a vectorized loop, an error path taken once at the end): learn's blocks
 /// and counts are decode's, and decode's are callgrind's.
@@ -405,17 +425,7 @@ fn learn_equals_decode_and_callgrind_at_o3() {
         "ptrace",
     ];
     let cmd = [exe.as_os_str(), "400".as_ref()];
-    let decode = blocks_json(&dir, &regions, &cmd);
-    assert_matches_callgrind(
-        "decode",
-        &blocks_of(&decode),
-        &region_ranges(&decode),
-        &truth,
-    );
-    let mut args = regions.to_vec();
-    args.extend(["--analyzer", "learn"]);
-    let learn = blocks_json(&dir, &args, &cmd);
-    assert_learn_is_decode("O3", &learn, &decode);
+    let learn = learn_decode_callgrind("O3", &dir, &regions, &cmd, &[], &truth);
     // The error path ran once, at the end.
     let rare = blocks_of(&learn);
     assert!(rare.iter().any(|b| b.count == 1), "{rare:?}");
@@ -447,17 +457,7 @@ fn learn_equals_decode_and_callgrind_on_glibcs_string_functions() {
         "ptrace",
     ];
     let cmd = [exe.as_os_str(), "300".as_ref()];
-    let decode = blocks_json_env(&dir, &regions, &cmd, &env);
-    assert_matches_callgrind(
-        "decode",
-        &blocks_of(&decode),
-        &region_ranges(&decode),
-        &truth,
-    );
-    let mut args = regions.to_vec();
-    args.extend(["--analyzer", "learn"]);
-    let learn = blocks_json_env(&dir, &args, &cmd, &env);
-    assert_learn_is_decode("libc", &learn, &decode);
+    learn_decode_callgrind("libc", &dir, &regions, &cmd, &env, &truth);
 }
 
 /// Debian's libpython3.11 as gdb embeds it, running a Python loop: learn's blocks and counts

@@ -283,6 +283,18 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
             if let Some(notice) = s.throttle_notice() {
                 eprintln!("{notice}");
             }
+            // Root without tracefs gets context switches, which do not tell a preempted
+            // thread from a waiting one: say how to get the tracepoint.
+            if s.off_cpu_event() == Some("context-switches")
+                && crate::sys::euid() == 0
+                && !std::path::Path::new("/sys/kernel/tracing/events").exists()
+            {
+                eprintln!(
+                    "superprof: tracefs is not mounted, so off-CPU time comes from context \
+                     switches (a thread preempted is not told from one waiting); for the \
+                     sched:sched_switch tracepoint: mount -t tracefs nodev /sys/kernel/tracing"
+                );
+            }
             Ok(Source::Perf(Box::new(s)))
         }
         Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => match trace() {
