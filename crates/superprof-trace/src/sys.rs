@@ -74,11 +74,25 @@ pub fn signal_from_kernel(tid: u32) -> Option<bool> {
 
 /// The si_code of a thread's signal-delivery stop (PTRACE_GETSIGINFO).
 fn signal_code(tid: u32) -> Option<i32> {
-    // siginfo_t is 128 bytes; si_code is the third int.
+    signal_info(tid).map(|info| info[2])
+}
+
+/// A thread's siginfo at a signal-delivery stop, as ints (PTRACE_GETSIGINFO).
+fn signal_info(tid: u32) -> Option<[i32; 32]> {
+    // siginfo_t is 128 bytes: si_signo, si_errno, si_code, then (64-bit) a padding int and
+    // the union, whose first field for SI_USER is si_pid.
     let mut info = [0i32; 32];
     // `data` points to a 128-byte buffer, the size of the siginfo_t PTRACE_GETSIGINFO writes.
     ptrace(libc::PTRACE_GETSIGINFO, tid, 0, info.as_mut_ptr() as usize).ok()?;
-    Some(info[2])
+    Some(info)
+}
+
+/// Whether a SIGTRAP stop of a thread being single-stepped is the end of its step: a trap of
+/// the kernel's (si_code > 0), or, after a stepped system call on AArch64, the kernel's
+/// generic step report, which says SI_USER with no sender (si_pid 0: no process can be pid
+/// 0). None where the siginfo cannot be read.
+pub fn step_trap(tid: u32) -> Option<bool> {
+    signal_info(tid).map(|info| info[2] > 0 || (info[2] == 0 && info[4] == 0))
 }
 
 /// Whether a SIGTRAP stop is the trap of a breakpoint instruction: SI_KERNEL for `int3` on

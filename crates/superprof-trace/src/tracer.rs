@@ -994,7 +994,7 @@ impl Tracer {
                             self.handle(t2, st);
                             return StepEnd::Ended;
                         }
-                        Stop::Trap if sys::signal_from_kernel(tid) != Some(false) => {
+                        Stop::Trap if sys::step_trap(tid) != Some(false) => {
                             return StepEnd::Done;
                         }
                         Stop::Signal(
@@ -1575,7 +1575,7 @@ impl Tracer {
             // resumed it without the step).
             Stop::Trap
                 if self.late_steps.contains(&tid)
-                    && sys::signal_from_kernel(tid) != Some(false)
+                    && sys::step_trap(tid) != Some(false)
                     && sys::breakpoint_trap(tid) != Some(true) =>
             {
                 self.late_steps.remove(&tid);
