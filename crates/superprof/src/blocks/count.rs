@@ -291,7 +291,8 @@ impl Counts {
         let Some(run) = self.runs.remove(&tid) else {
             return;
         };
-        let on_path = (run.from < addr && addr <= run.last) || addr == run.last;
+        // (A one-instruction block is a run with from == last.)
+        let on_path = addr == run.last || (run.from < addr && addr < run.last);
         if !on_path {
             self.mispredicted += 1;
             if !self.suspect.contains(&(run.from, run.last)) {
