@@ -30,6 +30,25 @@ pub enum BlockEnd {
     },
 }
 
+/// What one instruction did when run in the lab (superprof's own process, where an
+/// instruction of the program is executed alone under every condition a branch could depend
+/// on: each combination of the condition flags, with the general registers all zeros and all
+/// ones, the stack pointer on a scratch stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Probed {
+    /// It sent the pc elsewhere under some condition: it ends a block.
+    Branch,
+    /// A system call (its stop came before it ran).
+    Syscall,
+    /// It went straight on under every condition: it never ends a block.
+    Straight,
+    /// It touched memory that the lab does not have under every condition tried, so it never
+    /// ran there: no verdict. (An instruction that reads or writes memory is never a
+    /// conditional branch; a single execution in the program tells whether it is an
+    /// unconditional one, through memory.)
+    TouchesMemory,
+}
+
 /// What an analyzer did, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AnalyzerStats {
@@ -51,6 +70,10 @@ pub struct AnalyzerStats {
     pub mispredicted: u64,
     /// Whether the table had stopped changing (see [`Analyzer::wants_training`]).
     pub settled: bool,
+    /// Instructions run in the lab ([`Probed`]), and the runs (one per condition) that took.
+    pub probed: u64,
+    /// Runs in the lab, one instruction under one condition each.
+    pub lab_runs: u64,
 }
 
 /// Reads the traced program's code: fills `buf` from `addr`, returns how many bytes it read.
@@ -78,6 +101,22 @@ pub trait Analyzer {
     /// while when so.
     fn wants_training(&self) -> bool {
         false
+    }
+    /// Whether the instruction at `addr` (whose bytes start `code`) should be run in the lab
+    /// before the analyzer answers for it (see [`Probed`]): the caller then makes a lab, if it
+    /// has none yet, and says so ([`Analyzer::use_lab`]).
+    fn wants_probe(&self, _code: &[u8], _addr: u64) -> bool {
+        false
+    }
+    /// The caller has a lab: instructions the analyzer asks for ([`Analyzer::wants_probe`])
+    /// are run there before it answers.
+    fn use_lab(&mut self) {}
+    /// What the instruction at `addr` (whose bytes start `code`) did in the lab.
+    fn probed(&mut self, _code: &[u8], _addr: u64, _verdict: Probed) {}
+    /// Whether the instruction at `addr` is a system call, if the analyzer knows (None: ask
+    /// the decoder).
+    fn is_syscall(&self, _code: &[u8], _addr: u64) -> Option<bool> {
+        None
     }
 }
 

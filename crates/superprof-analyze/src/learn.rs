@@ -15,7 +15,18 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::analyzer::{CodeWindow, ReadCode};
-use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode};
+use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode, Probed};
+
+/// An instruction's exact bytes (its length, then up to 15 bytes): the lab's verdicts are
+/// kept per encoding, which behaves the same at every address.
+type Bytes = (u8, [u8; 15]);
+
+fn bytes_of(code: &[u8], len: u32) -> Bytes {
+    let n = (len as usize).min(15).min(code.len());
+    let mut b = [0u8; 15];
+    b[..n].copy_from_slice(&code[..n]);
+    (n as u8, b)
+}
 
 /// Distinct addresses where an opcode must have gone straight on before it is predicted
 /// straight: a conditional branch not taken yet looks straight at its one address, while
@@ -95,6 +106,14 @@ pub struct Learn {
     window: CodeWindow,
     check: Option<Decode>,
     stats: AnalyzerStats,
+    /// Whether the caller runs instructions in a lab ([`Probed`]): then only the lab's
+    /// verdicts and executions make an instruction straight, never a pattern.
+    lab: bool,
+    /// The lab's verdict per encoding.
+    probed: HashMap<Bytes, Probed>,
+    /// Encodings that touch memory (no verdict from the lab) seen going straight on in the
+    /// program.
+    ran_straight: HashSet<Bytes>,
 }
 
 /// The knowledge suffices (no more training outside the regions) once, over a window of this
@@ -136,6 +155,28 @@ impl Learn {
                 predictions_right: check.then_some(0),
                 ..AnalyzerStats::default()
             },
+            lab: false,
+            probed: HashMap::new(),
+            ran_straight: HashSet::new(),
+        }
+    }
+
+    /// The prediction for the instruction at `addr` with bytes `code`, key `key`.
+    fn predict_at(&self, code: &[u8], addr: u64, key: u32, len: u32) -> Prediction {
+        if self.branch_addrs.contains(&addr) {
+            return Prediction::Branch;
+        }
+        if !self.lab {
+            return self.predict(key);
+        }
+        let bytes = bytes_of(code, len);
+        match self.probed.get(&bytes) {
+            Some(Probed::Branch | Probed::Syscall) => Prediction::Branch,
+            Some(Probed::Straight) => Prediction::Straight,
+            Some(Probed::TouchesMemory) if self.ran_straight.contains(&bytes) => {
+                Prediction::Straight
+            }
+            Some(Probed::TouchesMemory) | None => Prediction::Unknown,
         }
     }
 
@@ -300,19 +341,17 @@ impl Analyzer for Learn {
                     instructions: n,
                 };
             }
-            let code = self.window.at(at, max, limit, read);
+            let window = self.window.at(at, max, limit, read);
+            let mut code = [0u8; 16];
+            code[..window.len().min(16)].copy_from_slice(&window[..window.len().min(16)]);
+            let code = &code[..window.len().min(16)];
             let Some((key, len)) = self.arch.encoding_key(code, at) else {
                 break BlockEnd::Open {
                     end: at,
                     instructions: n,
                 };
             };
-            let prediction = if self.branch_addrs.contains(&at) {
-                Prediction::Branch
-            } else {
-                self.predict(key)
-            };
-            match prediction {
+            match self.predict_at(code, at, key, len) {
                 Prediction::Unknown => return BlockEnd::Unknown { addr: at },
                 Prediction::Straight => {
                     n += 1;
@@ -340,12 +379,14 @@ impl Analyzer for Learn {
         let Some((key, len)) = self.arch.encoding_key(code, addr) else {
             return;
         };
-        let before = if self.branch_addrs.contains(&addr) {
-            Prediction::Branch
-        } else {
-            self.predict(key)
-        };
+        let before = self.predict_at(code, addr, key, len);
         let straight = next == addr + len as u64;
+        if straight && self.lab {
+            let bytes = bytes_of(code, len);
+            if self.probed.get(&bytes) == Some(&Probed::TouchesMemory) {
+                self.ran_straight.insert(bytes);
+            }
+        }
         // New to the table: an opcode never seen, or a branch it did not predict (a branch
         // going straight on is a conditional one not taken; a known opcode going straight on
         // where the table could not tell yet only adds to its evidence).
@@ -399,11 +440,9 @@ impl Analyzer for Learn {
     }
 
     fn ends_block(&self, code: &[u8], addr: u64) -> bool {
-        self.branch_addrs.contains(&addr)
-            || self
-                .arch
-                .encoding_key(code, addr)
-                .is_some_and(|(key, _)| self.predict(key) == Prediction::Branch)
+        self.arch
+            .encoding_key(code, addr)
+            .is_some_and(|(key, len)| self.predict_at(code, addr, key, len) == Prediction::Branch)
     }
 
     fn answers_are_final(&self) -> bool {
@@ -411,12 +450,43 @@ impl Analyzer for Learn {
     }
 
     fn wants_training(&self) -> bool {
-        !self.settled()
+        !self.lab && !self.settled()
+    }
+
+    fn wants_probe(&self, code: &[u8], addr: u64) -> bool {
+        self.arch
+            .encoding_key(code, addr)
+            .is_some_and(|(_, len)| !self.probed.contains_key(&bytes_of(code, len)))
+    }
+
+    fn probed(&mut self, code: &[u8], addr: u64, verdict: Probed) {
+        let Some((_, len)) = self.arch.encoding_key(code, addr) else {
+            return;
+        };
+        if self.probed.insert(bytes_of(code, len), verdict).is_none() {
+            self.stats.probed += 1;
+        }
+    }
+
+    fn is_syscall(&self, code: &[u8], addr: u64) -> Option<bool> {
+        let (_, len) = self.arch.encoding_key(code, addr)?;
+        self.lab
+            .then(|| self.probed.get(&bytes_of(code, len)))
+            .flatten()
+            .map(|v| *v == Probed::Syscall)
+    }
+
+    /// From now on an instruction is straight only once the lab saw it go straight on under
+    /// every condition, or, for one that touches memory (never a conditional branch), once
+    /// it went straight on in the program.
+    fn use_lab(&mut self) {
+        self.lab = true;
     }
 
     fn stats(&self) -> AnalyzerStats {
         AnalyzerStats {
-            table_entries: self.branched.len()
+            table_entries: self.probed.len()
+                + self.branched.len()
                 + self.patterns.len()
                 + self.branch_rows.len()
                 + self.straight_heads.len()

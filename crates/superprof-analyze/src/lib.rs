@@ -40,7 +40,7 @@ pub mod patch;
 pub mod patch_a64;
 mod x86;
 
-pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode};
+pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode, Probed};
 pub use emulate::{x86_branch, Taken, X86Regs};
 pub use learn::Learn;
 

@@ -43,6 +43,7 @@
 
 pub mod blocked;
 mod janitor;
+mod lab;
 mod launch;
 mod locate;
 mod names;
@@ -54,6 +55,7 @@ mod syscall_tables;
 pub mod syscalls;
 mod tracer;
 
+pub use lab::Lab;
 pub use launch::{
     inherited_ignored, kill, note_inherited_signals, proc_stat_fields, process_alive,
     reset_signals_for_exec, resolve_command, try_wait, wait_child, wait_exit, wait_exit_timeout,

@@ -115,6 +115,42 @@ pub fn fork_held_exec(
     Ok(pid as u32)
 }
 
+/// Forks a child that leaves superprof's session and process group (so that no signal of
+/// the terminal reaches it), asks to be killed when its parent thread ends, asks to be traced
+/// by it (PTRACE_TRACEME) and stops itself with SIGSTOP: a process superprof drives through
+/// ptrace alone. Returns its pid; the caller waits for the stop.
+pub fn fork_stopped_tracee() -> io::Result<u32> {
+    // SAFETY: the child only makes system calls (async-signal-safe) before it stops; it never
+    // runs on by itself afterwards (its tracer sets its registers).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: plain system calls in the child, see above.
+        unsafe {
+            libc::setsid();
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) == 0 {
+                libc::syscall(libc::SYS_kill, libc::getpid(), libc::SIGSTOP);
+            }
+            libc::_exit(127);
+        }
+    }
+    Ok(pid as u32)
+}
+
+/// The size of a page of memory.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as u64
+    } else {
+        4096
+    }
+}
+
 /// waitpid on child `pid`: its raw status once it has ended, `None` if it still runs (with
 /// `nohang`). EINTR comes back as an error of kind `Interrupted`.
 pub fn waitpid(pid: u32, nohang: bool) -> io::Result<Option<libc::c_int>> {

@@ -45,6 +45,32 @@ pub fn cont_syscall(tid: u32, sig: i32) -> io::Result<()> {
     ptrace(libc::PTRACE_SYSCALL, tid, 0, sig as usize).map(drop)
 }
 
+/// Options of a tracee that stopped itself (PTRACE_TRACEME): EXITKILL and the like.
+pub fn set_options(tid: u32, options: usize) -> io::Result<()> {
+    ptrace(libc::PTRACE_SETOPTIONS, tid, 0, options).map(drop)
+}
+
+/// The restartable-sequences area a thread registered (PTRACE_GET_RSEQ_CONFIGURATION):
+/// (address, size, signature), or None where it has none or the kernel cannot tell.
+pub fn rseq_configuration(tid: u32) -> Option<(u64, u32, u32)> {
+    // struct ptrace_rseq_configuration: rseq_abi_pointer u64, rseq_abi_size u32, signature
+    // u32, flags u32, pad u32.
+    let mut conf = [0u64; 3];
+    // `data` points to 24 bytes, the size of the struct the request writes (passed as `addr`).
+    let n = ptrace(0x420f, tid, 24, conf.as_mut_ptr() as usize).ok()?;
+    let size = conf[1] as u32;
+    (n > 0 && conf[0] != 0 && size != 0).then_some((conf[0], size, (conf[1] >> 32) as u32))
+}
+
+/// PTRACE_O_EXITKILL: the tracee is killed when its tracer exits.
+pub const PTRACE_O_EXITKILL: usize = 1 << 20;
+
+/// One instruction, and if it is a system call, a stop at its entry without running it
+/// (PTRACE_SYSEMU_SINGLESTEP, the same number on x86_64 and AArch64).
+pub fn sysemu_step(tid: u32) -> io::Result<()> {
+    ptrace(32, tid, 0, 0).map(drop)
+}
+
 pub fn listen(tid: u32) -> io::Result<()> {
     ptrace(libc::PTRACE_LISTEN, tid, 0, 0).map(drop)
 }

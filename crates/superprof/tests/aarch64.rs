@@ -213,8 +213,8 @@ fn commands() -> Vec<(String, String)> {
     // go over system calls, which AArch64's kernel reports as a SIGTRAP "from a user".
     v.push((
         "learn-in-ld.so".into(),
-        "SUPERPROF_TEST_TRAIN=1 superprof blocks --engine ptrace --analyzer learn \
-         -r _dl_map_object -- ./dlopen_main /t/libhot.so 0.2"
+        "SUPERPROF_TEST_NO_LAB=1 SUPERPROF_TEST_TRAIN=1 superprof blocks --engine ptrace \
+         --analyzer learn -r _dl_map_object -- ./dlopen_main /t/libhot.so 0.2"
             .into(),
     ));
     // The fixture alone: what it prints under every engine too.
@@ -712,6 +712,31 @@ fn block_counts(doc: &Value) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// blocks' JSON: (start, end, count) of every block.
+fn block_list(doc: &Value) -> Vec<(String, String, u64)> {
+    doc["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            let field = |k: &str| b[k].as_str().unwrap_or_default().to_owned();
+            (field("start"), field("end"), b["count"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// The learner ran instructions in its lab on this machine's AArch64, and never saw a run
+/// leave its predicted path.
+fn assert_learned_in_the_lab(learn: &Value) {
+    let a = &learn["analyzer"];
+    assert_eq!(a["name"], "learn", "{learn}");
+    assert_eq!(a["mispredicted"], 0, "{a}");
+    assert_eq!(a["training_steps"], 0, "{a}");
+    assert!(a["probed"].as_u64() > Some(10), "{a}");
+    assert!(a["lab_runs"].as_u64() >= a["probed"].as_u64(), "{a}");
+    assert!(a["predictions"].as_u64() > Some(0), "{a}");
+}
+
 /// blocks' JSON: instruction address -> how many times it ran.
 fn insn_counts(doc: &Value) -> BTreeMap<u64, u64> {
     let hex =
@@ -798,12 +823,10 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
             );
         }
         if analyzer == "learn" {
-            // The learner single-stepped on this machine's AArch64 (no simulation) and then
-            // predicted, every prediction the decoder's.
+            // The learner ran instructions in its lab on this machine's AArch64 (no
+            // simulation) and then predicted, every prediction the decoder's.
             let a = &doc["analyzer"];
-            assert_eq!(a["name"], "learn", "{doc}");
-            assert!(a["single_steps"].as_u64() > Some(0), "{a}");
-            assert!(a["predictions"].as_u64() > Some(0), "{a}");
+            assert_learned_in_the_lab(doc);
             assert_eq!(a["predictions_right"], a["predictions"], "{a}");
         }
         runs.push(((analyzer, engine), blocks));
@@ -814,20 +837,15 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
 }
 
 /// The learning analyzer on AArch64 code at -O3 (learn_o3.c, 40 rounds: every stop is slow
-/// under TCG): every instruction counted as decode counts it, each function's entry run as
-/// often as the fixture calls it (run, mix and finish 40 times, clamp 39, rare_error once),
-/// and no prediction off its path.
+/// under TCG): decode's blocks with decode's counts, each function's entry run as often as
+/// the fixture calls it (run, mix and finish 40 times, clamp 39, rare_error once), every
+/// instruction's verdict from the lab, and no prediction off its path.
 #[test]
 fn learn_counts_what_decode_counts_on_o3_code() {
     let (_, decode) = ok("blocks-o3-decode");
     let (s, learn) = ok("blocks-o3-learn");
-    // Per instruction: without training (not on AArch64 yet), a branch never taken may join
-    // two of decode's blocks into one, which runs as often.
-    assert_eq!(insn_counts(learn), insn_counts(decode), "{}", s.output);
-    let a = &learn["analyzer"];
-    assert_eq!(a["name"], "learn", "{learn}");
-    assert_eq!(a["mispredicted"], 0, "{a}");
-    assert!(a["predictions"].as_u64() > Some(0), "{a}");
+    assert_eq!(block_list(learn), block_list(decode), "{}", s.output);
+    assert_learned_in_the_lab(learn);
     let counts = block_counts(decode);
     for r in decode["regions"].as_array().unwrap() {
         let want = match r["name"].as_str().unwrap() {
@@ -841,15 +859,15 @@ fn learn_counts_what_decode_counts_on_o3_code() {
 }
 
 /// The learning analyzer on Debian's arm64 glibc (strlen's implementation behind its ifunc,
-/// and strchr; strings.c calls each 300 times): every instruction counted as decode counts
-/// it, each function entered at least as often as the fixture calls it.
+/// and strchr; strings.c calls each 300 times): decode's blocks with decode's counts, each
+/// function entered at least as often as the fixture calls it.
 #[test]
 fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
     let (s, decode) = ok("blocks-libc-decode");
     let (l, learn) = ok("blocks-libc-learn");
     assert!(s.output.contains("strlen=__strlen_"), "{}", s.output);
-    assert_eq!(insn_counts(learn), insn_counts(decode), "{}", l.output);
-    assert_eq!(learn["analyzer"]["mispredicted"], 0, "{learn}");
+    assert_eq!(block_list(learn), block_list(decode), "{}", l.output);
+    assert_learned_in_the_lab(learn);
     let counts = block_counts(decode);
     for r in decode["regions"].as_array().unwrap() {
         let start = r["start"].as_str().unwrap();
@@ -857,8 +875,9 @@ fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
     }
 }
 
-/// The learner single-steps to train (switched on for this test: AArch64 does not train by
-/// default yet) while ld.so maps a library for dlopen (the region is ld.so's
+/// The learner without a lab single-steps to train (both switched by test variables: with a
+/// lab it needs no training, and AArch64 does not train by default) while ld.so maps a
+/// library for dlopen (the region is ld.so's
 /// `_dl_map_object`): the program ends as it would have. (Its steps go over system
 /// calls, after which AArch64's kernel reports the step as a SIGTRAP with SI_USER and no
 /// sender; taken for a signal from elsewhere, it was passed on and killed the program.)

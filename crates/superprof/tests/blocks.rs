@@ -501,20 +501,44 @@ fn learn_equals_decode_on_libpython() {
     );
 }
 
-/// The learner's check of its own predictions: with no training (a test switch), `jo` has
-/// gone straight on at four addresses and never branched, so the learner predicts times16
-/// as one block; the call that overflows leaves it by a `jo`. Its next stop is off the
-/// predicted path: the run is counted as mispredicted, superprof says so, and the range is
+/// A conditional branch taken once in 301 calls, after going straight on at four places 300
+/// times (mispredict.S: `jo` in times16, overflowing only on the last call). The lab runs
+/// each `jo` under every condition before the learner answers, so it is a block end from
+/// the start: learn's blocks and counts are decode's, the overflow's block counted once, and
+/// no run ever leaves its predicted path. Without a lab and without training (test
+/// switches), the learner predicts times16 as one block from the four `jo` seen going
+/// straight; the call that overflows leaves it by a `jo`: its next stop is off the predicted
+/// path, the run is counted as mispredicted, superprof says so, and the range is
 /// single-stepped from then on (the 10 calls after it).
 #[test]
-fn a_prediction_that_fails_is_seen_said_and_stepped() {
+fn a_branch_taken_once_is_known_from_the_lab_and_without_it_seen_said_and_stepped() {
     let _cpu = cpu_lock();
     let dir = TempDir::new("blocks-mispredict");
     let exe = compile(&dir, "mp", &["mispredict.c", "mispredict.S"], &["-O2"]);
+    let cmd = [exe.as_os_str(), "300".as_ref()];
+    let decode = blocks_json(&dir, &["-r", "times16", "--engine", "ptrace"], &cmd);
+    // The overflow's block ran once.
+    assert_eq!(
+        blocks_of(&decode).iter().filter(|b| b.count == 1).count(),
+        1,
+        "{decode}"
+    );
+    let learn = blocks_json(
+        &dir,
+        &["-r", "times16", "--engine", "ptrace", "--analyzer", "learn"],
+        &cmd,
+    );
+    assert_learn_is_decode("mispredict", &learn, &decode);
+    let a = &learn["analyzer"];
+    assert_eq!(a["mispredicted"], 0, "{a}");
+    assert_eq!(a["training_steps"], 0, "{a}");
+    assert!(a["probed"].as_u64() >= Some(5), "{a}");
+
     let out_file = dir.path("mp.json");
     let out = run_ok(
         superprof()
             .env("SUPERPROF_TEST_NO_TRAINING", "1")
+            .env("SUPERPROF_TEST_NO_LAB", "1")
             .args([
                 "blocks",
                 "-r",
@@ -534,6 +558,7 @@ fn a_prediction_that_fails_is_seen_said_and_stepped() {
     let a = &doc["analyzer"];
     assert_eq!(a["mispredicted"], 1, "{a}");
     assert_eq!(a["training_steps"], 0, "{a}");
+    assert_eq!(a["probed"], 0, "{a}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("1 block runs left the path the learner predicted"),
@@ -543,16 +568,6 @@ fn a_prediction_that_fails_is_seen_said_and_stepped() {
     // first call was stepped to learn, 10 instructions too).
     assert!(String::from_utf8_lossy(&out.stdout).contains("sum=718319"));
     assert!(a["single_steps"].as_u64() >= Some(110), "{a}");
-    // Decode, for the record: the overflow's block ran once.
-    let decode = blocks_json(
-        &dir,
-        &["-r", "times16", "--engine", "ptrace"],
-        &[exe.as_os_str(), "300".as_ref()],
-    );
-    assert_eq!(
-        blocks_of(&decode).iter().filter(|b| b.count == 1).count(),
-        1
-    );
 }
 
 #[test]

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use superprof_analyze::{Analyzer, Arch, BlockEnd};
-use superprof_trace::Tracer;
+use superprof_trace::{Lab, Tracer};
 
 /// Why a thread is being single-stepped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,13 @@ pub struct Counts {
     emulate: bool,
     /// Branches worked out from the registers (no single step).
     pub emulated: u64,
+    /// Where the learner runs instructions alone under every condition (see [`Lab`]); made at
+    /// its first question. `lab_failed`: it could not be made (or SUPERPROF_TEST_NO_LAB):
+    /// the learner learns from single steps alone.
+    lab: Option<Lab>,
+    lab_failed: bool,
+    /// Instructions the lab could not run (their address is the lab's own page).
+    lab_refused: HashSet<u64>,
     /// Per thread: whether it runs with a CET shadow stack (then calls and returns are
     /// stepped, so that the shadow stack stays in step).
     shadow_stack: HashMap<u32, bool>,
@@ -147,11 +154,20 @@ impl Counts {
         &code[..*n]
     }
 
+    /// Whether the instruction at `addr` is a system call: the analyzer's answer (the
+    /// learner's lab saw it stop at a system call's entry), or else the decoder's.
     fn is_syscall(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
         let arch = self.arch;
-        let code = self.code_at(tracer, pid, addr);
-        arch.classify(code, addr)
-            .is_some_and(|i| i.flow == superprof_analyze::Flow::Syscall)
+        let mut code = [0u8; 16];
+        let bytes = self.code_at(tracer, pid, addr);
+        let n = bytes.len();
+        code[..n].copy_from_slice(bytes);
+        self.analyzer
+            .is_syscall(&code[..n], addr)
+            .unwrap_or_else(|| {
+                arch.classify(&code[..n], addr)
+                    .is_some_and(|i| i.flow == superprof_analyze::Flow::Syscall)
+            })
     }
 
     pub fn has_bp(&self, addr: u64) -> bool {
@@ -180,12 +196,81 @@ impl Counts {
         if let Some(&k) = self.known.get(&pc) {
             return k;
         }
-        let mut read = |addr: u64, buf: &mut [u8]| tracer.read_code(pid, addr, buf);
-        let k = self.analyzer.block_end(pc, limit, &mut read);
-        if self.analyzer.answers_are_final() && !matches!(k, BlockEnd::Unknown { .. }) {
-            self.known.insert(pc, k);
+        loop {
+            let mut read = |addr: u64, buf: &mut [u8]| tracer.read_code(pid, addr, buf);
+            let k = self.analyzer.block_end(pc, limit, &mut read);
+            if let BlockEnd::Unknown { addr } = k {
+                if self.probe(tracer, pid, addr) {
+                    continue; // the analyzer knows that instruction now
+                }
+            }
+            if self.analyzer.answers_are_final() && !matches!(k, BlockEnd::Unknown { .. }) {
+                self.known.insert(pc, k);
+            }
+            return k;
         }
-        k
+    }
+
+    /// Runs the instruction at `addr` in the lab, if the analyzer wants it run there (and a
+    /// lab can be had); whether it was.
+    fn probe(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
+        if self.lab_failed {
+            return false;
+        }
+        let mut code = [0u8; 16];
+        let bytes = self.code_at(tracer, pid, addr);
+        let n = bytes.len();
+        code[..n].copy_from_slice(bytes);
+        let code = &code[..n];
+        let Some(len) = self.arch.insn_len(code, addr) else {
+            return false;
+        };
+        if !self.analyzer.wants_probe(code, addr) {
+            return false;
+        }
+        if self.lab.is_none() {
+            if std::env::var_os("SUPERPROF_TEST_NO_LAB").is_some() {
+                self.lab_failed = true;
+                return false;
+            }
+            match Lab::new() {
+                Ok(lab) => {
+                    self.lab = Some(lab);
+                    self.analyzer.use_lab();
+                }
+                Err(e) => {
+                    eprintln!(
+                        "superprof: no lab to run instructions in ({e}): the learner learns \
+                         from single steps alone"
+                    );
+                    self.lab_failed = true;
+                    return false;
+                }
+            }
+        }
+        if self.lab_refused.contains(&addr) {
+            return false;
+        }
+        let Some(lab) = self.lab.as_mut() else {
+            return false;
+        };
+        match lab.probe(addr, code, len as u64) {
+            Ok(verdict) => {
+                self.analyzer.probed(code, addr, verdict);
+                true
+            }
+            Err(_) if lab.alive() => {
+                // Code the lab cannot hold at its address: stepped instead, each time.
+                self.lab_refused.insert(addr);
+                false
+            }
+            Err(e) => {
+                eprintln!("superprof: the lab failed ({e}): what it did not run is stepped");
+                self.lab = None;
+                self.lab_failed = true;
+                false
+            }
+        }
     }
 
     fn start_step(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, kind: StepKind) {
@@ -578,6 +663,9 @@ impl Counts {
             suspect: Vec::new(),
             emulate,
             emulated: 0,
+            lab: None,
+            lab_failed: false,
+            lab_refused: HashSet::new(),
             shadow_stack: HashMap::new(),
             passes: HashMap::new(),
             stops: 0,
@@ -604,6 +692,7 @@ impl Counts {
         stats.single_steps = self.learn_steps;
         stats.training_steps = self.train_steps;
         stats.mispredicted = self.mispredicted;
+        stats.lab_runs = self.lab.as_ref().map_or(0, |l| l.runs);
         (self.analyzer.name(), stats)
     }
 }

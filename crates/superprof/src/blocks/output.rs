@@ -95,6 +95,8 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                     "training_steps": s.training_steps,
                     "mispredicted": s.mispredicted,
                     "settled": s.settled,
+                    "probed": s.probed,
+                    "lab_runs": s.lab_runs,
                 });
             }
             if r.engine == Some("in-process") {

@@ -1,0 +1,447 @@
+//! The lab: a process of superprof's own, emptied of everything, in which single instructions
+//! of a traced program are run under chosen conditions to see whether they can send the pc
+//! elsewhere ([`Probed`]). Nothing of the traced program is touched: its instruction's bytes
+//! are copied to the same address in the lab, and run there.
+//!
+//! The lab is a fork of superprof that stops itself under superprof's ptrace in a session of
+//! its own (no signal of the terminal reaches it). Superprof then maps one page of its own in
+//! it (a system call instruction, and a scratch stack), closes every file it inherited and
+//! unmaps everything else, so that an instruction run there can reach no memory but that page
+//! and the page of code it is copied to. Each run single-steps with PTRACE_SYSEMU_SINGLESTEP:
+//! a system call stops at its entry and never runs. The lab is killed when it is dropped, and
+//! by the kernel if superprof dies (PTRACE_O_EXITKILL, and the death signal of its parent).
+
+use std::collections::HashSet;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use superprof_analyze::Probed;
+
+use crate::posix;
+use crate::sys::{self, RawRegs};
+
+/// Pages of code the lab holds at most before it unmaps them all and starts again.
+const MAX_PAGES: usize = 4096;
+
+/// How one run in the lab ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trial {
+    /// It stopped at the entry of a system call.
+    Syscall,
+    /// It ran, and the pc went here.
+    Went(u64),
+    /// A fault at the instruction itself: it touched memory the lab does not have (or the
+    /// lab's CPU refused it).
+    Fault,
+}
+
+/// The general registers of a run in the lab.
+#[derive(Debug, Clone, Copy)]
+enum Fill {
+    /// All of them this value.
+    Same(u64),
+    /// All different, increasing (x86_64: in the order of their encoding numbers).
+    Increasing,
+    /// All different, decreasing.
+    Decreasing,
+}
+
+/// The lab (see the module's notes).
+pub struct Lab {
+    pid: u32,
+    mem: std::fs::File,
+    /// Its registers when it stopped itself (the segment registers and the like of every run).
+    base: RawRegs,
+    /// A system call instruction, at the start of the lab's own page.
+    gadget: u64,
+    /// The scratch stack pointer of every run (in the lab's own page).
+    stack: u64,
+    /// The lab's own page, and the pages of code mapped in it.
+    home: u64,
+    pages: HashSet<u64>,
+    page: u64,
+    /// Runs so far.
+    pub runs: u64,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod nr {
+    pub const MMAP: u64 = 9;
+    pub const MUNMAP: u64 = 11;
+    pub const RSEQ: u64 = 334;
+}
+#[cfg(target_arch = "aarch64")]
+mod nr {
+    pub const MMAP: u64 = 222;
+    pub const MUNMAP: u64 = 215;
+    pub const RSEQ: u64 = 293;
+}
+const CLOSE_RANGE: u64 = 436;
+const PROT_RWX: u64 = 7;
+const MAP_PRIVATE_ANONYMOUS: u64 = 0x22;
+const MAP_FIXED_NOREPLACE: u64 = 0x10_0000;
+
+/// The condition flags a branch can read, as bits of the flags register (x86_64: CF, PF, ZF,
+/// SF, OF; AArch64: N, Z, C, V).
+#[cfg(target_arch = "x86_64")]
+const CONDITION_BITS: &[u32] = &[0, 2, 6, 7, 11];
+#[cfg(target_arch = "aarch64")]
+const CONDITION_BITS: &[u32] = &[28, 29, 30, 31];
+
+impl Lab {
+    /// Makes the lab. Fails where superprof cannot fork or trace its own child.
+    pub fn new() -> io::Result<Lab> {
+        let pid = posix::fork_stopped_tracee()?;
+        let mut lab = match Lab::adopt(pid) {
+            Ok(lab) => lab,
+            Err(e) => {
+                posix::kill(pid, libc::SIGKILL);
+                let _ = posix::waitpid(pid, false);
+                return Err(e);
+            }
+        };
+        lab.empty()?; // (on failure, dropped: killed)
+        Ok(lab)
+    }
+
+    /// Takes the stopped child `pid` in hand.
+    fn adopt(pid: u32) -> io::Result<Lab> {
+        let status = wait_stop(pid)?;
+        if status != libc::SIGSTOP {
+            return Err(io::Error::other(format!(
+                "the lab stopped with signal {status}"
+            )));
+        }
+        sys::set_options(pid, sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACESYSGOOD)?;
+        let base = sys::raw_regs(pid)?;
+        // It stopped right after its own kill system call: the instruction before its pc.
+        let insn = sys::SYSCALL_INSN;
+        let gadget = sys::pc_of(&base).wrapping_sub(insn.len() as u64);
+        let mut code = vec![0u8; insn.len()];
+        if sys::read_memory(pid, gadget, &mut code) != insn.len() || code != insn {
+            return Err(io::Error::other(
+                "the lab's stop is not after a system call",
+            ));
+        }
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))?;
+        Ok(Lab {
+            pid,
+            mem,
+            base,
+            gadget,
+            stack: 0,
+            home: 0,
+            pages: HashSet::new(),
+            page: posix::page_size(),
+            runs: 0,
+        })
+    }
+
+    /// Maps the lab's own page, closes its files and unmaps everything else.
+    fn empty(&mut self) -> io::Result<()> {
+        let home = self.syscall(
+            nr::MMAP,
+            [0, self.page, PROT_RWX, MAP_PRIVATE_ANONYMOUS, u64::MAX, 0],
+        )?;
+        if home < 0 {
+            return Err(io::Error::from_raw_os_error(-home as i32));
+        }
+        let home = home as u64;
+        self.mem.write_all_at(sys::SYSCALL_INSN, home)?;
+        self.gadget = home;
+        self.home = home;
+        // The stack in the page's second half, 16-aligned, room above for what a run reads.
+        self.stack = home + self.page - 256;
+        self.syscall(CLOSE_RANGE, [0, u32::MAX as u64, 0, 0, 0, 0])?;
+        // The kernel writes to a registered restartable-sequences area when the lab returns
+        // to user space; unmapped, that write would kill it: unregister it first.
+        if let Some((area, size, signature)) = sys::rseq_configuration(self.pid) {
+            const RSEQ_FLAG_UNREGISTER: u64 = 1;
+            let r = self.syscall(
+                nr::RSEQ,
+                [
+                    area,
+                    size as u64,
+                    RSEQ_FLAG_UNREGISTER,
+                    signature as u64,
+                    0,
+                    0,
+                ],
+            )?;
+            if r < 0 {
+                return Err(io::Error::from_raw_os_error(-r as i32));
+            }
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
+        for line in maps.lines() {
+            let Some((lo, hi)) = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, b)| {
+                    Some((
+                        u64::from_str_radix(a, 16).ok()?,
+                        u64::from_str_radix(b, 16).ok()?,
+                    ))
+                })
+            else {
+                continue;
+            };
+            if line.ends_with("[vsyscall]") || (lo..hi).contains(&home) {
+                continue;
+            }
+            self.syscall(nr::MUNMAP, [lo, hi - lo, 0, 0, 0, 0])?;
+        }
+        Ok(())
+    }
+
+    /// Runs system call `nr` with `args` in the lab, through its system call instruction.
+    fn syscall(&mut self, nr: u64, args: [u64; 6]) -> io::Result<i64> {
+        let mut r = self.base;
+        #[cfg(target_arch = "x86_64")]
+        {
+            r.rip = self.gadget;
+            r.rax = nr;
+            r.orig_rax = u64::MAX;
+            [r.rdi, r.rsi, r.rdx, r.r10, r.r8, r.r9] = args;
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            r.pc = self.gadget;
+            r.regs[8] = nr;
+            r.regs[..6].copy_from_slice(&args);
+        }
+        sys::set_regs_outside_syscall(self.pid, &r)?;
+        sys::single_step(self.pid, 0)?;
+        let sig = wait_stop(self.pid)?;
+        if sig != libc::SIGTRAP {
+            return Err(io::Error::other(format!(
+                "a system call ({nr}) in the lab stopped with signal {sig}"
+            )));
+        }
+        Ok(sys::syscall_result(&sys::raw_regs(self.pid)?))
+    }
+
+    /// Maps the pages of `[addr, addr + len)` in the lab, if they are not yet.
+    fn map(&mut self, addr: u64, len: u64) -> io::Result<()> {
+        let first = addr & !(self.page - 1);
+        let last = (addr + len.max(1) - 1) & !(self.page - 1);
+        let mut p = first;
+        while p <= last {
+            if p == self.home {
+                return Err(io::Error::other("code at the lab's own page"));
+            }
+            if !self.pages.contains(&p) {
+                if self.pages.len() >= MAX_PAGES {
+                    let pages: Vec<u64> = self.pages.drain().collect();
+                    for q in pages {
+                        self.syscall(nr::MUNMAP, [q, self.page, 0, 0, 0, 0])?;
+                    }
+                }
+                let flags = MAP_PRIVATE_ANONYMOUS | MAP_FIXED_NOREPLACE;
+                let got = self.syscall(nr::MMAP, [p, self.page, PROT_RWX, flags, u64::MAX, 0])?;
+                if got as u64 != p {
+                    if got >= 0 {
+                        self.syscall(nr::MUNMAP, [got as u64, self.page, 0, 0, 0, 0])?;
+                    }
+                    return Err(io::Error::other(format!("cannot map {p:#x} in the lab")));
+                }
+                self.pages.insert(p);
+            }
+            p += self.page;
+        }
+        Ok(())
+    }
+
+    /// Whether the lab still runs (it stops for superprof).
+    pub fn alive(&self) -> bool {
+        matches!(posix::waitpid(self.pid, true), Ok(None))
+    }
+
+    /// Runs the instruction whose bytes start `code` (`len` bytes long) at `addr` and says
+    /// what it did: under every combination of the condition flags with the general
+    /// registers all zeros, then all ones (a register tested for zero, or a bit of it, either
+    /// way), then, flags clear, with every register different, in increasing and in
+    /// decreasing order (two registers compared either way). The stack pointer is on the
+    /// scratch stack, whose words read zero.
+    pub fn probe(&mut self, addr: u64, code: &[u8], len: u64) -> io::Result<Probed> {
+        self.map(addr, code.len() as u64)?;
+        self.mem.write_all_at(code, addr)?;
+        let next = addr.wrapping_add(len);
+        let all_flags = 1u64 << CONDITION_BITS.len();
+        let mut ran_straight = false;
+        for (fill, combos) in [
+            (Fill::Same(0), all_flags),
+            (Fill::Same(u64::MAX), all_flags),
+            (Fill::Increasing, 1),
+            (Fill::Decreasing, 1),
+        ] {
+            // A clean stack for each: what a return would pop is zero.
+            self.mem
+                .write_all_at(&[0u8; 256], self.stack.wrapping_sub(128))?;
+            for combo in 0..combos {
+                let flags = CONDITION_BITS
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| combo >> i & 1 == 1)
+                    .fold(0u64, |f, (_, &bit)| f | 1 << bit);
+                match self.trial(addr, fill, flags)? {
+                    Trial::Syscall => return Ok(Probed::Syscall),
+                    Trial::Went(pc) if pc == next => ran_straight = true,
+                    Trial::Went(_) => return Ok(Probed::Branch),
+                    // It touches memory the lab does not have; the flags do not change where.
+                    Trial::Fault => break,
+                }
+            }
+        }
+        // An instruction that faulted under some registers touches memory, and is no
+        // conditional branch: wherever it ran, it went straight on.
+        Ok(if ran_straight {
+            Probed::Straight
+        } else {
+            Probed::TouchesMemory
+        })
+    }
+
+    /// One run of the instruction at `addr`: the general registers as `fill` says, the stack
+    /// pointer on the scratch stack, the condition flags `flags`.
+    fn trial(&mut self, addr: u64, fill: Fill, flags: u64) -> io::Result<Trial> {
+        self.runs += 1;
+        let mut r = self.base;
+        let value = |i: u64| match fill {
+            Fill::Same(v) => v,
+            // Distinct, positive either way they are read (signed or not), in order.
+            Fill::Increasing => (i + 1) << 32 | (i + 1),
+            Fill::Decreasing => (40 - i) << 32 | (40 - i),
+        };
+        let mut values = [0u64; 31];
+        for (i, v) in values.iter_mut().enumerate() {
+            *v = value(i as u64);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            [
+                r.rax, r.rcx, r.rdx, r.rbx, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11, r.r12,
+                r.r13, r.r14, r.r15,
+            ] = values[..15].try_into().unwrap_or([0; 15]);
+            r.rsp = self.stack;
+            r.rip = addr;
+            r.orig_rax = u64::MAX;
+            r.eflags = 0x202 | flags;
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            r.regs = values;
+            r.sp = self.stack;
+            r.pc = addr;
+            r.pstate = flags;
+        }
+        sys::set_regs_outside_syscall(self.pid, &r)?;
+        sys::sysemu_step(self.pid)?;
+        let sig = wait_stop(self.pid)?;
+        if sig == libc::SIGTRAP | 0x80 {
+            return Ok(Trial::Syscall);
+        }
+        let pc = sys::pc_of(&sys::raw_regs(self.pid)?);
+        Ok(if sig != libc::SIGTRAP && pc == addr {
+            Trial::Fault
+        } else {
+            Trial::Went(pc)
+        })
+    }
+}
+
+/// Waits for the lab to stop; its stop signal. An error if it ended.
+fn wait_stop(pid: u32) -> io::Result<i32> {
+    loop {
+        match posix::waitpid(pid, false) {
+            Ok(Some(status)) if status & 0xff == 0x7f => return Ok((status >> 8) & 0xff),
+            Ok(Some(status)) => {
+                return Err(io::Error::other(format!(
+                    "the lab ended (wait status {status:#x})"
+                )))
+            }
+            Ok(None) => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        posix::kill(self.pid, libc::SIGKILL);
+        let _ = posix::waitpid(self.pid, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_lab_tells_branches_from_straight_code() {
+        let mut lab = Lab::new().expect("a lab");
+        let at = 0x5555_0000_1000u64;
+        let cases: &[(&[u8], u64, Probed)] = &[
+            (&[0x48, 0x01, 0xd8], 3, Probed::Straight), // add rax, rbx
+            (&[0x74, 0x05], 2, Probed::Branch),         // je
+            (&[0x70, 0x05], 2, Probed::Branch),         // jo
+            (&[0x0f, 0x8a, 0, 1, 0, 0], 6, Probed::Branch), // jp rel32
+            (&[0xe3, 0x05], 2, Probed::Branch),         // jrcxz
+            (&[0xe2, 0x05], 2, Probed::Branch),         // loop
+            (&[0xc3], 1, Probed::Branch),               // ret
+            (&[0xe8, 0x10, 0, 0, 0], 5, Probed::Branch), // call
+            (&[0xff, 0xe0], 2, Probed::Branch),         // jmp rax
+            (&[0x0f, 0x05], 2, Probed::Syscall),        // syscall
+            (&[0x48, 0x8b, 0x03], 3, Probed::TouchesMemory), // mov rax, [rbx]
+            (&[0x48, 0x8b, 0x04, 0x24], 4, Probed::Straight), // mov rax, [rsp]
+            (&[0x50], 1, Probed::Straight),             // push rax
+            (&[0x0f, 0x44, 0xc3], 3, Probed::Straight), // cmove eax, ebx
+            (&[0xf3, 0x48, 0xa5], 3, Probed::Straight), // rep movsq
+        ];
+        for &(code, len, want) in cases {
+            let got = lab.probe(at, code, len).expect("a probe");
+            assert_eq!(got, want, "{code:02x?}");
+        }
+        assert!(lab.runs > 0);
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[test]
+    fn the_lab_tells_branches_from_straight_code() {
+        let mut lab = Lab::new().expect("a lab");
+        let at = 0x5555_0000_1000u64;
+        let cases: &[(u32, Probed)] = &[
+            (0x8b020020, Probed::Straight),      // add x0, x1, x2
+            (0x54000040, Probed::Branch),        // b.eq +8
+            (0x54000068, Probed::Branch),        // b.hi +12
+            (0xb4000040, Probed::Branch),        // cbz x0, +8
+            (0xb5000040, Probed::Branch),        // cbnz x0, +8
+            (0x36180040, Probed::Branch),        // tbz w0, #3, +8
+            (0x37180040, Probed::Branch),        // tbnz w0, #3, +8
+            (0xd65f03c0, Probed::Branch),        // ret
+            (0x94000010, Probed::Branch),        // bl +64
+            (0xd4000001, Probed::Syscall),       // svc #0
+            (0xf9400020, Probed::TouchesMemory), // ldr x0, [x1]
+            (0xa9bf7bfd, Probed::Straight),      // stp x29, x30, [sp, #-16]!
+            (0x9a821020, Probed::Straight),      // csel x0, x1, x2, ne
+        ];
+        for &(word, want) in cases {
+            let got = lab.probe(at, &word.to_le_bytes(), 4).expect("a probe");
+            assert_eq!(got, want, "{word:08x}");
+        }
+    }
+
+    #[test]
+    fn the_lab_is_gone_when_dropped() {
+        let lab = Lab::new().expect("a lab");
+        let pid = lab.pid;
+        drop(lab);
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+}
