@@ -209,6 +209,17 @@ fn commands() -> Vec<(String, String)> {
             ),
         ));
     }
+    // And on libpython's functions, as Debian builds them for arm64.
+    for analyzer in ["decode", "learn"] {
+        v.push((
+            format!("blocks-py-{analyzer}"),
+            format!(
+                "PYTHONHASHSEED=0 superprof blocks --format json -o $J --engine ptrace \
+                 --analyzer {analyzer} -r PyFloat_FromDouble -r PyObject_Repr -r PyObject_Str \
+                 -r PyUnicode_Concat -r PyLong_FromLong -- python3.11 -S -B /t/loop.py"
+            ),
+        ));
+    }
     // The learner training while ld.so runs dlopen (a region inside ld.so): its single steps
     // go over system calls, which AArch64's kernel reports as a SIGTRAP "from a user".
     v.push((
@@ -342,6 +353,12 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
     // Debian's own arm64 C library where the programs' interpreter looks, its debug files
     // where superprof looks for them (as on a Debian host with libc6-dbg installed).
     install_debian_libc(&debs, &pkg, &root);
+    install_debian_python(&debs, &pkg, &root);
+    std::fs::write(
+        root.join("t/loop.py"),
+        "s = ''\nfor i in range(100):\n    s = repr(float(i) * 1.5) + str(i)\nprint('python', s)\n",
+    )
+    .unwrap();
     std::fs::copy(
         "/usr/aarch64-linux-gnu/lib/libgcc_s.so.1",
         root.join("lib/libgcc_s.so.1"),
@@ -545,6 +562,42 @@ fn install_debian_libc(debs: &Path, pkg: &Path, root: &Path) {
         let to = root.join(&rel);
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::copy(&debug, &to).unwrap();
+    }
+}
+
+/// Debian's arm64 Python: python3.11-minimal (the interpreter, libpython linked in, its
+/// functions exported) with libpython3.11-minimal's core library, and the libraries it
+/// needs beside libc.
+fn install_debian_python(debs: &Path, pkg: &Path, root: &Path) {
+    let py = pkg.join("python");
+    for prefix in [
+        "python3.11-minimal_",
+        "libpython3.11-minimal_",
+        "libexpat1_",
+        "zlib1g_",
+    ] {
+        let deb = find_deb(debs, &format!("{prefix}*_arm64.deb"), |n| {
+            n.starts_with(prefix) && n.ends_with("_arm64.deb")
+        });
+        unpack(&deb, &py);
+    }
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    std::fs::copy(
+        py.join("usr/bin/python3.11"),
+        root.join("usr/bin/python3.11"),
+    )
+    .unwrap();
+    run_ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(py.join("usr/lib/python3.11"))
+            .arg(root.join("usr/lib/python3.11")),
+    );
+    for lib in ["libexpat.so.1", "libz.so.1"] {
+        // (A link to the versioned file, which the copy follows.)
+        let from = py.join("lib/aarch64-linux-gnu").join(lib);
+        std::fs::copy(&from, root.join("lib").join(lib))
+            .unwrap_or_else(|e| panic!("{}: {e}", from.display()));
     }
 }
 
@@ -872,6 +925,31 @@ fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
     for r in decode["regions"].as_array().unwrap() {
         let start = r["start"].as_str().unwrap();
         assert!(counts.get(start) >= Some(&300), "{}: {counts:?}", r["name"]);
+    }
+}
+
+/// The learning analyzer on libpython's functions as Debian builds them for arm64 (its
+/// python3.11 links libpython in; loop.py runs 100 rounds of float, repr, str and
+/// concatenation, after the interpreter's start compiled its library from source): decode's
+/// blocks with decode's counts, every function run at least 100 times (PyObject_Repr a few
+/// times only: Debian's optimized build has inlined it into the builtin repr, and only its
+/// other callers enter it).
+#[test]
+fn learn_counts_what_decode_counts_on_libpython() {
+    let (s, decode) = ok("blocks-py-decode");
+    let (l, learn) = ok("blocks-py-learn");
+    assert!(s.output.contains("python 148.599"), "{}", s.output);
+    assert_eq!(block_list(learn), block_list(decode), "{}", l.output);
+    assert_learned_in_the_lab(learn);
+    let counts = block_counts(decode);
+    for r in decode["regions"].as_array().unwrap() {
+        let start = r["start"].as_str().unwrap();
+        let least = if r["name"] == "PyObject_Repr" { 1 } else { 100 };
+        assert!(
+            counts.get(start) >= Some(&least),
+            "{}: {counts:?}",
+            r["name"]
+        );
     }
 }
 

@@ -77,12 +77,13 @@ pub struct Counts {
     learn_steps: u64,
     /// Single steps outside the regions, to train the learner.
     train_steps: u64,
-    /// Whether to train at all: on x86_64 (the tests of the learner's checks turn it off with
-    /// SUPERPROF_TEST_NO_TRAINING, so that a wrong prediction can be made to happen). Not yet
-    /// on AArch64: in the arm64 guest, with training, learn counted 31 executions of a block
-    /// of glibc's strchr where decode (and the fixture) count 32, with no run seen off its
-    /// path; not understood yet. (SUPERPROF_TEST_TRAIN turns it on there, for the test of
-    /// training through system calls.)
+    /// Whether a learner without a lab trains at all (with a lab it never asks to): on x86_64
+    /// (the tests of the learner's checks turn it off with SUPERPROF_TEST_NO_TRAINING, so that
+    /// a wrong prediction can be made to happen). Not on AArch64: in the arm64 guest, with
+    /// training and no lab, learn counted 31 executions of a block of glibc's strchr where
+    /// decode (and the fixture) count 32, with no run seen off its path; not understood.
+    /// (SUPERPROF_TEST_TRAIN turns it on there, for the test of training through system
+    /// calls.)
     train: bool,
     /// Per thread: the run it was let go on, checked at its next stop.
     runs: HashMap<u32, Run>,

@@ -235,12 +235,14 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             }
             if let Some((name, s)) = &r.analyzer {
                 if *name == "learn" {
-                    let _ =
-                        writeln!(
+                    let _ = writeln!(
                         out,
-                        "learn: {} single steps in the regions and {} outside them to train, {} \
-                         blocks predicted from the table{}, {} table entries ({}), {} runs off \
-                         their predicted path (their ranges single-stepped since)",
+                        "learn: {} instructions run in the lab ({} runs), {} single steps in \
+                         the regions and {} outside them to train, {} blocks predicted from the \
+                         table{}, {} table entries ({}), {} runs off their predicted path (their \
+                         ranges single-stepped since)",
+                        s.probed,
+                        s.lab_runs,
                         s.single_steps,
                         s.training_steps,
                         s.predictions,
@@ -248,7 +250,13 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                             .map(|n| format!(" ({n} agree with the decoder)"))
                             .unwrap_or_default(),
                         s.table_entries,
-                        if s.settled { "settled" } else { "still learning" },
+                        if s.probed > 0 {
+                            "verdicts of the lab"
+                        } else if s.settled {
+                            "settled"
+                        } else {
+                            "still learning"
+                        },
                         s.mispredicted
                     );
                 }
