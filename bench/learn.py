@@ -3,10 +3,12 @@
 per block execution, and how they fall as the learner warms up.
 
 Runs `superprof blocks --engine ptrace` on tests/fixtures/learn_o3.c (built at -O3) for a
-growing number of rounds, with `--analyzer decode` and `--analyzer learn`, and prints per run
-the block executions, the stops (breakpoint stops and single steps), learn's single steps
-inside the regions and outside them (training), and, between successive round counts, the
-marginal stops per block execution: what a warmed-up learner costs against the decoder.
+growing number of rounds, with `--analyzer decode`, `--analyzer learn` (with its lab), and
+`--analyzer learn` without a lab (SUPERPROF_TEST_NO_LAB: the fallback that learns from single
+steps and training alone), and prints per run the block executions, the stops (breakpoint
+stops and single steps), learn's single steps inside the regions and outside them (training),
+the instructions it ran in the lab and the lab's runs, and, between successive round counts,
+the marginal stops per block execution: what a warmed-up learner costs against the decoder.
 
 Usage: python3 bench/learn.py [ROUNDS,ROUNDS,...]   (default 10,100,1000,4000)
 """
@@ -23,12 +25,15 @@ REGIONS = ["run", "finish", "clamp", "mix", "rare_error"]
 
 
 def blocks(exe, rounds, analyzer, out):
-    args = [SUPERPROF, "blocks", "--engine", "ptrace", "--analyzer", analyzer,
+    env = dict(os.environ)
+    if analyzer == "learn, no lab":
+        env["SUPERPROF_TEST_NO_LAB"] = "1"
+    args = [SUPERPROF, "blocks", "--engine", "ptrace", "--analyzer", analyzer.split(",")[0],
             "--format", "json", "-o", out]
     for r in REGIONS:
         args += ["-r", r]
     t0 = time.monotonic()
-    subprocess.run(args + ["--", exe, str(rounds)], check=True,
+    subprocess.run(args + ["--", exe, str(rounds)], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     secs = time.monotonic() - t0
     with open(out) as f:
@@ -38,7 +43,8 @@ def blocks(exe, rounds, analyzer, out):
     return {"secs": secs, "execs": execs, "stops": doc["stops"],
             "steps": a.get("single_steps", 0), "training": a.get("training_steps", 0),
             "predictions": a.get("predictions", 0), "right": a.get("predictions_right"),
-            "mispredicted": a.get("mispredicted", 0)}
+            "mispredicted": a.get("mispredicted", 0), "probed": a.get("probed", 0),
+            "lab_runs": a.get("lab_runs", 0)}
 
 
 def main():
@@ -49,18 +55,19 @@ def main():
                         os.path.join(ROOT, "tests/fixtures/learn_o3.c")], check=True)
         out = os.path.join(d, "b.json")
         print("| rounds | analyzer | block executions | stops | stops per execution | "
-              "single steps in regions | training steps | predictions (agree) | "
-              "mispredicted | seconds |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "single steps in regions | training steps | probed in the lab (runs) | "
+              "predictions (agree) | mispredicted | seconds |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         prev = {}
         marginal = []
         for n in rounds:
-            for analyzer in ["decode", "learn"]:
+            for analyzer in ["decode", "learn", "learn, no lab"]:
                 r = blocks(exe, n, analyzer, out)
                 agree = "" if r["right"] is None else f" ({r['right']})"
                 print(f"| {n} | {analyzer} | {r['execs']:,} | {r['stops']:,} | "
                       f"{r['stops'] / max(r['execs'], 1):.3f} | {r['steps']:,} | "
-                      f"{r['training']:,} | {r['predictions']:,}{agree} | "
+                      f"{r['training']:,} | {r['probed']:,} ({r['lab_runs']:,}) | "
+                      f"{r['predictions']:,}{agree} | "
                       f"{r['mispredicted']} | {r['secs']:.2f} |")
                 if analyzer in prev:
                     p = prev[analyzer]
