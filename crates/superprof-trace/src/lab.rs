@@ -4,10 +4,10 @@
 //! are copied to the same address in the lab, and run there.
 //!
 //! The lab is a fork of superprof that stops itself under superprof's ptrace in a session of
-//! its own (no signal of the terminal reaches it). Superprof then maps one page of its own in
-//! it (a system call instruction, and a scratch stack), closes every file it inherited and
-//! unmaps everything else, so that an instruction run there can reach no memory but that page
-//! and the page of code it is copied to. Each run single-steps with PTRACE_SYSEMU_SINGLESTEP:
+//! its own (no signal of the terminal reaches it). Superprof then maps three pages of its own
+//! in it (a system call instruction, read-only; scratch data; a scratch stack), closes every
+//! file it inherited and unmaps everything else, so that an instruction run there can reach
+//! no memory but those pages and the page of code it is copied to. Each run single-steps with PTRACE_SYSEMU_SINGLESTEP:
 //! a system call stops at its entry and never runs. The lab is killed when it is dropped, and
 //! by the kernel if superprof dies (PTRACE_O_EXITKILL, and the death signal of its parent).
 
@@ -54,9 +54,11 @@ pub struct Lab {
     base: RawRegs,
     /// A system call instruction, at the start of the lab's own page.
     gadget: u64,
-    /// The scratch stack pointer of every run (in the lab's own page).
+    /// The scratch stack pointer of every run (in the lab's third page).
     stack: u64,
-    /// The lab's own page, and the pages of code mapped in it.
+    /// The middle of the scratch data page (the lab's second page).
+    scratch: u64,
+    /// The lab's own three pages, and the pages of code mapped in it.
     home: u64,
     pages: HashSet<u64>,
     page: u64,
@@ -69,12 +71,14 @@ mod nr {
     pub const MMAP: u64 = 9;
     pub const MUNMAP: u64 = 11;
     pub const RSEQ: u64 = 334;
+    pub const MPROTECT: u64 = 10;
 }
 #[cfg(target_arch = "aarch64")]
 mod nr {
     pub const MMAP: u64 = 222;
     pub const MUNMAP: u64 = 215;
     pub const RSEQ: u64 = 293;
+    pub const MPROTECT: u64 = 226;
 }
 const CLOSE_RANGE: u64 = 436;
 const PROT_RWX: u64 = 7;
@@ -133,6 +137,7 @@ impl Lab {
             base,
             gadget,
             stack: 0,
+            scratch: 0,
             home: 0,
             pages: HashSet::new(),
             page: posix::page_size(),
@@ -140,11 +145,18 @@ impl Lab {
         })
     }
 
-    /// Maps the lab's own page, closes its files and unmaps everything else.
+    /// Maps the lab's own pages, closes its files and unmaps everything else.
     fn empty(&mut self) -> io::Result<()> {
         let home = self.syscall(
             nr::MMAP,
-            [0, self.page, PROT_RWX, MAP_PRIVATE_ANONYMOUS, u64::MAX, 0],
+            [
+                0,
+                3 * self.page,
+                PROT_RWX,
+                MAP_PRIVATE_ANONYMOUS,
+                u64::MAX,
+                0,
+            ],
         )?;
         if home < 0 {
             return Err(io::Error::from_raw_os_error(-home as i32));
@@ -153,8 +165,15 @@ impl Lab {
         self.mem.write_all_at(sys::SYSCALL_INSN, home)?;
         self.gadget = home;
         self.home = home;
-        // The stack in the page's second half, 16-aligned, room above for what a run reads.
-        self.stack = home + self.page - 256;
+        // The system call instruction out of the runs' reach.
+        const PROT_RX: u64 = 5;
+        let r = self.syscall(nr::MPROTECT, [home, self.page, PROT_RX, 0, 0, 0])?;
+        if r < 0 {
+            return Err(io::Error::from_raw_os_error(-r as i32));
+        }
+        self.scratch = home + self.page + self.page / 2;
+        // The stack near the third page's end, 16-aligned, room above for what a run reads.
+        self.stack = home + 3 * self.page - 256;
         self.syscall(CLOSE_RANGE, [0, u32::MAX as u64, 0, 0, 0, 0])?;
         // The kernel writes to a registered restartable-sequences area when the lab returns
         // to user space; unmapped, that write would kill it: unregister it first.
@@ -190,7 +209,7 @@ impl Lab {
             else {
                 continue;
             };
-            if line.ends_with("[vsyscall]") || (lo..hi).contains(&home) {
+            if line.ends_with("[vsyscall]") || (lo < home + 3 * self.page && home < hi) {
                 continue;
             }
             self.syscall(nr::MUNMAP, [lo, hi - lo, 0, 0, 0, 0])?;
@@ -231,8 +250,8 @@ impl Lab {
         let last = (addr + len.max(1) - 1) & !(self.page - 1);
         let mut p = first;
         while p <= last {
-            if p == self.home {
-                return Err(io::Error::other("code at the lab's own page"));
+            if (self.home..self.home + 3 * self.page).contains(&p) {
+                return Err(io::Error::other("code at the lab's own pages"));
             }
             if !self.pages.contains(&p) {
                 if self.pages.len() >= MAX_PAGES {
@@ -265,8 +284,10 @@ impl Lab {
     /// what it did: under every combination of the condition flags with the general
     /// registers all zeros, then all ones (a register tested for zero, or a bit of it, either
     /// way), then, flags clear, with every register different, in increasing and in
-    /// decreasing order (two registers compared either way). The stack pointer is on the
-    /// scratch stack, whose words read zero.
+    /// decreasing order (two registers compared either way), then all pointing into the
+    /// scratch data page (an instruction that reads or writes memory through a register
+    /// runs; a `rep` string instruction repeats itself, and so stays: a block of its own, as
+    /// the decoder has it). The stack pointer is on the scratch stack, whose words read zero.
     pub fn probe(&mut self, addr: u64, code: &[u8], len: u64) -> io::Result<Probed> {
         self.map(addr, code.len() as u64)?;
         self.mem.write_all_at(code, addr)?;
@@ -278,6 +299,7 @@ impl Lab {
             (Fill::Same(u64::MAX), all_flags),
             (Fill::Increasing, 1),
             (Fill::Decreasing, 1),
+            (Fill::Same(self.scratch), 1),
         ] {
             // A clean stack for each: what a return would pop is zero.
             self.mem
@@ -398,11 +420,14 @@ mod tests {
             (&[0xe8, 0x10, 0, 0, 0], 5, Probed::Branch), // call
             (&[0xff, 0xe0], 2, Probed::Branch),         // jmp rax
             (&[0x0f, 0x05], 2, Probed::Syscall),        // syscall
-            (&[0x48, 0x8b, 0x03], 3, Probed::TouchesMemory), // mov rax, [rbx]
+            (&[0x48, 0x8b, 0x03], 3, Probed::Straight), // mov rax, [rbx]
+            (&[0x48, 0x8b, 0x05, 0, 0, 0, 1], 7, Probed::TouchesMemory), // mov rax, [rip+16M]
             (&[0x48, 0x8b, 0x04, 0x24], 4, Probed::Straight), // mov rax, [rsp]
             (&[0x50], 1, Probed::Straight),             // push rax
             (&[0x0f, 0x44, 0xc3], 3, Probed::Straight), // cmove eax, ebx
-            (&[0xf3, 0x48, 0xa5], 3, Probed::Straight), // rep movsq
+            (&[0xf3, 0x48, 0xa5], 3, Probed::Branch),   // rep movsq: repeats itself
+            (&[0xf3, 0x90], 2, Probed::Straight),       // pause
+            (&[0xff, 0x25, 0, 0, 0, 1], 6, Probed::TouchesMemory), // jmp [rip+16M]
         ];
         for &(code, len, want) in cases {
             let got = lab.probe(at, code, len).expect("a probe");
@@ -427,7 +452,8 @@ mod tests {
             (0xd65f03c0, Probed::Branch),        // ret
             (0x94000010, Probed::Branch),        // bl +64
             (0xd4000001, Probed::Syscall),       // svc #0
-            (0xf9400020, Probed::TouchesMemory), // ldr x0, [x1]
+            (0xf9400020, Probed::Straight),      // ldr x0, [x1]
+            (0x58800000, Probed::TouchesMemory), // ldr x0, . - 1M (a literal)
             (0xa9bf7bfd, Probed::Straight),      // stp x29, x30, [sp, #-16]!
             (0x9a821020, Probed::Straight),      // csel x0, x1, x2, ne
         ];
