@@ -530,6 +530,82 @@ fn sigkill_of_superprof_leaves_the_code_as_it_was() {
     }
 }
 
+/// The children of process `pid` (all its threads') whose command name is `name`.
+fn children_named(pid: u32, name: &str) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == name)
+        })
+        .collect()
+}
+
+/// Whether process `pid` has ended (gone, or a zombie waiting for its parent).
+fn ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|r| matches!(r.trim_start().chars().next(), Some('Z' | 'X')))
+    })
+}
+
+/// The learning analyzer's lab (a forked superprof, emptied, that runs the program's
+/// instructions alone) never outlives superprof: killed (SIGKILL: the kernel kills the lab
+/// with its tracer) or stopped (SIGTERM, SIGINT) while the learner counts, superprof leaves
+/// no lab behind.
+#[test]
+fn the_learners_lab_goes_with_superprof() {
+    let dir = TempDir::new("harm-lab");
+    let exe = compile(&dir, "o3", &["learn_o3.c"], &["-O3", "-g"]);
+    for sig in [libc::SIGKILL, libc::SIGTERM, libc::SIGINT] {
+        let mut sp = superprof()
+            .args([
+                "blocks",
+                "--analyzer",
+                "learn",
+                "-r",
+                "run",
+                "-o",
+                "/dev/null",
+            ])
+            .arg("--")
+            .arg(&exe)
+            .arg("100000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let lab = loop {
+            // (The janitor is "superprof-jan"; the command "o3".)
+            if let Some(&lab) = children_named(sp.id(), "superprof").first() {
+                break lab;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "no lab appeared");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let program = children_named(sp.id(), "o3");
+        signal_and_wait(&mut sp, sig);
+        let start = Instant::now();
+        while !ended(lab) && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(ended(lab), "signal {sig}: the lab {lab} outlived superprof");
+        for p in program {
+            // SAFETY: the test's own grandchild, left running when superprof was killed.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+    }
+}
+
 /// Whether process `pid` (stopped) has a child: the command it launches is its first.
 fn children_of(pid: u32) -> bool {
     // Stopped by the time /proc says so.
