@@ -279,15 +279,7 @@ impl Drop for RingMap {
     }
 }
 
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
+pub use superprof_unwind::page_size;
 
 /// Waits until one of `fds` is readable or `timeout_ms` passes. Returns the indexes of the fds
 /// that reported a hang-up (their task exited).

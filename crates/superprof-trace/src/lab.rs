@@ -140,7 +140,7 @@ impl Lab {
             scratch: 0,
             home: 0,
             pages: HashSet::new(),
-            page: posix::page_size(),
+            page: superprof_unwind::page_size() as u64,
             runs: 0,
         })
     }

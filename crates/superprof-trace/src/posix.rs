@@ -140,17 +140,6 @@ pub fn fork_stopped_tracee() -> io::Result<u32> {
     Ok(pid as u32)
 }
 
-/// The size of a page of memory.
-pub fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 {
-        n as u64
-    } else {
-        4096
-    }
-}
-
 /// waitpid on child `pid`: its raw status once it has ended, `None` if it still runs (with
 /// `nohang`). EINTR comes back as an error of kind `Interrupted`.
 pub fn waitpid(pid: u32, nohang: bool) -> io::Result<Option<libc::c_int>> {

@@ -37,4 +37,4 @@ pub use framehop::FrameAddress;
 pub use guest::{frame_parts, GuestArch, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, Truncation, UnwindOutcome};
 pub use regs::UserRegs;
-pub use sys::{clock_ns, monotonic_ns};
+pub use sys::{clock_ns, monotonic_ns, page_size};

@@ -1,4 +1,5 @@
-//! The unsafe operations of this crate: file mapping, and the clock samples are stamped with.
+//! The unsafe operations of this crate: file mapping, the clock samples are stamped with, and
+//! the page size.
 
 use std::path::Path;
 
@@ -26,4 +27,16 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// their times compare.
 pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// The size of a page of memory (shared by the crates that map memory, here and in traced
+/// processes).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
 }

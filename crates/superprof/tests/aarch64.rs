@@ -911,21 +911,31 @@ fn learn_counts_what_decode_counts_on_o3_code() {
     }
 }
 
+/// Sections `blocks-{what}-decode` and `blocks-{what}-learn`: decode's output says `says`,
+/// learn's blocks and counts are decode's, learned in the lab, and each region's entry ran at
+/// least `least(region)` times.
+fn assert_learn_is_decode(what: &str, says: &str, least: impl Fn(&str) -> u64) {
+    let (s, decode) = ok(&format!("blocks-{what}-decode"));
+    let (l, learn) = ok(&format!("blocks-{what}-learn"));
+    assert!(s.output.contains(says), "{}", s.output);
+    assert_eq!(block_list(learn), block_list(decode), "{}", l.output);
+    assert_learned_in_the_lab(learn);
+    let counts = block_counts(decode);
+    for r in decode["regions"].as_array().unwrap() {
+        let (name, start) = (r["name"].as_str().unwrap(), r["start"].as_str().unwrap());
+        assert!(
+            counts.get(start) >= Some(&least(name)),
+            "{name}: {counts:?}"
+        );
+    }
+}
+
 /// The learning analyzer on Debian's arm64 glibc (strlen's implementation behind its ifunc,
 /// and strchr; strings.c calls each 300 times): decode's blocks with decode's counts, each
 /// function entered at least as often as the fixture calls it.
 #[test]
 fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
-    let (s, decode) = ok("blocks-libc-decode");
-    let (l, learn) = ok("blocks-libc-learn");
-    assert!(s.output.contains("strlen=__strlen_"), "{}", s.output);
-    assert_eq!(block_list(learn), block_list(decode), "{}", l.output);
-    assert_learned_in_the_lab(learn);
-    let counts = block_counts(decode);
-    for r in decode["regions"].as_array().unwrap() {
-        let start = r["start"].as_str().unwrap();
-        assert!(counts.get(start) >= Some(&300), "{}: {counts:?}", r["name"]);
-    }
+    assert_learn_is_decode("libc", "strlen=__strlen_", |_| 300);
 }
 
 /// The learning analyzer on libpython's functions as Debian builds them for arm64 (its
@@ -936,21 +946,13 @@ fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
 /// other callers enter it).
 #[test]
 fn learn_counts_what_decode_counts_on_libpython() {
-    let (s, decode) = ok("blocks-py-decode");
-    let (l, learn) = ok("blocks-py-learn");
-    assert!(s.output.contains("python 148.599"), "{}", s.output);
-    assert_eq!(block_list(learn), block_list(decode), "{}", l.output);
-    assert_learned_in_the_lab(learn);
-    let counts = block_counts(decode);
-    for r in decode["regions"].as_array().unwrap() {
-        let start = r["start"].as_str().unwrap();
-        let least = if r["name"] == "PyObject_Repr" { 1 } else { 100 };
-        assert!(
-            counts.get(start) >= Some(&least),
-            "{}: {counts:?}",
-            r["name"]
-        );
-    }
+    assert_learn_is_decode("py", "python 148.599", |name| {
+        if name == "PyObject_Repr" {
+            1
+        } else {
+            100
+        }
+    });
 }
 
 /// The learner without a lab single-steps to train (both switched by test variables: with a
