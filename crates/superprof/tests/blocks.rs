@@ -429,6 +429,14 @@ fn learn_equals_decode_and_callgrind_at_o3() {
     // The error path ran once, at the end.
     let rare = blocks_of(&learn);
     assert!(rare.iter().any(|b| b.count == 1), "{rare:?}");
+    // Without a lab (the fallback: patterns and training), the same blocks and counts.
+    let mut args = regions.to_vec();
+    args.extend(["--analyzer", "learn"]);
+    let fallback = blocks_json_env(&dir, &args, &cmd, &[("SUPERPROF_TEST_NO_LAB", "1")]);
+    assert_learn_is_decode("O3 without a lab", &fallback, &learn);
+    let a = &fallback["analyzer"];
+    assert_eq!(a["probed"], 0, "{a}");
+    assert!(a["training_steps"].as_u64() > Some(0), "{a}");
 }
 
 /// The learning analyzer on code nobody here wrote: Debian's glibc string functions behind

@@ -77,18 +77,20 @@ pub struct Counts {
     learn_steps: u64,
     /// Single steps outside the regions, to train the learner.
     train_steps: u64,
-    /// Whether a learner without a lab trains at all (with a lab it never asks to): on x86_64
-    /// (the tests of the learner's checks turn it off with SUPERPROF_TEST_NO_TRAINING, so that
-    /// a wrong prediction can be made to happen). Not on AArch64: in the arm64 guest, with
-    /// training and no lab, learn counted 31 executions of a block of glibc's strchr where
-    /// decode (and the fixture) count 32, with no run seen off its path; not understood.
-    /// (SUPERPROF_TEST_TRAIN turns it on there, for the test of training through system
-    /// calls.)
+    /// Whether a learner without a lab trains at all (with a lab it never asks to): the tests
+    /// of the learner's checks turn it off with SUPERPROF_TEST_NO_TRAINING, so that a wrong
+    /// prediction can be made to happen.
     train: bool,
     /// Per thread: the run it was let go on, checked at its next stop.
     runs: HashMap<u32, Run>,
     /// Runs whose next stop was off their path.
     mispredicted: u64,
+    /// Runs that stopped on their path, per (where they were let go, where they stopped):
+    /// every instruction from the one to the other ran. A learner that predicted an
+    /// instruction straight on and learned later that it ends a block (a branch seen taken
+    /// elsewhere) had those runs go through the block after it uncounted there; see
+    /// [`Counts::blocks`].
+    segments: HashMap<(u64, u64), u64>,
     /// Ranges [from, last) of runs that left their path: one of their instructions predicted
     /// straight on branched. Whatever the learner predicts, a thread is single-stepped
     /// through them until it sees one of their instructions branch (then the learner knows
@@ -133,6 +135,7 @@ impl Counts {
         self.code.clear();
         self.runs.clear();
         self.suspect.clear();
+        self.segments.clear();
     }
 
     /// The block run from `start` ended before `end`.
@@ -379,7 +382,9 @@ impl Counts {
         };
         // (A one-instruction block is a run with from == last.)
         let on_path = addr == run.last || (run.from < addr && addr < run.last);
-        if !on_path {
+        if on_path {
+            *self.segments.entry((run.from, addr)).or_default() += 1;
+        } else {
             self.mispredicted += 1;
             if !self.suspect.contains(&(run.from, run.last)) {
                 self.suspect.push((run.from, run.last));
@@ -508,11 +513,12 @@ impl Counts {
     fn trained(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, n: u32) {
         if self.in_region(pc).is_none() {
             self.leave(tracer, tid, pid, pc, n + 1);
-        } else if self.has_bp(pc) {
-            tracer.resume(tid); // its breakpoint counts it
+        } else if self.starts.contains(&pc) {
+            tracer.resume(tid); // its start breakpoint counts it
         } else {
-            // Back in a region where no breakpoint waits (a jump into its middle): counted
-            // here, as a branch's landing.
+            // Back in a region where no start breakpoint waits (a jump into its middle, or
+            // onto a block's last instruction, whose breakpoint counts nothing): counted here,
+            // as a branch's landing.
             *self.arrivals.entry(pc).or_default() += 1;
             self.current.insert(tid, pc);
             self.advance(tracer, tid, pid, pc, false);
@@ -601,11 +607,14 @@ impl Counts {
             let mut exec = arrivals;
             let passes = self.passes.get(&s).copied().unwrap_or(0);
             match prev {
-                // A start breakpoint counts every execution since it was set; passes are
-                // from before.
-                _ if self.starts.contains(&s) => exec += passes,
+                // A start breakpoint counts every execution since it was set; passes (and
+                // runs that went by it) are from before.
+                _ if self.starts.contains(&s) => exec += passes + self.ran_through(s, false),
                 Some((prev_end, prev_exec)) if prev_end > s => exec += prev_exec,
-                _ => exec += passes,
+                // A leader after a block end learned late: besides its arrivals, the
+                // executions that came to it by single steps while the analyzer could not
+                // tell, and by runs it predicted straight on through it before it knew.
+                _ => exec += passes + self.ran_through(s, true),
             }
             let Some(&full_end) = self.block_end_of.get(&s).filter(|&&e| e > s) else {
                 prev = None;
@@ -618,6 +627,18 @@ impl Counts {
             prev = Some((full_end, exec));
         }
         out
+    }
+}
+
+impl Counts {
+    /// Runs that went through `addr` from before it (and, `stopped`, those that stopped on
+    /// it: an end breakpoint, which counts nothing).
+    fn ran_through(&self, addr: u64, stopped: bool) -> u64 {
+        self.segments
+            .iter()
+            .filter(|(&(from, to), _)| from < addr && (addr < to || (stopped && addr == to)))
+            .map(|(_, &n)| n)
+            .sum()
     }
 }
 
@@ -656,11 +677,10 @@ impl Counts {
             steps: HashMap::new(),
             learn_steps: 0,
             train_steps: 0,
-            train: (cfg!(target_arch = "x86_64")
-                || std::env::var_os("SUPERPROF_TEST_TRAIN").is_some())
-                && std::env::var_os("SUPERPROF_TEST_NO_TRAINING").is_none(),
+            train: std::env::var_os("SUPERPROF_TEST_NO_TRAINING").is_none(),
             runs: HashMap::new(),
             mispredicted: 0,
+            segments: HashMap::new(),
             suspect: Vec::new(),
             emulate,
             emulated: 0,
