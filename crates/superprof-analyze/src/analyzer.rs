@@ -68,7 +68,8 @@ pub struct AnalyzerStats {
     /// Block runs that did not reach the end their prediction gave (their next stop was
     /// elsewhere: an instruction predicted straight on branched); filled in by the caller.
     pub mispredicted: u64,
-    /// Whether the table had stopped changing (see [`Analyzer::wants_training`]).
+    /// Whether the table had stopped changing (see [`Analyzer::wants_training`]); always, for
+    /// a learner with a lab (it never trains).
     pub settled: bool,
     /// Instructions run in the lab ([`Probed`]), and the runs (one per condition) that took.
     pub probed: u64,

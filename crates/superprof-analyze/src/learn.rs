@@ -491,7 +491,8 @@ impl Analyzer for Learn {
                 + self.branch_rows.len()
                 + self.straight_heads.len()
                 + self.branch_addrs.len(),
-            settled: self.settled(),
+            // (With a lab there is nothing to train for.)
+            settled: self.lab || self.settled(),
             ..self.stats.clone()
         }
     }
