@@ -188,3 +188,38 @@ pub fn read(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
         Ok(n as usize)
     }
 }
+
+/// Runs the calling thread and process `other` on the CPU the thread is on now, until the
+/// guard is dropped (then the thread may run anywhere it could before): two processes that
+/// hand the CPU to each other at every step, with no wakeup across CPUs.
+pub fn pin_with(other: u32) -> Option<Pinned> {
+    // SAFETY: sched_getcpu has no preconditions; the cpu sets are plain data filled by the
+    // kernel or by CPU_SET within their size.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        if cpu < 0 {
+            return None;
+        }
+        let mut before: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut before) != 0 {
+            return None;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one);
+        libc::sched_setaffinity(other as i32, std::mem::size_of::<libc::cpu_set_t>(), &one);
+        Some(Pinned(before))
+    }
+}
+
+/// The calling thread's CPUs before [`pin_with`], put back when dropped.
+pub struct Pinned(libc::cpu_set_t);
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: restoring the calling thread's own affinity from a set the kernel filled.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0);
+        }
+    }
+}
