@@ -364,19 +364,42 @@ impl Lab {
             r.pc = addr;
             r.pstate = flags;
         }
-        sys::set_regs_outside_syscall(self.pid, &r)?;
-        sys::sysemu_step(self.pid)?;
-        let sig = wait_stop(self.pid)?;
-        if sig == libc::SIGTRAP | 0x80 {
-            return Ok(Trial::Syscall);
+        // A step that traps with nothing run (the pc where it was, the registers as set) is
+        // taken again: AArch64's step, resumed after a fault in a stepped instruction, can
+        // trap before it runs anything. An instruction that really stays on itself (a `rep`
+        // string instruction, an iteration each step) stays again.
+        for _ in 0..2 {
+            sys::set_regs_outside_syscall(self.pid, &r)?;
+            sys::sysemu_step(self.pid)?;
+            let sig = wait_stop(self.pid)?;
+            if sig == libc::SIGTRAP | 0x80 {
+                return Ok(Trial::Syscall);
+            }
+            let after = sys::raw_regs(self.pid)?;
+            let pc = sys::pc_of(&after);
+            if sig != libc::SIGTRAP && pc == addr {
+                return Ok(Trial::Fault);
+            }
+            if !(sig == libc::SIGTRAP && pc == addr && same_regs(&after, &r)) {
+                return Ok(Trial::Went(pc));
+            }
         }
-        let pc = sys::pc_of(&sys::raw_regs(self.pid)?);
-        Ok(if sig != libc::SIGTRAP && pc == addr {
-            Trial::Fault
-        } else {
-            Trial::Went(pc)
-        })
+        Ok(Trial::Went(addr))
     }
+}
+
+/// Whether a run left the general registers as they were set.
+fn same_regs(a: &RawRegs, b: &RawRegs) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return [
+        a.rax, a.rbx, a.rcx, a.rdx, a.rsi, a.rdi, a.rbp, a.rsp, a.r8, a.r9, a.r10, a.r11, a.r12,
+        a.r13, a.r14, a.r15,
+    ] == [
+        b.rax, b.rbx, b.rcx, b.rdx, b.rsi, b.rdi, b.rbp, b.rsp, b.r8, b.r9, b.r10, b.r11, b.r12,
+        b.r13, b.r14, b.r15,
+    ];
+    #[cfg(target_arch = "aarch64")]
+    return a.regs == b.regs && a.sp == b.sp;
 }
 
 /// Waits for the lab to stop; its stop signal. An error if it ended.

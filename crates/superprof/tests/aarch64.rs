@@ -209,6 +209,11 @@ fn commands() -> Vec<(String, String)> {
             ),
         ));
     }
+    // The learning analyzer's lab on AArch64's own branches (its unit tests).
+    v.push((
+        "lab-unit".into(),
+        "superprof-trace-unit-tests lab --test-threads=1".into(),
+    ));
     // The learner without a lab (the fallback), training, on glibc's string functions.
     v.push((
         "blocks-libc-train".into(),
@@ -379,6 +384,20 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
             .arg("-o")
             .arg(root.join("bin/superprof"))
             .arg(&superprof),
+    );
+    // The coordinator's unit tests (the lab's are run in the guest).
+    let unit = root_dir().join("target/aarch64/superprof-trace-unit-tests");
+    assert!(
+        unit.exists(),
+        "{} is missing: scripts/aarch64-build makes it",
+        unit.display()
+    );
+    run_ok(
+        Command::new("aarch64-linux-gnu-strip")
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(root.join("bin/superprof-trace-unit-tests"))
+            .arg(&unit),
     );
     // libsuperprof.so beside it (preload looks there) and where programs linked with it look.
     for to in ["bin", "lib"] {
@@ -961,6 +980,21 @@ fn learn_counts_what_decode_counts_on_libpython() {
             100
         }
     });
+}
+
+/// The lab's unit tests, on AArch64 (cross-built): b.eq, b.hi, cbz, cbnz, tbz, tbnz, ret, bl
+/// are branches, svc a system call, add, csel, stp through sp and ldr through a register
+/// straight on, a literal load out of the lab's reach touches memory; the lab is gone once
+/// dropped.
+#[test]
+fn the_lab_tells_aarch64s_branches_from_straight_code() {
+    let s = section("lab-unit");
+    assert_eq!(s.rc, 0, "{}", s.output);
+    assert!(
+        s.output.contains("test result: ok. 2 passed"),
+        "{}",
+        s.output
+    );
 }
 
 /// The learner without a lab (the fallback), training, on glibc's string functions: every
