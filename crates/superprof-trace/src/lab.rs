@@ -209,7 +209,8 @@ impl Lab {
             else {
                 continue;
             };
-            if line.ends_with("[vsyscall]") || (lo < home + 3 * self.page && home < hi) {
+            if hi <= lo || line.ends_with("[vsyscall]") || (lo < home + 3 * self.page && home < hi)
+            {
                 continue;
             }
             self.syscall(nr::MUNMAP, [lo, hi - lo, 0, 0, 0, 0])?;
@@ -247,7 +248,10 @@ impl Lab {
     /// Maps the pages of `[addr, addr + len)` in the lab, if they are not yet.
     fn map(&mut self, addr: u64, len: u64) -> io::Result<()> {
         let first = addr & !(self.page - 1);
-        let last = (addr + len.max(1) - 1) & !(self.page - 1);
+        let end = addr
+            .checked_add(len.max(1) - 1)
+            .ok_or_else(|| io::Error::other("code past the end of the address space"))?;
+        let last = end & !(self.page - 1);
         let mut p = first;
         while p <= last {
             if (self.home..self.home + 3 * self.page).contains(&p) {

@@ -147,25 +147,22 @@ impl Counts {
         *e = (*e).min(end);
     }
 
-    /// The original code at `addr` (read once per address: block ends are hit again and
-    /// again, and the code does not change under us).
-    fn code_at(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> &[u8] {
-        let (code, n) = self.code.entry(addr).or_insert_with(|| {
+    /// The original code at `addr`, up to 16 bytes, and how many could be read (read once
+    /// per address: block ends are hit again and again, and the code does not change under
+    /// us). A copy: the caller may hand it to the analyzer, which `self` holds.
+    fn code_at(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> ([u8; 16], usize) {
+        *self.code.entry(addr).or_insert_with(|| {
             let mut code = [0u8; 16];
             let n = tracer.read_code(pid, addr, &mut code);
             (code, n)
-        });
-        &code[..*n]
+        })
     }
 
     /// Whether the instruction at `addr` is a system call: the analyzer's answer (the
     /// learner's lab saw it stop at a system call's entry), or else the decoder's.
     fn is_syscall(&mut self, tracer: &Tracer, pid: u32, addr: u64) -> bool {
         let arch = self.arch;
-        let mut code = [0u8; 16];
-        let bytes = self.code_at(tracer, pid, addr);
-        let n = bytes.len();
-        code[..n].copy_from_slice(bytes);
+        let (code, n) = self.code_at(tracer, pid, addr);
         self.analyzer
             .is_syscall(&code[..n], addr)
             .unwrap_or_else(|| {
@@ -221,10 +218,7 @@ impl Counts {
         if self.lab_failed {
             return false;
         }
-        let mut code = [0u8; 16];
-        let bytes = self.code_at(tracer, pid, addr);
-        let n = bytes.len();
-        code[..n].copy_from_slice(bytes);
+        let (code, n) = self.code_at(tracer, pid, addr);
         let code = &code[..n];
         let Some(len) = self.arch.insn_len(code, addr) else {
             return false;
@@ -278,16 +272,15 @@ impl Counts {
     }
 
     fn start_step(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, pc: u64, kind: StepKind) {
-        let mut code = [0u8; 16];
-        if let StepKind::Train(_) = kind {
+        let code = if let StepKind::Train(_) = kind {
             // (Code outside the regions is read fresh: it is not cached per address.)
-            let n = tracer.read_code(pid, pc, &mut code);
-            code[n..].fill(0);
+            let mut code = [0u8; 16];
+            tracer.read_code(pid, pc, &mut code);
             self.train_steps += 1;
+            code
         } else {
-            let bytes = self.code_at(tracer, pid, pc);
-            code[..bytes.len()].copy_from_slice(bytes);
-        }
+            self.code_at(tracer, pid, pc).0
+        };
         let sp = tracer.regs(tid).map_or(0, |r| r.sp);
         if kind == StepKind::Learn {
             self.learn_steps += 1;
@@ -413,10 +406,7 @@ impl Counts {
     /// it (one stop instead of a stop and a step). False if this branch is for stepping.
     #[cfg(target_arch = "x86_64")]
     fn emulate_branch(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) -> bool {
-        let mut code = [0u8; 16];
-        let bytes = self.code_at(tracer, pid, addr);
-        let n = bytes.len();
-        code[..n].copy_from_slice(bytes);
+        let (code, n) = self.code_at(tracer, pid, addr);
         let Ok(mut raw) = tracer.raw_regs(tid) else {
             return false;
         };
