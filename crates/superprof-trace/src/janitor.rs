@@ -21,8 +21,18 @@
 //! as it lives: as that thread dies, before it releases its memory or its tracees, the kernel
 //! marks the mutex "owner died" and wakes the janitor, which waits on it and on a count of
 //! messages at once (futex_waitv). The janitor also scans only the part of the table ever
-//! used. A thread that had trapped on a breakpoint at the very moment superprof died may
-//! still receive its SIGTRAP: that is the window left, the length of one breakpoint stop.
+//! used.
+//!
+//! One window is left, and no ptrace tool closes it: a thread that has trapped (on a
+//! breakpoint, or at the end of a single step) sits in a SIGTRAP stop until its tracer's wait
+//! takes it; if the tracer dies before that, the kernel delivers the SIGTRAP as the thread is
+//! let go, and its default action ends the process. The kernel shows such a stop as the
+//! thread's `exit_code` (field 52 of /proc/PID/task/TID/stat: 5 until taken, then 0). superprof
+//! waits for its stops at once, so the window is the time it takes to wake up, unless it is
+//! itself stopped meanwhile (SIGSTOP, then SIGKILL). Making the program job-control stopped
+//! while traced would park such threads instead, but it would also make its process group
+//! one with a stopped job, which the kernel sends SIGHUP when superprof dies and leaves the
+//! group orphaned (an interactive shell's job): worse than the window.
 //!
 //! The janitor is forked from a possibly multi-threaded process, so it only makes raw system
 //! calls on memory prepared before the fork: no allocation, no locks.

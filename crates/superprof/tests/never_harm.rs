@@ -630,6 +630,35 @@ fn children_of(pid: u32) -> bool {
         })
 }
 
+/// Whether a thread of a process superprof launched sits in a SIGTRAP stop that superprof
+/// has not taken yet (a breakpoint's or a single step's trap): field 52 of its stat, the
+/// `exit_code` the kernel keeps for the tracer's wait (0 once taken; it needs the rights to
+/// trace it, else it reads 0). That SIGTRAP is the kernel's to deliver if the tracer dies
+/// before taking it: ptrace's one window, see the janitor's notes.
+fn in_an_untaken_trap(sp: u32) -> bool {
+    let entries = |dir: String| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    let kids = entries(format!("/proc/{sp}/task"))
+        .into_iter()
+        .filter_map(|t| std::fs::read_to_string(t.join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+    kids.flat_map(|kid| entries(format!("/proc/{kid}/task")))
+        .any(|task| {
+            let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+            // Fields 3 (the state) onwards, after the command name.
+            let f: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or(vec![], |(_, r)| r.split_whitespace().collect());
+            f.first() == Some(&"t") && f.get(49) == Some(&"5")
+        })
+}
+
 /// A launched command runs on when superprof is killed (no PTRACE_O_EXITKILL), whenever it
 /// is killed: stat and blocks put a breakpoint at the entry point while the command is
 /// stopped at its exec, and the kernel lets the command go as superprof dies, well before its
@@ -637,6 +666,12 @@ fn children_of(pid: u32) -> bool {
 /// (it once lost that race in 4 of 10 kills at 140 to 180 ms). So those are killed at every
 /// 30 ms of their start. (Killed before it forked the command, superprof leaves nothing to
 /// run: it is stopped first, and its children looked at.)
+///
+/// Except at one moment, which no ptrace tool survives: a thread that has trapped (on a
+/// breakpoint, or at the end of a single step) and whose stop its tracer has not taken yet
+/// gets its SIGTRAP from the kernel when the tracer dies. Frozen there (ld.so's
+/// `_dl_debug_state` and the step over it: CI once froze superprof with the shell in that
+/// stop, 1 of 24 kills), superprof is let run on a moment, and frozen again.
 #[test]
 fn sigkill_of_superprof_leaves_a_launched_command_running() {
     let dir = TempDir::new("harm-sigkill-launched");
@@ -677,9 +712,18 @@ fn sigkill_of_superprof_leaves_a_launched_command_running() {
                 .spawn()
                 .unwrap();
             std::thread::sleep(Duration::from_millis(delay));
-            // SAFETY: SIGSTOP to our own child, so that its children stay as they are.
-            unsafe { libc::kill(sp.id() as i32, libc::SIGSTOP) };
-            let forked = children_of(sp.id());
+            let mut forked = false;
+            for _ in 0..200 {
+                // SAFETY: SIGSTOP to our own child, so that its children stay as they are.
+                unsafe { libc::kill(sp.id() as i32, libc::SIGSTOP) };
+                forked = children_of(sp.id());
+                if !in_an_untaken_trap(sp.id()) {
+                    break;
+                }
+                // SAFETY: SIGCONT to our own child, stopped above.
+                unsafe { libc::kill(sp.id() as i32, libc::SIGCONT) };
+                std::thread::sleep(Duration::from_millis(1));
+            }
             sp.kill().unwrap();
             sp.wait().unwrap();
             if !forked {
