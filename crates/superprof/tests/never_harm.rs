@@ -530,18 +530,24 @@ fn sigkill_of_superprof_leaves_the_code_as_it_was() {
     }
 }
 
-/// The children of process `pid` (all its threads') whose command name is `name`.
-fn children_named(pid: u32, name: &str) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
+/// The children of process `pid` (all its threads').
+fn children(pid: u32) -> Vec<u32> {
+    superprof_unwind::maps::list_threads(pid)
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/task/{t}/children")).ok())
         .flat_map(|c| {
             c.split_whitespace()
                 .filter_map(|p| p.parse::<u32>().ok())
                 .collect::<Vec<_>>()
         })
+        .collect()
+}
+
+/// The children of process `pid` whose command name is `name`.
+fn children_named(pid: u32, name: &str) -> Vec<u32> {
+    children(pid)
+        .into_iter()
         .filter(|c| {
             std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == name)
         })
@@ -550,11 +556,7 @@ fn children_named(pid: u32, name: &str) -> Vec<u32> {
 
 /// Whether process `pid` has ended (gone, or a zombie waiting for its parent).
 fn ended(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|r| matches!(r.trim_start().chars().next(), Some('Z' | 'X')))
-    })
+    !superprof_trace::process_alive(pid)
 }
 
 /// The learning analyzer's lab (a forked superprof, emptied, that runs the program's
@@ -624,24 +626,13 @@ fn the_learners_lab_goes_with_superprof() {
 fn children_of(pid: u32) -> bool {
     // Stopped by the time /proc says so.
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(2) {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('T'))
-        {
-            break;
-        }
+    while start.elapsed() < Duration::from_secs(2)
+        && superprof_trace::proc_stat_fields(pid)
+            .is_some_and(|f| f.first().is_some_and(|s| s != "T"))
+    {
         std::thread::sleep(Duration::from_millis(1));
     }
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|t| {
-            std::fs::read_to_string(t.path().join("children")).is_ok_and(|c| !c.trim().is_empty())
-        })
+    !children(pid).is_empty()
 }
 
 /// Whether a thread of a process superprof launched sits in a SIGTRAP stop that superprof
@@ -650,27 +641,16 @@ fn children_of(pid: u32) -> bool {
 /// trace it, else it reads 0). That SIGTRAP is the kernel's to deliver if the tracer dies
 /// before taking it: ptrace's one window, see the janitor's notes.
 fn in_an_untaken_trap(sp: u32) -> bool {
-    let entries = |dir: String| {
-        std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect::<Vec<_>>()
-    };
-    let kids = entries(format!("/proc/{sp}/task"))
-        .into_iter()
-        .filter_map(|t| std::fs::read_to_string(t.join("children")).ok())
-        .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
-    kids.flat_map(|kid| entries(format!("/proc/{kid}/task")))
-        .any(|task| {
-            let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
-            // Fields 3 (the state) onwards, after the command name.
-            let f: Vec<&str> = stat
-                .rsplit_once(')')
-                .map_or(vec![], |(_, r)| r.split_whitespace().collect());
-            f.first() == Some(&"t") && f.get(49) == Some(&"5")
+    children(sp).into_iter().any(|kid| {
+        // (/proc/TID/stat is the thread's own, as /proc/PID/task/TID/stat.)
+        let threads = superprof_unwind::maps::list_threads(kid).unwrap_or_default();
+        threads.into_iter().any(|tid| {
+            // Fields 3 (the state) onwards: field 52 is the 50th.
+            superprof_trace::proc_stat_fields(tid).is_some_and(|f| {
+                f.first().is_some_and(|s| s == "t") && f.get(49).is_some_and(|c| c == "5")
+            })
         })
+    })
 }
 
 /// A launched command runs on when superprof is killed (no PTRACE_O_EXITKILL), whenever it
