@@ -345,7 +345,7 @@ fn stop_session() -> Result<(Profile, Option<PathBuf>), Error> {
         };
         let refused = session.clocks.take().map_or(0, clocks::Clocks::stop);
         if refused > 0 {
-            eprintln!(
+            superprof_unwind::say!(
                 "superprof: {refused} threads were not sampled: the kernel refused them a \
                  timer (RLIMIT_SIGPENDING or the number of timers)"
             );
@@ -573,7 +573,7 @@ impl Drop for Profiler {
         }
         if let Ok((profile, output)) = stop_session() {
             if let Err(e) = report(&profile, output.as_deref(), self.opts.print_table) {
-                eprintln!("superprof: {e}");
+                superprof_unwind::say!("superprof: {e}");
             }
         }
     }
@@ -585,8 +585,8 @@ pub extern "C" fn perf_start() {
     let r = std::panic::catch_unwind(|| start_session(999, None));
     match r {
         Ok(Ok(())) | Ok(Err(Error::AlreadyRunning)) => {}
-        Ok(Err(e)) => eprintln!("superprof: perf_start: {e}"),
-        Err(_) => eprintln!("superprof: perf_start failed"),
+        Ok(Err(e)) => superprof_unwind::say!("superprof: perf_start: {e}"),
+        Err(_) => superprof_unwind::say!("superprof: perf_start failed"),
     }
 }
 
@@ -600,8 +600,8 @@ pub extern "C" fn perf_stop() {
     });
     match r {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("superprof: perf_stop: {e}"),
-        Err(_) => eprintln!("superprof: perf_stop failed"),
+        Ok(Err(e)) => superprof_unwind::say!("superprof: perf_stop: {e}"),
+        Err(_) => superprof_unwind::say!("superprof: perf_stop failed"),
     }
 }
 
@@ -642,7 +642,7 @@ pub extern "C" fn superprof_stop() -> libc::c_int {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             if !matches!(e, Error::NotRunning) {
-                eprintln!("superprof: superprof_stop: {e}");
+                superprof_unwind::say!("superprof: superprof_stop: {e}");
             }
             e.errno()
         }
@@ -666,7 +666,7 @@ fn preload_start() {
     let Some(out) = preload_output() else { return };
     let hz = PRELOAD.get().map_or(999, |(_, hz)| *hz);
     if let Err(e) = start_session(hz, Some(out)) {
-        eprintln!("superprof: cannot profile pid {}: {e}", sys::getpid());
+        superprof_unwind::say!("superprof: cannot profile pid {}: {e}", sys::getpid());
     }
 }
 
@@ -674,7 +674,7 @@ extern "C" fn preload_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Ok((profile, Some(out))) = stop_session() {
             if let Err(e) = report(&profile, Some(&out), false) {
-                eprintln!("superprof: {e}");
+                superprof_unwind::say!("superprof: {e}");
             }
         }
     });

@@ -13,10 +13,13 @@
 //!   node stays a node, the link stays a link, the kernel does the following (so its own symlink
 //!   protections apply) and a file behind a link is truncated and written in place, not
 //!   atomically. A dangling symlink is refused (as `cp` refuses it): following it would create
-//!   a file wherever the link points.
+//!   a file wherever the link points; so is a link another user owns in a sticky folder shared
+//!   by all (/tmp), which the kernel's `protected_symlinks` would refuse but may not be on. A
+//!   FIFO is waited on for its reader at most [`FIFO_READER_WAIT`], and not past a stop signal.
 //!
 //! A log written as it comes ([`create_log`]) cannot go through a temporary file (a killed run
-//! would lose it all), so its name is removed and created anew with O_EXCL instead.
+//! would lose it all), so its name is removed and created anew with O_EXCL instead; it holds
+//! whole lines only (a failed write is cut back).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Read, Write};
@@ -200,6 +203,7 @@ fn target(path: &Path) -> io::Result<Target> {
     };
     let kind = meta.file_type();
     let kind = if kind.is_symlink() {
+        refuse_foreign_link(path, &meta)?;
         match std::fs::metadata(path) {
             Ok(m) => m.file_type(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -229,15 +233,93 @@ fn target(path: &Path) -> io::Result<Target> {
     })
 }
 
+/// Refuses to follow a symlink that the kernel's `protected_symlinks` would not let us follow
+/// (it is 0 on some systems): one in a sticky, world-writable folder (/tmp) whose owner is
+/// neither us nor the folder's owner. As root, following a link that another user planted in
+/// /tmp would truncate and overwrite whatever file it names.
+fn refuse_foreign_link(path: &Path, link: &std::fs::Metadata) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let folder = std::fs::metadata(folder_of(path))?;
+    let sticky_shared = folder.mode() & 0o1002 == 0o1002;
+    let me = effective_uid();
+    if sticky_shared && link.uid() != me && link.uid() != folder.uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "is a symbolic link owned by another user (uid {}) in a sticky folder shared by \
+                 all: not followed (the kernel's protected_symlinks rule)",
+                link.uid()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Our effective user id, as the owner of /proc/self (no unsafe call needed).
+fn effective_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").map_or(0, |m| m.uid())
+}
+
+/// How a stop request (SIGTERM, Ctrl-C) is seen while superprof waits for a FIFO's reader; set
+/// once by the binary.
+static STOP_CHECK: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+
+/// Lets a wait for a FIFO's reader end when `stop` says so (the binary's stop signals).
+pub fn set_stop_check(stop: fn() -> bool) {
+    let _ = STOP_CHECK.set(stop);
+}
+
+/// How long an output FIFO may go without a reader before superprof gives up on it.
+pub const FIFO_READER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Opens a device, FIFO or symlink target for writing: never created, truncated (a no-op on
-/// devices and FIFOs). A FIFO's open waits for its reader, as the shell's `>` does.
+/// devices and FIFOs). A FIFO waits for its reader, as the shell's `>` does, but not forever:
+/// at most [`FIFO_READER_WAIT`], and not past a stop signal (a blocking open would ignore both:
+/// std retries it on EINTR).
 fn open_through(path: &Path, follow: bool) -> io::Result<File> {
     let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-    OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .custom_flags(libc::O_NOCTTY | nofollow)
-        .open(path)
+    let open = |extra: i32| {
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOCTTY | nofollow | extra)
+            .open(path)
+    };
+    if !std::fs::metadata(path)?.file_type().is_fifo() {
+        return open(0);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        // O_NONBLOCK: ENXIO at once while there is no reader.
+        match open(libc::O_NONBLOCK) {
+            // A reader is there: open again without O_NONBLOCK (at once now) for blocking
+            // writes, then let the first descriptor go.
+            Ok(probe) => {
+                let file = open(0);
+                drop(probe);
+                return file;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => return Err(e),
+        }
+        if STOP_CHECK.get().is_some_and(|stop| stop()) {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "is a FIFO that nobody read before superprof was stopped",
+            ));
+        }
+        if start.elapsed() >= FIFO_READER_WAIT {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "is a FIFO that nobody opened for reading in {} s",
+                    FIFO_READER_WAIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// The folder that holds `path` ("." for a bare name).
@@ -306,23 +388,90 @@ pub fn write_atomic(
     result
 }
 
+/// A log written as it comes ([`create_log`]): whole lines only. Writes gather in memory and
+/// go to the file at each [`Write::flush`], which the writer calls between lines; a flush that
+/// fails (a full disk) cuts the file back to the end of the last flush that worked, so the log
+/// never ends in the middle of a line. [`LogFile::discard`] removes a log that is not whole (a
+/// document cut short, a run that never began).
+pub struct LogFile {
+    file: File,
+    path: PathBuf,
+    /// Created here (a regular file that can be cut back or removed), not a device or a FIFO.
+    ours: bool,
+    pending: Vec<u8>,
+    /// The length of the file as of the last flush that worked.
+    committed: u64,
+}
+
+impl LogFile {
+    /// Removes the log if this run created it (a device or a FIFO stays as it was).
+    pub fn discard(self) -> io::Result<()> {
+        if self.ours {
+            std::fs::remove_file(&self.path)?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for LogFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // In pieces of whole lines (about 8 KiB each), so that a disk that fills up keeps all
+        // but the last piece.
+        let pending = std::mem::take(&mut self.pending);
+        let mut rest = &pending[..];
+        while !rest.is_empty() {
+            let cut = match rest
+                .get(8192..)
+                .and_then(|t| t.iter().position(|&b| b == b'\n'))
+            {
+                Some(nl) => 8192 + nl + 1,
+                None => rest.len(),
+            };
+            let (piece, after) = rest.split_at(cut);
+            if let Err(e) = self.file.write_all(piece) {
+                if self.ours {
+                    // Back to the last whole line; the next write goes there too.
+                    let _ = self.file.set_len(self.committed);
+                    let _ = io::Seek::seek(&mut self.file, io::SeekFrom::Start(self.committed));
+                }
+                return Err(e);
+            }
+            self.committed += piece.len() as u64;
+            rest = after;
+        }
+        Ok(())
+    }
+}
+
 /// Opens `path` for a log that is written as it comes, so that what was written survives a
 /// killed writer (a temporary file renamed at the end would not). A device, FIFO or symlink is
 /// written through; otherwise an existing file is removed (unlink never follows a link) and the
 /// name created anew as [`create_new`] does: an existing file is never written into in place, so
 /// neither a symlink nor a hard link planted there can redirect the log. If something takes the
 /// name between the two steps, that is an error, not a retry.
-pub fn create_log(path: &Path) -> io::Result<File> {
-    match target(path)? {
-        Target::Through { follow } => open_through(path, follow),
+pub fn create_log(path: &Path) -> io::Result<LogFile> {
+    let (file, ours) = match target(path)? {
+        Target::Through { follow } => (open_through(path, follow)?, false),
         Target::Replace => {
             match std::fs::remove_file(path) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
-            create_new(path)
+            (create_new(path)?, true)
         }
-    }
+    };
+    Ok(LogFile {
+        file,
+        path: path.to_owned(),
+        ours,
+        pending: Vec::new(),
+        committed: 0,
+    })
 }
 
 #[cfg(test)]
@@ -426,6 +575,7 @@ mod tests {
         std::fs::hard_link(&victim, &out).unwrap();
         let mut f = create_log(&out).unwrap();
         f.write_all(b"line\n").unwrap();
+        f.flush().unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "line\n");
         let meta = std::fs::metadata(&out).unwrap();

@@ -661,7 +661,8 @@ fn contain_panics<T>(f: impl FnOnce() -> Result<T, ParquetError>) -> Result<T, P
 }
 
 fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
-    let file = File::open(path)?;
+    // A regular file only: a FIFO or a device would block in open or never end.
+    let file = superprof_unwind::open_input(path)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file.try_clone()?)?;
     let kv: HashMap<String, String> = builder
         .metadata()

@@ -7,7 +7,7 @@ use object::{Object, ObjectSection};
 const DEBUG_ROOT: &str = "/usr/lib/debug";
 
 fn parse(path: &Path) -> Option<(memmap2::Mmap, ())> {
-    Some((crate::sys::map_file(path).ok()?, ()))
+    Some((superprof_unwind::map_file(path).ok()?, ()))
 }
 
 /// Whether the file carries DWARF line or debug info itself.
@@ -140,7 +140,7 @@ fn debuglink_name(name: &[u8]) -> Option<&str> {
 /// Whether the file's contents have the CRC-32 (zlib's, as gdb computes it) that the
 /// debuglink records: a stale or unrelated file of the same name is skipped.
 fn crc_matches(path: &Path, crc: u32) -> bool {
-    crate::sys::map_file(path).is_ok_and(|map| crc32fast::hash(&map) == crc)
+    superprof_unwind::map_file(path).is_ok_and(|map| crc32fast::hash(&map) == crc)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ impl Kallsyms {
     /// A symbols file (kallsyms or System.map format), at most `MAX_FILE` (256 MiB) bytes.
     pub fn from_file(path: &std::path::Path) -> std::io::Result<Kallsyms> {
         use std::io::Read;
-        let f = std::fs::File::open(path)?;
+        let f = superprof_unwind::open_input(path)?;
         let mut bytes = Vec::new();
         f.take(MAX_FILE + 1).read_to_end(&mut bytes)?;
         if bytes.len() as u64 > MAX_FILE {

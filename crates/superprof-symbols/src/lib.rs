@@ -30,7 +30,6 @@ mod jitdump;
 mod kallsyms;
 mod perfmap;
 mod service;
-mod sys;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,7 +43,7 @@ pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};
 pub use kallsyms::Kallsyms;
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};
-pub use sys::map_file;
+pub use superprof_unwind::map_file;
 
 /// Where an inlined copy was made: the calling function and the call's file, line and column.
 type CallSite = (Option<String>, Option<String>, Option<u32>, Option<u32>);
@@ -222,7 +221,7 @@ impl Symbolizer {
         let symbol = symbol.or_else(|| {
             let open = m.open_path.clone();
             let ranges = m.functions.get_or_insert_with(|| {
-                sys::map_file(&open)
+                superprof_unwind::map_file(&open)
                     .map(|d| cfi::function_ranges(&d))
                     .unwrap_or_default()
             });

@@ -121,12 +121,14 @@ impl SymbolService {
                         let _slot = Slot::take();
                         let name = path.file_name().unwrap_or_default().to_string_lossy();
                         match d.fetch(&hex) {
-                            Ok(p) => eprintln!(
+                            Ok(p) => superprof_unwind::say!(
                                 "superprof: debuginfod: {name}: debug info fetched ({:.1} MB, {})",
                                 std::fs::metadata(&p).map_or(0, |m| m.len()) as f64 / 1e6,
                                 p.display()
                             ),
-                            Err(e) => eprintln!("superprof: debuginfod: {name}: not fetched ({e})"),
+                            Err(e) => superprof_unwind::say!(
+                                "superprof: debuginfod: {name}: not fetched ({e})"
+                            ),
                         }
                     }
                     let _ = tx.send(Request::Preload(path, open_path));

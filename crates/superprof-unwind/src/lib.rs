@@ -37,4 +37,16 @@ pub use framehop::FrameAddress;
 pub use guest::{frame_parts, GuestArch, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, Truncation, UnwindOutcome};
 pub use regs::UserRegs;
-pub use sys::{clock_ns, monotonic_ns, page_size};
+pub use sys::{clock_ns, map_file, monotonic_ns, open_input, page_size};
+
+/// Writes one line to stderr, like `eprintln!`, but never fails: std's `eprintln!` panics when
+/// stderr is a pipe whose reader is gone (`superprof ... 2>&1 | head -1`), and a diagnostic that
+/// nobody can read must not end a run, change the profiled command's exit status or, in
+/// libsuperprof, harm the program it runs in. (`eprintln!` is a disallowed macro: clippy.toml.)
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}

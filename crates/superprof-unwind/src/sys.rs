@@ -3,8 +3,27 @@
 
 use std::path::Path;
 
+/// Opens an input file to read: a regular file only (a FIFO or a device named where a file is
+/// expected would block in open, or never end), opened with O_NONBLOCK so that even the open
+/// cannot wait.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "is not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// Maps the regular file at `path` read-only, to be read without a copy.
 pub fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path)?;
+    let file = open_input(path)?;
     // SAFETY: the map is read-only and only read through bounds-checked slices. If another
     // process truncates the file while it is mapped, reads may fault (SIGBUS); profilers accept
     // this (as perf and samply do) for the speed of not copying whole binaries.

@@ -91,7 +91,7 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     for s in &samplers {
         s.enable()?;
     }
-    eprintln!(
+    superprof_unwind::say!(
         "superprof agent: sampling {} at {frequency} Hz ({event}), a profile per process every {:?} to {}",
         if args.pids.is_empty() {
             "every process (per CPU)".to_owned()
@@ -168,7 +168,7 @@ pub fn run(args: &AgentArgs) -> Result<i32> {
     let totals = pusher
         .join()
         .map_err(|_| anyhow::anyhow!("the pushing thread failed"))?;
-    eprintln!(
+    superprof_unwind::say!(
         "superprof agent: {} interval{} pushed ({} profiles, {} bytes){}{}",
         totals.intervals,
         if totals.intervals == 1 { "" } else { "s" },
@@ -299,7 +299,7 @@ fn push_loop(dest: &Dest, rx: mpsc::Receiver<Batch>, cap: usize, interval: Durat
         while queue.len() > cap {
             let old = queue.pop_front().expect("a queue longer than its cap");
             totals.dropped_intervals += 1;
-            eprintln!(
+            superprof_unwind::say!(
                 "superprof agent: {} still cannot be reached: interval {} dropped ({} so far)",
                 dest.name(),
                 old.index,
@@ -329,7 +329,7 @@ fn push_loop(dest: &Dest, rx: mpsc::Receiver<Batch>, cap: usize, interval: Durat
                     backoff = Duration::from_millis(250);
                 }
                 Err(f) if f.transient => {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof agent: cannot push to {} ({}); trying again in {:.1} s",
                         dest.name(),
                         f.message,
@@ -340,7 +340,7 @@ fn push_loop(dest: &Dest, rx: mpsc::Receiver<Batch>, cap: usize, interval: Durat
                     break;
                 }
                 Err(f) => {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof agent: {} refused a profile of {}: {}",
                         dest.name(),
                         profile.meta.command.first().map_or("?", |c| c.as_str()),

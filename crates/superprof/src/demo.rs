@@ -4,6 +4,7 @@
 //! and exercises the whole path: launch, sampling, DWARF unwinding, Rust symbols, SVG.
 
 use std::hint::black_box;
+use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -31,18 +32,24 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         ]),
         top_rows: 12,
     };
-    println!("superprof demo: profiling a workload that spends 50% / 30% / 20% of its CPU time in");
-    println!(
+    // Written with `?`: a closed stdout (`demo | head`) is a broken pipe, not a panic.
+    let mut out = std::io::stdout();
+    writeln!(
+        out,
+        "superprof demo: profiling a workload that spends 50% / 30% / 20% of its CPU time in"
+    )?;
+    writeln!(
+        out,
         "crunch_numbers / hash_strings / walk_list for {} s ...\n",
         args.seconds
-    );
+    )?;
     let outputs = record::check_outputs(&cfg)?;
     let recorded = record::record(&cfg)?;
     record::show(&cfg, &recorded, &outputs)?;
     // The three functions' total shares (inlined helpers included) against the workload's plan.
     let rows = superprof_profile::top::rows(&recorded.profile);
     let total = recorded.profile.total_weight().max(1) as f64;
-    println!();
+    writeln!(out)?;
     for (name, planned) in [
         ("crunch_numbers", 50),
         ("hash_strings", 30),
@@ -52,12 +59,16 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
             .iter()
             .find(|r| r.function.ends_with(&format!("::{name}")))
             .map_or(0.0, |r| 100.0 * r.total_weight as f64 / total);
-        println!("  {name:<16} {measured:5.1}% of samples (planned {planned}%)");
+        writeln!(
+            out,
+            "  {name:<16} {measured:5.1}% of samples (planned {planned}%)"
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "\nOpen {} in a browser for the interactive flamegraph.",
         args.output.display()
-    );
+    )?;
     Ok(recorded.exit.map_or(0, |e| e.shell_code()))
 }
 

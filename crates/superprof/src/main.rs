@@ -54,7 +54,7 @@ fn main() -> ExitCode {
                     .collect();
                 message = format!("{} {}", message, items.join(", "));
             }
-            eprintln!("superprof: {} (see superprof --help)", message.trim_end());
+            superprof_unwind::say!("superprof: {} (see superprof --help)", message.trim_end());
             return ExitCode::from(2);
         }
     };
@@ -72,8 +72,13 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) if e.downcast_ref::<NothingToShow>().is_some() => {
             let n = e.downcast_ref::<NothingToShow>().expect("checked");
-            eprintln!("superprof: {}", n.why);
+            superprof_unwind::say!("superprof: {}", n.why);
             ExitCode::from(n.status.shell_code().clamp(0, 255) as u8)
+        }
+        Err(e) if e.downcast_ref::<FailedAfter>().is_some() => {
+            let f = e.downcast_ref::<FailedAfter>().expect("checked");
+            superprof_unwind::say!("superprof: {}", one_line(&f.error));
+            ExitCode::from(f.code())
         }
         // A closed pipe (`superprof report ... | head`) is not an error worth a message.
         Err(e) if is_broken_pipe(&e) => {
@@ -81,7 +86,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("superprof: {}", one_line(&e));
+            superprof_unwind::say!("superprof: {}", one_line(&e));
             let _ = after_failure();
             ExitCode::from(1)
         }
@@ -137,6 +142,45 @@ impl std::fmt::Display for NothingToShow {
 }
 
 impl std::error::Error for NothingToShow {}
+
+/// superprof failed after a launched command ran to its end (an output not written, a push
+/// refused): it says why in one line and exits with the command's status where the command
+/// failed (its status is never replaced), else 1, so that a script still sees the failure.
+#[derive(Debug)]
+pub struct FailedAfter {
+    pub error: anyhow::Error,
+    pub status: superprof_trace::ExitStatus,
+}
+
+impl FailedAfter {
+    /// `result`, with an error turned into a [`FailedAfter`] where a command ran to `exit`.
+    pub fn wrap<T>(
+        result: anyhow::Result<T>,
+        exit: Option<superprof_trace::ExitStatus>,
+    ) -> anyhow::Result<T> {
+        match (result, exit) {
+            (Err(error), Some(status)) if !is_broken_pipe(&error) => {
+                Err(FailedAfter { error, status }.into())
+            }
+            (r, _) => r,
+        }
+    }
+
+    fn code(&self) -> u8 {
+        match self.status.shell_code().clamp(0, 255) as u8 {
+            0 => 1,
+            code => code,
+        }
+    }
+}
+
+impl std::fmt::Display for FailedAfter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&one_line(&self.error))
+    }
+}
+
+impl std::error::Error for FailedAfter {}
 
 /// The error and its causes on one line.
 fn one_line(e: &anyhow::Error) -> String {

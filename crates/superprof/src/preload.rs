@@ -86,7 +86,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         .filter_map(|part| match superprof_profile::parquet::read(part) {
             Ok(p) => Some(p),
             Err(e) => {
-                eprintln!("superprof: skipping {}: {e}", part.display());
+                superprof_unwind::say!("superprof: skipping {}: {e}", part.display());
                 None
             }
         })
@@ -102,7 +102,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     let _ = std::fs::remove_dir_all(&dir);
     let code = status.shell_code();
     let Some(mut profile) = profile.filter(|p| !p.samples.is_empty()) else {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: no samples were taken: the program ran too briefly, was killed before \
              it could write its profile, or is statically linked (LD_PRELOAD needs the dynamic \
              loader)"
@@ -113,7 +113,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     profile.meta.duration_ns = started.elapsed().as_nanos() as u64;
     let processes: std::collections::BTreeSet<u32> =
         profile.threads.iter().map(|t| t.pid).collect();
-    eprintln!(
+    superprof_unwind::say!(
         "superprof: {} samples from {} process{} ({} threads) in {:.2} s; {} dropped",
         profile.samples.len(),
         processes.len(),
@@ -129,8 +129,12 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         console.write_with(|w| superprof_profile::top::write_styled(&profile, &style, w))?;
     }
     for (path, format) in &outputs {
-        superprof_resolve::write_output(&profile, path, *format)?;
-        eprintln!("superprof: wrote {}", path.display());
+        if let Err(e) = superprof_resolve::write_output(&profile, path, *format) {
+            // The command's status survives an output that failed (see FailedAfter).
+            superprof_unwind::say!("superprof: {e}");
+            return Ok(if code == 0 { 1 } else { code });
+        }
+        superprof_unwind::say!("superprof: wrote {}", path.display());
     }
     Ok(code)
 }

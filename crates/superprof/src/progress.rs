@@ -2,7 +2,7 @@
 //! a terminal, redrawn at most four times a second with the time so far and what was counted,
 //! and erased when the run ends (also when it ends in an error: on drop).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 pub struct Progress {
@@ -36,7 +36,9 @@ impl Progress {
             return;
         }
         self.last = Some(Instant::now());
-        eprint!(
+        // Never a panic on a closed stderr (see superprof_unwind::say!).
+        let _ = write!(
+            std::io::stderr(),
             "\r\x1b[K[superprof] {:.1} s, {}",
             self.start.elapsed().as_secs_f64(),
             what()
@@ -46,7 +48,7 @@ impl Progress {
     /// Erases the line (before other output, and at the end).
     pub fn clear(&mut self) {
         if self.enabled && self.last.take().is_some() {
-            eprint!("\r\x1b[K");
+            let _ = write!(std::io::stderr(), "\r\x1b[K");
         }
     }
 }

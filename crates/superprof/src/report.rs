@@ -95,7 +95,7 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
         if cfg.absolute
             && (b.meta.event != profile.meta.event || b.meta.frequency != profile.meta.frequency)
         {
-            eprintln!(
+            superprof_unwind::say!(
                 "superprof: the profiles were sampled differently ({} at {} Hz before, {} at {} \
                  Hz after): their counts are not of the same thing",
                 superprof_profile::escape(&b.meta.event),
@@ -139,7 +139,7 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
         Some(out) => {
             superprof_profile::write_atomic(out, |w| write(w))
                 .with_context(|| format!("cannot write '{}'", out.display()))?;
-            eprintln!("superprof: wrote {}", out.display());
+            superprof_unwind::say!("superprof: wrote {}", out.display());
         }
         None => console.write_with(write)?,
     }

@@ -29,19 +29,19 @@ pub fn pass_stop_signal_on(pid: u32) {
 }
 
 /// The signals that end superprof as Ctrl-C does: a closed terminal or ssh session (SIGHUP),
-/// `kill` (SIGTERM), Ctrl-\ (SIGQUIT), a reader gone (SIGPIPE).
-pub const STOP_SIGNALS: [libc::c_int; 5] = [
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGPIPE,
-];
+/// `kill` (SIGTERM), Ctrl-\ (SIGQUIT). SIGPIPE is not one: it stays ignored (as the Rust
+/// runtime sets it), so a reader of superprof's stderr gone (`2>&1 | head -1`) costs only the
+/// diagnostics nobody reads, never the run, the profile or the launched command (issue 31); a
+/// log streamed to stdout whose reader is gone ends the run through its write's EPIPE instead.
+pub const STOP_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// Makes the stop signals set a flag instead of killing superprof, so that breakpoints are
 /// removed, threads detached, a guest resumed and the profile written. A signal superprof was
 /// started with ignored (nohup) stays ignored.
 pub fn install_stop_handler() {
+    // A wait for an output FIFO's reader ends at a stop signal too.
+    superprof_profile::output::set_stop_check(stop_requested);
     for sig in STOP_SIGNALS {
         if superprof_trace::inherited_ignored(sig) {
             continue;

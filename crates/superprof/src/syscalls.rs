@@ -26,21 +26,29 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     // everything up to its last 50 ms in the file.
     // Stderr (a launched command's output owns stdout), stdout (attached), or the -o file
     // (buffered, flushed every tick).
-    let mut sink: Box<dyn Write + Send> = match &args.output {
-        Some(out) => Box::new(std::io::BufWriter::new(
+    let mut sink = match &args.output {
+        Some(out) => Sink::File(
             superprof_profile::output::create_log(out)
                 .with_context(|| format!("cannot write output '{}'", out.display()))?,
-        )),
-        None => args.target.console().writer(),
+        ),
+        None => Sink::Console(args.target.console().writer()),
     };
     let opts = TraceOptions {
         follow_forks: args.follow_forks,
         syscalls: true,
         ..TraceOptions::default()
     };
-    let (mut tracer, launched) = match args.target.pid {
-        Some(pid) => (Tracer::attach(pid, opts)?, false),
-        None => (Tracer::spawn(&args.target.command, opts)?, true),
+    let traced = match args.target.pid {
+        Some(pid) => Tracer::attach(pid, opts).map(|t| (t, false)),
+        None => Tracer::spawn(&args.target.command, opts).map(|t| (t, true)),
+    };
+    let (mut tracer, launched) = match traced {
+        Ok(t) => t,
+        Err(e) => {
+            // Nothing was traced: no empty log is left behind.
+            sink.discard();
+            return Err(e.into());
+        }
     };
     let start = Instant::now();
     let start_ns = superprof_sample::monotonic_ns();
@@ -69,6 +77,17 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
             progress.update(|| format!("{seen} syscalls"));
             if let Err(e) = sink.flush() {
                 write_error.get_or_insert(e);
+            }
+            if console_gone(&write_error) {
+                if !launched {
+                    // Attached, logging to stdout: the reader is gone (`| head`), as strace
+                    // ends there, the process is let go.
+                    stopped = true;
+                    return Control::Stop;
+                }
+                // A launched command's log on a closed stderr: the command runs on unharmed,
+                // its status is superprof's; the log is lost, nothing more is written.
+                sink = Sink::Console(Box::new(std::io::sink()));
             }
             if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
                 stopped = true;
@@ -105,9 +124,68 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     }
     let killed = tracer.finish();
     let exit = exit.or(killed);
-    if let Some(e) = write_error {
-        return Err(e).context("cannot write the syscall log");
+    let code = exit.map_or(0, |e| e.shell_code());
+    if console_gone(&write_error) {
+        return Ok(code);
     }
+    let finished = match write_error {
+        Some(e) => Err(e),
+        None => finish(&mut sink, args, table, totals, exit),
+    };
+    match finished {
+        Ok(()) => Ok(code),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe && args.output.is_none() => Ok(code),
+        Err(e) => {
+            // A table log keeps its whole lines (cut back at the failed write); a JSON
+            // document cut short is no document, and goes.
+            if !table {
+                sink.discard();
+            }
+            let e = anyhow::Error::from(e).context("cannot write the syscall log");
+            crate::FailedAfter::wrap(Err(e), exit)
+        }
+    }
+}
+
+/// Where the log goes: the console, or the `-o` file.
+enum Sink {
+    Console(Box<dyn Write + Send>),
+    File(superprof_profile::output::LogFile),
+}
+
+impl Sink {
+    /// Removes an `-o` log that is not whole (one this run created).
+    fn discard(self) {
+        if let Sink::File(f) = self {
+            let _ = f.discard();
+        }
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::Console(w) => w.write(buf),
+            Sink::File(f) => f.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Console(w) => w.flush(),
+            Sink::File(f) => f.flush(),
+        }
+    }
+}
+
+/// The end of the log: the command's fate and the summary.
+fn finish(
+    sink: &mut Sink,
+    args: &SyscallsArgs,
+    table: bool,
+    totals: HashMap<String, Totals>,
+    exit: Option<superprof_trace::ExitStatus>,
+) -> std::io::Result<()> {
     let mut rows: Vec<(String, Totals)> = totals.into_iter().collect();
     rows.sort_by(|a, b| b.1.total_ns.cmp(&a.1.total_ns).then(a.0.cmp(&b.0)));
     if table {
@@ -117,7 +195,7 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
         if !args.summary_only {
             writeln!(sink)?;
         }
-        write_summary(&mut sink, &rows)?;
+        write_summary(sink, &rows)?;
     } else {
         let summary: Vec<_> = rows
             .iter()
@@ -128,11 +206,17 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
             })
             .collect();
         write!(sink, "],\"syscalls\":")?;
-        serde_json::to_writer(&mut sink, &summary)?;
+        serde_json::to_writer(&mut *sink, &summary)?;
         writeln!(sink, "}}")?;
     }
-    sink.flush().context("cannot write the syscall log")?;
-    Ok(exit.map_or(0, |e| e.shell_code()))
+    sink.flush()
+}
+
+/// The console's reader is gone (a broken pipe, which `-o FILE` never gives).
+fn console_gone(write_error: &Option<std::io::Error>) -> bool {
+    write_error
+        .as_ref()
+        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 fn event_json(e: &SyscallEvent, start_ns: u64) -> serde_json::Value {

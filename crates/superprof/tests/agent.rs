@@ -3,6 +3,7 @@
 //! known, different ways run beside the agent; each profile pushed for them, interval after
 //! interval, has the split each measured of itself. A server that is down, then up: intervals
 //! wait in a bounded queue, the oldest dropped and counted. SIGTERM pushes what is left.
+#![allow(clippy::disallowed_macros)] // a test's own diagnostics
 
 mod common;
 

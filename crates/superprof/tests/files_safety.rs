@@ -2,6 +2,7 @@
 //! name it uses there can be planted (temp files, the vDSO copy), outputs are private (0600),
 //! a device, FIFO or symlink given as -o is written through, a debug link cannot point
 //! elsewhere, and `syscalls -o` streams to its file.
+#![allow(clippy::disallowed_macros)] // a test's own diagnostics
 
 mod common;
 

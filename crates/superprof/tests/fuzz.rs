@@ -6,6 +6,7 @@
 //! The pass is deterministic for a seed (`SUPERPROF_FUZZ_SEED`, default fixed);
 //! `SUPERPROF_FUZZ_SECS` sets the seconds per target (default 3). A failing input is kept in
 //! `target/fuzz-failures/` and named in the failure.
+#![allow(clippy::disallowed_macros)] // a test's own diagnostics
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! kilobytes; a program names its thread and its function with control characters. Each time
 //! superprof must end in bounded time and memory: with one line of error and a non-zero
 //! exit, or at --duration or Ctrl-C with the samples so far; and print names escaped.
+#![allow(clippy::disallowed_macros)] // a test's own diagnostics
 
 mod common;
 

@@ -669,7 +669,43 @@ fn bad_input_gives_one_line() {
     );
     assert_one_line_error(
         &run(&["--kernel", "/no/such/kernel", "--gdb", &missing]),
-        "no such file",
+        "No such file",
+    );
+    // Issue 31: a device is no kernel (it said "no such file"); a device or FIFO given as a
+    // program or as kernel symbols is refused before the guest is touched (they grew without
+    // bound, or blocked with the guest stopped).
+    assert_one_line_error(
+        &run(&["--kernel", "/dev/zero", "--gdb", &missing]),
+        "'/dev/zero': is not a regular file",
+    );
+    assert_one_line_error(
+        &run(&[
+            "--kernel",
+            &kernel,
+            "--user",
+            "/dev/zero",
+            "--gdb",
+            &missing,
+        ]),
+        "is not a regular file",
+    );
+    let fifo = dir.path("kallsyms.fifo");
+    std::fs::remove_file(&fifo).ok();
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    assert_one_line_error(
+        &run(&[
+            "--kernel",
+            &kernel,
+            "--kallsyms",
+            &fifo.to_string_lossy(),
+            "--gdb",
+            &missing,
+        ]),
+        "is not a regular file",
     );
     assert_one_line_error(&run(&["--kernel", &kernel]), "give one of");
     assert_one_line_error(

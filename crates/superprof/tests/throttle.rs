@@ -3,6 +3,7 @@
 //! `record` throttles to it with a notice, as perf record does, and the profile says the rate
 //! it sampled at. This file is a test binary of its own: it lowers a machine-wide setting for
 //! a few seconds, and cargo runs test binaries one after another.
+#![allow(clippy::disallowed_macros)] // a test's own diagnostics
 
 mod common;
 

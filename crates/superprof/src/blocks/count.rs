@@ -237,7 +237,7 @@ impl Counts {
                     self.analyzer.use_lab();
                 }
                 Err(e) => {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof: no lab to run instructions in ({e}): the learner learns \
                          from single steps alone"
                     );
@@ -263,7 +263,9 @@ impl Counts {
                 false
             }
             Err(e) => {
-                eprintln!("superprof: the lab failed ({e}): what it did not run is stepped");
+                superprof_unwind::say!(
+                    "superprof: the lab failed ({e}): what it did not run is stepped"
+                );
                 self.lab = None;
                 self.lab_failed = true;
                 false

@@ -108,7 +108,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
         .blocks
         .sort_by(|a, b| b.count.cmp(&a.count).then(a.start.cmp(&b.start)));
     if let Some((_, s)) = report.analyzer.as_ref().filter(|(_, s)| s.mispredicted > 0) {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: {} block runs left the path the learner predicted (an instruction it \
              took for straight code branched): the counts of their blocks may be off by up to \
              that many; --analyzer decode is exact",
@@ -116,9 +116,11 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
         );
     }
     let text = output::render(&report, args.format, args.annotate)?;
-    superprof_resolve::write_text(args.output.as_deref(), args.target.console(), &text)?;
+    let written =
+        superprof_resolve::write_text(args.output.as_deref(), args.target.console(), &text);
+    crate::FailedAfter::wrap(written.map_err(anyhow::Error::from), exit)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
-        eprintln!("superprof: the command {status}");
+        superprof_unwind::say!("superprof: the command {status}");
     }
     Ok(exit.map_or(0, |e| e.shell_code()))
 }

@@ -141,7 +141,7 @@ impl Session<'_> {
                 Ok(()) => return Ok(()),
                 Err(why) if !self.auto_engine => bail!("{why}: use --engine ptrace"),
                 Err(why) => {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof: probing with ptrace (the program stops at every probe): {why}"
                     );
                     self.fall_back_to_ptrace(tracer, pid);
@@ -153,7 +153,7 @@ impl Session<'_> {
                 Ok(()) => return Ok(()),
                 Err(why) if !self.auto_engine => bail!("{why}: use --engine ptrace"),
                 Err(why) => {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof: probing with ptrace (the program stops at every probe): {why}"
                     );
                     self.fall_back_to_ptrace(tracer, pid);

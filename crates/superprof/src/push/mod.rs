@@ -382,7 +382,7 @@ pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
         tries += 1;
         match send_once(dest, profile, opts) {
             Ok(sent) => {
-                eprintln!(
+                superprof_unwind::say!(
                     "superprof: pushed {} bytes of {} to {}",
                     sent.bytes,
                     sent.what,

@@ -127,14 +127,12 @@ fn user_elves(paths: &[PathBuf]) -> Result<Vec<GuestElf>> {
                 .filter(|p| p.is_file())
                 .collect();
             entries.sort();
-            out.extend(entries.iter().filter_map(|e| GuestElf::open(e)));
+            out.extend(entries.iter().filter_map(|e| GuestElf::open(e).ok()));
         } else {
-            out.push(GuestElf::open(p).ok_or_else(|| {
-                anyhow!(
-                    "cannot read user program '{}': not an ELF file",
-                    p.display()
-                )
-            })?);
+            out.push(
+                GuestElf::open(p)
+                    .map_err(|e| anyhow!("cannot read user program '{}': {e}", p.display()))?,
+            );
         }
     }
     Ok(out)
@@ -154,36 +152,30 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         bail!("--duration must be above 0 seconds");
     }
     let kernel_path = &args.kernel;
-    if !kernel_path.is_file() {
-        bail!(
-            "cannot read kernel ELF '{}': no such file",
-            kernel_path.display()
-        );
-    }
-    let not_elf = || {
+    let kernel = GuestElf::open(kernel_path)
+        .map_err(|e| anyhow!("cannot read kernel ELF '{}': {e}", kernel_path.display()))?;
+    let arch = kernel.arch.ok_or_else(|| {
         anyhow!(
             "'{}' is not an x86_64 or AArch64 ELF file: give the guest kernel's ELF",
             kernel_path.display()
         )
-    };
-    let kernel = GuestElf::open(kernel_path).ok_or_else(not_elf)?;
-    let arch = kernel.arch.ok_or_else(not_elf)?;
+    })?;
     if !kernel.has_symbols && args.kallsyms.is_none() {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: {} has no symbol table: frames are shown as addresses (--kallsyms \
              FILE names them from a System.map or a copy of the guest's /proc/kallsyms)",
             kernel_path.display()
         );
     }
     if !kernel.image.has_unwind_info() && kernel.has_orc {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: {} unwinds with ORC (.orc_unwind), which superprof does not read, and \
              has no .eh_frame: stacks come from frame pointers (a kernel built with \
              CONFIG_UNWINDER_FRAME_POINTER unwinds fully), else the leaf frame only",
             kernel_path.display()
         );
     } else if !kernel.image.has_unwind_info() {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: {} has no .eh_frame or .debug_frame: stacks come from frame pointers, \
              and may be the leaf frame only",
             kernel_path.display()
@@ -194,6 +186,16 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         Vec::new()
     } else {
         superprof_resolve::check_outputs(&args.outputs)?
+    };
+    // Every input is read before the guest is touched: connecting a debugger stops it, and a
+    // FIFO or a slow file must not keep it stopped (they are refused: regular files only).
+    let kallsyms = match &args.kallsyms {
+        Some(path) => Some((
+            path,
+            superprof_symbols::Kallsyms::from_file(path)
+                .map_err(|e| anyhow!("cannot read kernel symbols '{}': {e}", path.display()))?,
+        )),
+        None => None,
     };
     sys::install_stop_handler();
     let (mut launched, mut backend): (Option<Launched>, Box<dyn Backend>) =
@@ -219,11 +221,9 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     }
     let mut sampler = Sampler::new(arch, kernel, users);
     sampler.verbose = args.verbose;
-    if let Some(path) = &args.kallsyms {
-        let syms = superprof_symbols::Kallsyms::from_file(path)
-            .map_err(|e| anyhow!("cannot read kernel symbols '{}': {e}", path.display()))?;
+    if let Some((path, syms)) = kallsyms {
         if let Some(slide) = sampler.set_kernel_symbols(syms) {
-            eprintln!(
+            superprof_unwind::say!(
                 "superprof: the kernel runs {slide:#x} above its link addresses (KASLR), as {} \
                  says",
                 path.display()
@@ -234,7 +234,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     backend.resume()?;
     if args.verbose {
         // Printed once sampling starts: a script (or a test) may wait for this line.
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: {} guest, {} backend: sampling",
             arch_name(arch),
             if args.qmp.is_some() || (args.gdb.is_none() && args.backend == QemuBackendArg::Qmp) {
@@ -306,7 +306,9 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
             Err(QemuError::Cancelled) => break,
             Err(_) if sys::stop_requested() => break,
             Err(e) if !samples.is_empty() => {
-                eprintln!("superprof: sampling stopped: {e}; keeping the samples so far");
+                superprof_unwind::say!(
+                    "superprof: sampling stopped: {e}; keeping the samples so far"
+                );
                 break;
             }
             Err(e) => return Err(e.into()),
@@ -349,7 +351,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         drop(l);
     }
     if gone {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: QEMU ended after {:.2} s; keeping the samples so far",
             elapsed.as_secs_f64()
         );
@@ -361,7 +363,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     let complete = samples.iter().filter(|s| s.complete()).count();
     let vcpus = samples.iter().map(|s| s.vcpu + 1).max().unwrap_or(1);
     let reasons = truncation_meta(&samples).truncation_reasons();
-    eprintln!(
+    superprof_unwind::say!(
         "superprof: {n} samples in {:.2} s ({:.0} samples/s{}), {:.0} µs per sample, {:.1}% fully unwound{}",
         elapsed.as_secs_f64(),
         n as f64 / elapsed.as_secs_f64().max(1e-9),
@@ -378,7 +380,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
     console.write_with(|w| superprof_profile::top::write_styled(&profile, &style, w))?;
     for (path, format) in &outputs {
         superprof_resolve::write_output(&profile, path, *format)?;
-        eprintln!("superprof: wrote {}", path.display());
+        superprof_unwind::say!("superprof: wrote {}", path.display());
     }
     Ok(0)
 }

@@ -25,10 +25,13 @@ pub struct GuestElf {
 }
 
 impl GuestElf {
-    pub fn open(path: &Path) -> Option<GuestElf> {
+    /// Reads the ELF file at `path` (mapped, not read whole: a 2 GB file costs no memory; a
+    /// device or FIFO is refused), or says why it cannot.
+    pub fn open(path: &Path) -> Result<GuestElf, String> {
         use object::{Object, ObjectSection};
-        let data = std::fs::read(path).ok()?;
-        let obj = object::File::parse(&*data).ok()?;
+        let data = superprof_unwind::map_file(path).map_err(|e| e.to_string())?;
+        let obj = object::File::parse(&*data)
+            .map_err(|_| "not an x86_64 or AArch64 ELF file".to_owned())?;
         let text = obj
             .section_by_name(".text")
             .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
@@ -40,12 +43,12 @@ impl GuestElf {
             object::Architecture::Aarch64 => Some(GuestArch::Aarch64),
             _ => None,
         };
-        Some(GuestElf {
+        Ok(GuestElf {
             path: path.to_owned(),
             name: path
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-            image: Arc::new(ElfImage::open(path)?),
+            image: Arc::new(ElfImage::open(path).ok_or("not an ELF file it can read")?),
             text,
             has_symbols,
             has_orc,
@@ -324,7 +327,7 @@ impl Sampler {
             return;
         }
         if slide != 0 {
-            eprintln!(
+            superprof_unwind::say!(
                 "superprof: the kernel runs {slide:#x} above its link addresses (KASLR): found in \
                  guest memory, its frames are placed there"
             );
@@ -418,7 +421,7 @@ impl Sampler {
             };
             let bias = start.wrapping_sub(*text_addr);
             if self.verbose {
-                eprintln!(
+                superprof_unwind::say!(
                     "superprof: found {} at {start:#x}{} (its .text hash matches)",
                     elf.path.display(),
                     space.map_or(String::new(), |s| format!(" in address space {s:#x}"))

@@ -118,7 +118,7 @@ impl Drop for Cgroup {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: could not remove the cgroup {} (processes still in it)",
             self.dir.display()
         );

@@ -145,10 +145,12 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         }
         .into()),
         exit => {
-            show(cfg, &recorded, &outputs)?;
-            if let Some((dest, opts)) = &push {
-                crate::push::push(dest, &recorded.profile, opts)?;
-            }
+            // A launched command's status survives an output or a push that failed.
+            let shown = show(cfg, &recorded, &outputs).and_then(|()| match &push {
+                Some((dest, opts)) => crate::push::push(dest, &recorded.profile, opts),
+                None => Ok(()),
+            });
+            crate::FailedAfter::wrap(shown, exit)?;
             Ok(exit.map_or(0, |e| e.shell_code()))
         }
     }
@@ -167,14 +169,14 @@ pub fn show(
     if profile.samples.is_empty() {
         bail!("{EMPTY}");
     }
-    eprintln!("{}", recorded.summary());
+    superprof_unwind::say!("{}", recorded.summary());
     if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {
-        eprintln!("superprof: the command {status}");
+        superprof_unwind::say!("superprof: the command {status}");
     }
     // The files first: a table cut short (stdout piped into `head`) loses no profile.
     for (path, format) in outputs {
         superprof_resolve::write_output(profile, path, *format)?;
-        eprintln!("superprof: wrote {}", path.display());
+        superprof_unwind::say!("superprof: wrote {}", path.display());
     }
     if !cfg.quiet {
         // A launched command's output owns stdout.
@@ -249,7 +251,7 @@ fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(PerfSampler, cgro
     cg.add(pid).ok()?;
     let sampler = PerfSampler::open_cgroup(&cg.fd, pid, &cfg.sampler).ok()?;
     if let Some(notice) = sampler.throttle_notice() {
-        eprintln!("{notice}");
+        superprof_unwind::say!("{notice}");
     }
     Some((sampler, cg))
 }
@@ -281,7 +283,7 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
     match PerfSampler::open(pid, mode, &cfg.sampler) {
         Ok(s) => {
             if let Some(notice) = s.throttle_notice() {
-                eprintln!("{notice}");
+                superprof_unwind::say!("{notice}");
             }
             // Root without tracefs gets context switches, which do not tell a preempted
             // thread from a waiting one: say how to get the tracepoint.
@@ -289,7 +291,7 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
                 && crate::sys::euid() == 0
                 && !std::path::Path::new("/sys/kernel/tracing/events").exists()
             {
-                eprintln!(
+                superprof_unwind::say!(
                     "superprof: tracefs is not mounted, so off-CPU time comes from context \
                      switches (a thread preempted is not told from one waiting); for the \
                      sched:sched_switch tracepoint: mount -t tracefs nodev /sys/kernel/tracing"
@@ -300,12 +302,12 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
         Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => match trace() {
             Ok(t) => {
                 if cfg.sampler.off_cpu {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof: off-CPU time cannot be sampled with perf_event_open here \
                          ({e}); sampling with ptrace in wall-clock mode instead"
                     );
                 } else {
-                    eprintln!(
+                    superprof_unwind::say!(
                         "superprof: perf_event_open is not available ({e}); sampling with \
                          ptrace instead"
                     );
@@ -549,7 +551,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     let cpu_s = profile.meta.cpu_time_ns as f64 / 1e9;
     let seen = profile.on_cpu_samples() as f64 / (cpu_s * f64::from(result.frequency.max(1)));
     if launched && !per_cpu && result.event.starts_with("cpu-clock") && cpu_s > 0.05 && seen < 0.8 {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: the samples cover {:.0}% of the {cpu_s:.2} s of {}CPU time the command's \
              processes used: tasks shorter than a sampling period are not seen when sampling per \
              task (as root, superprof samples the command per CPU, in a cgroup of its own)",

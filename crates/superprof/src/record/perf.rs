@@ -139,7 +139,9 @@ pub(super) fn run(
             superprof_trace::kill(pid, libc::SIGTERM);
             exit = superprof_trace::wait_exit_timeout(pid, Duration::from_secs(5));
             if exit.is_none() {
-                eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
+                superprof_unwind::say!(
+                    "superprof: the command ignored SIGTERM for 5 s; sending SIGKILL"
+                );
                 superprof_trace::kill(pid, libc::SIGKILL);
             }
         }

@@ -76,7 +76,9 @@ pub(super) fn run(
         })?;
         exit = ended.or(seen);
         if exit.is_none() {
-            eprintln!("superprof: the command ignored SIGTERM for 5 s; sending SIGKILL");
+            superprof_unwind::say!(
+                "superprof: the command ignored SIGTERM for 5 s; sending SIGKILL"
+            );
         }
     }
     // Detaches an attached process (it runs on); kills a launched one still running.

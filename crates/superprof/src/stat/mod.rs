@@ -18,6 +18,7 @@
 mod output;
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -236,17 +237,19 @@ fn list(kind: &str) -> Result<i32> {
         "tracepoint" => vec![EventKind::Tracepoint],
         other => bail!("unknown event kind '{other}': use hardware, software, cache or tracepoint"),
     };
+    // Written with `?`: a closed stdout (`--list | head`) is a broken pipe, not a panic.
+    let mut out = std::io::stdout();
     for k in kinds {
-        println!("{k:?} events:");
+        writeln!(out, "{k:?} events:")?;
         for spec in EventSpec::all(k) {
             let status = match superprof_sample::probe(&spec) {
                 Ok(()) => "supported".to_owned(),
                 Err(e) => format!("not supported here ({e})"),
             };
-            println!("  {:<28} {status}", spec.name);
+            writeln!(out, "  {:<28} {status}", spec.name)?;
         }
     }
-    println!("Raw events: rNNNN (hex event code, e.g. r01c2)");
+    writeln!(out, "Raw events: rNNNN (hex event code, e.g. r01c2)")?;
     Ok(0)
 }
 
@@ -280,7 +283,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     if events.is_empty() {
         let (def, notice) = default_events();
         if let Some(n) = notice {
-            eprintln!("{n}");
+            superprof_unwind::say!("{n}");
         }
         for e in def {
             events.push(e);
@@ -302,7 +305,7 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     }
     let (engine, notice) = choose_engine(args.engine, &events)?;
     if let Some(n) = notice {
-        eprintln!("{n}");
+        superprof_unwind::say!("{n}");
     }
     let mut session = Session::new(engine, events, groups, user_only, specs);
     session.auto_engine = args.engine.is_none();
@@ -330,14 +333,14 @@ pub fn run(args: &StatArgs) -> Result<i32> {
                 kind,
                 cost,
             }),
-            Err(why) => eprintln!(
+            Err(why) => superprof_unwind::say!(
                 "superprof: {why:#}; the figures include what the {} engine itself costs",
                 e.name()
             ),
         }
     }
     if session.lost_hits > 0 {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: {} probe hits were lost (the ring buffer was full): the counts are of \
              the calls whose entry and exit were both seen",
             session.lost_hits
@@ -347,13 +350,14 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     results.engine = session.engine.name();
     tally(&mut results, &costs);
     let text = output::render(&results, args.format, args.per_call)?;
-    superprof_resolve::write_text(
+    let written = superprof_resolve::write_text(
         args.output.as_deref(),
         superprof_resolve::Console::of_run(args.pid.is_none()),
         &text,
-    )?;
+    );
+    crate::FailedAfter::wrap(written.map_err(anyhow::Error::from), exit)?;
     if let Some(status @ ExitStatus::Signal(_)) = exit {
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: the command {status}{}",
             if signal_in_region {
                 " inside a region; the counts above are those of the calls that returned"
@@ -1313,7 +1317,7 @@ impl Session {
             .regions
             .get(region)
             .map_or_else(|| "?".to_owned(), |r| r.name.clone());
-        eprintln!(
+        superprof_unwind::say!(
             "superprof: region '{name}' is probed with ptrace (the program stops at each of its \
              probes): {why}"
         );
