@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod cfi;
+pub use cfi::function_ranges;
 mod debugfile;
 mod debuginfod;
 mod functions;

@@ -72,6 +72,15 @@ pub fn reset_signals_for_exec() {
 /// The command superprof launched (0: none), for [`wait_launched`].
 static LAUNCHED: AtomicU32 = AtomicU32::new(0);
 
+/// Whether superprof launched a command at all (it stays so once it did).
+static EVER_LAUNCHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this superprof launched a command ([`PendingChild::spawn`]), which then owns
+/// stdout: a reader of superprof's own output gone is then no reason to end the run.
+pub fn launched_a_command() -> bool {
+    EVER_LAUNCHED.load(Ordering::SeqCst)
+}
+
 /// Waits for the command superprof launched, if it is still superprof's to reap: after an
 /// error or a panic in superprof, which let it go, so that it ends as it would have alone
 /// (its output before the shell's prompt) and its status is known. `idle` is called with its
@@ -147,6 +156,7 @@ impl PendingChild {
         drop(go_r);
         drop(st_w);
         LAUNCHED.store(pid, Ordering::SeqCst);
+        EVER_LAUNCHED.store(true, Ordering::SeqCst);
         Ok(PendingChild {
             pid,
             go: Some(go_w),

@@ -9,7 +9,18 @@ static STOP: AtomicBool = AtomicBool::new(false);
 /// are both kept.
 static PENDING_STOP_SIGNALS: AtomicU64 = AtomicU64::new(0);
 
+/// A SIGPIPE was received (see [`STOP_SIGNALS`]).
+static PIPE: AtomicBool = AtomicBool::new(false);
+
+/// A command was launched with [`start_clean`] (qemu, preload).
+static LAUNCHED: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn on_stop_signal(sig: libc::c_int) {
+    if sig == libc::SIGPIPE {
+        // Whether it stops the run is decided by stop_requested (not async-signal work).
+        PIPE.store(true, Ordering::SeqCst);
+        return;
+    }
     STOP.store(true, Ordering::SeqCst);
     if (0..64).contains(&sig) {
         PENDING_STOP_SIGNALS.fetch_or(1 << sig, Ordering::SeqCst);
@@ -29,12 +40,17 @@ pub fn pass_stop_signal_on(pid: u32) {
 }
 
 /// The signals that end superprof as Ctrl-C does: a closed terminal or ssh session (SIGHUP),
-/// `kill` (SIGTERM), Ctrl-\ (SIGQUIT). SIGPIPE is not one: it stays ignored (as the Rust
-/// runtime sets it), so a reader of superprof's stderr gone (`2>&1 | head -1`) costs only the
-/// diagnostics nobody reads, never the run, the profile or the launched command (issue 31); a
-/// log streamed to stdout whose reader is gone ends the run through its write's EPIPE instead.
-pub const STOP_SIGNALS: [libc::c_int; 4] =
-    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+/// `kill` (SIGTERM), Ctrl-\ (SIGQUIT), and a reader gone (SIGPIPE) where superprof launched
+/// nothing (attached: the process runs on). Where it launched a command, SIGPIPE ends nothing:
+/// a reader of superprof's stderr gone (`2>&1 | head -1`) costs the diagnostics nobody reads,
+/// never the run, the profile or the command's status (issue 31).
+pub const STOP_SIGNALS: [libc::c_int; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+];
 
 /// Makes the stop signals set a flag instead of killing superprof, so that breakpoints are
 /// removed, threads detached, a guest resumed and the profile written. A signal superprof was
@@ -93,6 +109,9 @@ pub fn table_style(
 
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
+        || (PIPE.load(Ordering::SeqCst)
+            && !LAUNCHED.load(Ordering::SeqCst)
+            && !superprof_trace::launched_a_command())
 }
 
 /// The kernel's vDSO as mapped into superprof itself. Every local process gets the same image
@@ -204,6 +223,7 @@ pub fn die_with_parent(cmd: &mut std::process::Command) {
 /// Makes `cmd` start with the signal dispositions and mask it would have alone (see
 /// `superprof_trace::reset_signals_for_exec`), not superprof's.
 pub fn start_clean(cmd: &mut std::process::Command) {
+    LAUNCHED.store(true, Ordering::SeqCst);
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the child between fork and exec and only calls sigaction and
     // pthread_sigmask, which are async-signal-safe.

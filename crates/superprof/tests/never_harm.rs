@@ -5,6 +5,9 @@
 
 mod common;
 
+#[path = "../../../tests/fixtures/elf_patch.rs"]
+mod elf_patch;
+
 use common::*;
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -920,5 +923,132 @@ fn superprof_killed_inside_its_system_call_stub_leaves_the_program_whole() {
             !text.contains("short") && !text.contains("failed"),
             "{text}"
         );
+    }
+}
+
+/// The ELF address and size of symbol `name` of `exe` (nm).
+fn nm_symbol(exe: &std::path::Path, name: &str) -> (u64, u64) {
+    let out = run_ok(Command::new("nm").arg("-S").arg(exe));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[3] == name).then(|| {
+                (
+                    u64::from_str_radix(f[0], 16).unwrap(),
+                    u64::from_str_radix(f[1], 16).unwrap(),
+                )
+            })
+        })
+        .unwrap_or_else(|| panic!("no symbol {name} in {}", exe.display()))
+}
+
+/// The (address, length) of each instruction of `exe` in [lo, hi) (objdump).
+fn instructions(exe: &std::path::Path, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    let out = run_ok(
+        Command::new("objdump")
+            .args(["-d", "--no-show-raw-insn"])
+            .arg(format!("--start-address={lo:#x}"))
+            .arg(format!("--stop-address={hi:#x}"))
+            .arg(exe),
+    );
+    let addrs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (a, rest) = l.trim_start().split_once(':')?;
+            (!rest.is_empty() && rest.starts_with('\t')).then(|| u64::from_str_radix(a, 16).ok())?
+        })
+        .collect();
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| (a, addrs.get(i + 1).copied().unwrap_or(hi) - a))
+        .collect()
+}
+
+/// Issue 31, item 1: a region whose probe would go inside an instruction (its start, its end),
+/// into data (`.rodata`), or at a function symbol shifted off its code is refused on every
+/// engine of `stat` and `blocks`, in one line, before any probe goes in: the program computes
+/// what it computes alone (before, it printed wrong results or died of SIGILL or SIGSEGV).
+#[test]
+fn probes_go_only_where_instructions_start() {
+    require_root("uprobes");
+    let dir = TempDir::new("probe-targets");
+    let exe = compile(&dir, "pt", &["probe_targets.c"], &["-O2", "-g"]);
+    let alone = run_ok(Command::new(&exe).arg("2000"));
+    let (work, size) = nm_symbol(&exe, "work_a");
+    let (banner, _) = nm_symbol(&exe, "banner");
+    let insns = instructions(&exe, work, work + size);
+    // An instruction of several bytes, not the first: a region can start inside it.
+    let &(long, _) = insns[1..].iter().find(|&&(_, len)| len >= 3).unwrap();
+    let end = work + size;
+    let mut cases: Vec<(String, String, &[&str])> = vec![
+        (
+            "start inside an instruction".into(),
+            format!("{:#x}-{end:#x}", long + 1),
+            &["is not the start of an instruction"],
+        ),
+        (
+            "end inside an instruction".into(),
+            format!("{work:#x}-{:#x}", long + 2),
+            &["is not the start of an instruction"],
+        ),
+        (
+            ".rodata".into(),
+            format!("{banner:#x}-{:#x}", banner + 4),
+            &["not in the executable code"],
+        ),
+    ];
+    // Copies whose symbol table puts work_a 2, 4 or 11 bytes off its code.
+    let original = elf_patch::Elf::read(&exe);
+    let mut programs = vec![exe.clone(); cases.len()];
+    for shift in [2u64, 4, 11] {
+        let mut e = original.clone();
+        let at = e.symbol("work_a", elf_patch::SymField::Value);
+        e.set_symbol("work_a", elf_patch::SymField::Value, at + shift);
+        let path = dir.path(&format!("pt-shifted-{shift}"));
+        e.write(&path);
+        run_ok(Command::new("chmod").arg("755").arg(&path));
+        programs.push(path);
+        cases.push((
+            format!("work_a shifted by {shift}"),
+            "work_a".into(),
+            // (Its entry inside an instruction, or its end past the function's.)
+            &[
+                "is not the start of an instruction",
+                "does not match the code",
+            ],
+        ));
+    }
+    for ((what, region, why), program) in cases.iter().zip(&programs) {
+        for (command, engine) in [
+            ("stat", "in-process"),
+            ("stat", "uprobe"),
+            ("stat", "ptrace"),
+            ("blocks", "in-process"),
+            ("blocks", "uprobe"),
+            ("blocks", "ptrace"),
+        ] {
+            // (The in-process engine of stat reads CPU time, not the default events.)
+            let mut c = superprof();
+            c.args([command, "--engine", engine, "-r", region]);
+            if command == "stat" {
+                c.args(["-e", "task-clock"]);
+            }
+            let out = c.arg("--").arg(program).arg("2000").output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let context = format!("{command} --engine {engine}, {what} ({region}): {err}");
+            let lines: Vec<&str> = err
+                .lines()
+                .filter(|l| why.iter().any(|w| l.contains(w)))
+                .collect();
+            assert_eq!(lines.len(), 1, "{context}");
+            assert!(lines[0].contains("nothing was probed"), "{context}");
+            assert_eq!(out.status.code(), Some(1), "{context}");
+            assert_eq!(
+                out.stdout, alone.stdout,
+                "the program was harmed: {context}"
+            );
+        }
     }
 }

@@ -178,3 +178,44 @@ fn a_server_down_or_refusing_gives_one_line_and_the_local_file() {
         .unwrap();
     assert_one_line_error(&out, "--push");
 }
+
+/// Issue 31, item 7: a server that answers a push with a redirect did not get the profile; the
+/// redirect is not followed (a POST redirected became a GET to the Location, carrying the
+/// tenant's header, and superprof said "pushed"), and superprof says nothing was delivered.
+#[test]
+fn a_redirect_is_a_failure_not_a_delivery() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("push-redirect");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
+    let elsewhere_port = elsewhere.local_addr().unwrap().port();
+    let followed = serve_http_all(elsewhere);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let status: &'static str = Box::leak(
+        format!("302 Found\r\nLocation: http://127.0.0.1:{elsewhere_port}/ingest").into_boxed_str(),
+    );
+    let server = serve_http_once(listener, status);
+    let local = dir.path("redirected.folded");
+    let out = superprof()
+        .args(["record", "-q", "-o"])
+        .arg(&local)
+        .args(["--push", &format!("pyroscope:http://127.0.0.1:{port}")])
+        .args(["--tenant", "team-a", "--"])
+        .arg(&exe)
+        .arg("0.2")
+        .output()
+        .unwrap();
+    let (line, _, body) = server.join().unwrap();
+    assert!(line.starts_with("POST "), "{line}");
+    assert!(!body.is_empty());
+    failed_to_push(&out, "302");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not delivered"), "{stderr}");
+    assert!(local.exists());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        followed.lock().unwrap().is_empty(),
+        "the redirect was followed"
+    );
+}

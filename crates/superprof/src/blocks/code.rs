@@ -24,6 +24,10 @@ pub struct ElfCode {
     /// Every direct branch in the executable sections, as (target, source), sorted (made at
     /// first use).
     targets: std::sync::OnceLock<Vec<(u64, u64)>>,
+    /// [start, end) of each function its call-frame information (FDEs of `.eh_frame` and
+    /// `.debug_frame`) covers, sorted: where instructions are known to start, whatever the
+    /// symbol table says.
+    fdes: Vec<(u64, u64)>,
     /// Sorted by address.
     pub functions: Vec<Function>,
     pub arch: Arch,
@@ -33,7 +37,8 @@ pub struct ElfCode {
 
 impl ElfCode {
     pub fn open(path: &Path) -> Option<ElfCode> {
-        let data = std::fs::read(path).ok()?;
+        // Mapped, not read whole: only the executable sections are copied.
+        let data = superprof_unwind::map_file(path).ok()?;
         let obj = object::File::parse(&*data).ok()?;
         let arch = match obj.architecture() {
             object::Architecture::Aarch64 => Arch::Aarch64,
@@ -69,6 +74,7 @@ impl ElfCode {
         functions.dedup_by_key(|f| f.addr);
         Some(ElfCode {
             sections,
+            fdes: superprof_symbols::function_ranges(&data),
             plt,
             targets: std::sync::OnceLock::new(),
             functions,
@@ -93,18 +99,133 @@ impl ElfCode {
         })
     }
 
-    /// Whether `addr` is where an instruction starts, decoding from the start of its function
-    /// (true when no function holds it: nothing to check against).
+    /// Whether `addr` is where an instruction starts (see [`ElfCode::prove_instruction_start`]).
     pub fn is_instruction_start(&self, addr: u64) -> bool {
-        let Some(f) = self.function_at(addr) else {
-            return true;
-        };
-        let Some(bytes) = self.bytes(f.addr, f.size) else {
-            return true;
-        };
-        superprof_analyze::decode_all_for(self.arch, bytes, f.addr)
+        self.prove_instruction_start(addr).is_ok()
+    }
+
+    /// The code `addr` is proven part of, [start, end): the innermost function its call-frame
+    /// information covers (the compiler's own record of where the function starts), else a
+    /// function symbol whose bytes decode to exactly its end. Instructions start where a
+    /// decoding from its start says.
+    fn trusted_unit(&self, addr: u64) -> Result<(u64, u64), String> {
+        let i = self.fdes.partition_point(|r| r.0 <= addr);
+        let fde = self.fdes[..i]
             .iter()
-            .any(|i| i.addr == addr)
+            .rev()
+            .take(8)
+            .filter(|r| addr < r.1)
+            .max_by_key(|r| r.0);
+        if let Some(&(start, end)) = fde {
+            return Ok((start, end));
+        }
+        let f = self.function_at(addr).ok_or_else(|| {
+            format!(
+                "{addr:#x} is in code that neither a function symbol nor call-frame                  information covers: nothing proves where its instructions start"
+            )
+        })?;
+        let end = f.addr.saturating_add(f.size);
+        if !self.decodes_to_its_end(f.addr, end) {
+            return Err(format!(
+                "the symbol '{}' ({:#x}, {} bytes) does not decode to its end: the symbol table                  does not match the code",
+                f.name, f.addr, f.size
+            ));
+        }
+        Ok((f.addr, end))
+    }
+
+    /// Whether [start, end) decodes as instructions that end exactly at `end`.
+    fn decodes_to_its_end(&self, start: u64, end: u64) -> bool {
+        let Some(bytes) = self.bytes(start, end.saturating_sub(start)) else {
+            return false;
+        };
+        match self.arch {
+            // Fixed 4-byte instructions (an encoding the decoder does not know still has its
+            // length).
+            Arch::Aarch64 => (end - start).is_multiple_of(4),
+            Arch::X86_64 => superprof_analyze::decode_all_for(self.arch, bytes, start)
+                .last()
+                .is_some_and(|i| i.addr + i.len as u64 == end),
+        }
+    }
+
+    /// Whether a decoding of [start, end) from `start` has an instruction at `addr`.
+    fn decoded_at(&self, start: u64, end: u64, addr: u64) -> bool {
+        match self.arch {
+            Arch::Aarch64 => addr >= start && (addr - start).is_multiple_of(4),
+            Arch::X86_64 => self
+                .bytes(start, end.saturating_sub(start))
+                .is_some_and(|b| {
+                    superprof_analyze::decode_all_for(self.arch, b, start)
+                        .iter()
+                        .any(|i| i.addr == addr)
+                }),
+        }
+    }
+
+    /// Proves that ELF address `addr` is where an instruction starts, before a probe goes
+    /// there: it lies in an executable section, and decoding from a trusted start (see
+    /// [`ElfCode::trusted_unit`]) reaches it. A probe anywhere else would corrupt the
+    /// program's code (the middle of an instruction) or its data (`.rodata`).
+    pub fn prove_instruction_start(&self, addr: u64) -> Result<(), String> {
+        if self.bytes(addr, 1).is_none() {
+            return Err(format!(
+                "{addr:#x} is not in the executable code of its file (data, or no code at all)"
+            ));
+        }
+        let (start, end) = self.trusted_unit(addr)?;
+        if !self.decoded_at(start, end, addr) {
+            return Err(format!(
+                "{addr:#x} is not the start of an instruction (decoding from the function's \
+                 start at {start:#x})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Proves the (exclusive) end of a region, where its last probe goes: an instruction's
+    /// start, or the end of a function (the padding or the next function after it).
+    pub fn prove_region_end(&self, end: u64) -> Result<(), String> {
+        let proven = self.prove_instruction_start(end);
+        if proven.is_err() {
+            if let Some(before) = end.checked_sub(1) {
+                if self.trusted_unit(before).is_ok_and(|(_, e)| e == end)
+                    && self.bytes(end, 1).is_some()
+                {
+                    return Ok(());
+                }
+            }
+        }
+        proven.map_err(|e| format!("the region's end: {e}"))
+    }
+
+    /// Proves a function symbol before its entry and exits are probed: its bytes lie in
+    /// executable code and, where call-frame information covers it, the symbol agrees with it
+    /// (starts at an instruction of that function and ends within it). A symbol table shifted
+    /// off the code (a stripped and relinked file, a hostile one) is refused.
+    pub fn prove_function(&self, addr: u64, size: u64, name: &str) -> Result<(), String> {
+        let end = addr.saturating_add(size);
+        if size == 0 {
+            return self.prove_instruction_start(addr);
+        }
+        if self.bytes(addr, size).is_none() {
+            return Err(format!(
+                "the symbol '{name}' ({addr:#x}, {size} bytes) lies outside the executable code \
+                 of its file: the symbol table does not match the code"
+            ));
+        }
+        let (start, unit_end) = self.trusted_unit(addr)?;
+        if start == addr {
+            return Ok(());
+        }
+        if end > unit_end || !self.decoded_at(start, unit_end, addr) {
+            return Err(format!(
+                "the symbol table puts '{name}' at {addr:#x} ({size} bytes), which the \
+                 call-frame information says is inside the function at {start:#x}-{unit_end:#x}: \
+                 the symbol table does not match the code"
+            ));
+        }
+        Ok(())
     }
 
     /// The function containing `addr`.
@@ -256,7 +377,13 @@ impl ElfCode {
         let mut out = Vec::new();
         for b in self.static_blocks(lo, hi) {
             let mut start = b.start;
-            for &cut in at.iter().filter(|&&c| c > b.start && c < b.end) {
+            // A target off the block's instructions (a linear sweep fallen out of step on
+            // data in the code) is no place for a probe.
+            let starts = self.starts(b.start, b.end);
+            for &cut in at
+                .iter()
+                .filter(|&&c| c > b.start && c < b.end && starts.contains(&c))
+            {
                 out.push(Block {
                     start,
                     end: cut,
@@ -311,6 +438,18 @@ impl ElfCode {
         !superprof_analyze::decode_all_for(self.arch, bytes, f.addr)
             .iter()
             .any(|i| i.flow == superprof_analyze::Flow::IndirectJump)
+    }
+
+    /// Where the instructions of [start, end) start, decoding from `start`.
+    fn starts(&self, start: u64, end: u64) -> Vec<u64> {
+        self.bytes(start, end.saturating_sub(start))
+            .map(|b| {
+                superprof_analyze::decode_all_for(self.arch, b, start)
+                    .iter()
+                    .map(|i| i.addr)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// How many instructions [start, end) holds.
@@ -373,5 +512,55 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
         assert!(failures.is_empty(), "panicked: {failures:#?}");
+    }
+
+    /// Issue 31, item 1: instruction starts are proven from call-frame information, which a
+    /// shifted symbol table cannot move; data and the middle of an instruction are refused.
+    #[test]
+    fn instruction_starts_are_proven_from_trusted_starts() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = std::env::temp_dir().join(format!("superprof-prove-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = elf_patch::compile_child(&root, &dir);
+        let original = Elf::read(&exe);
+        let work = original.symbol("child_work", SymField::Value);
+        let size = original.symbol("child_work", SymField::Size);
+        let code = ElfCode::open(&exe).unwrap();
+        code.prove_function(work, size, "child_work").unwrap();
+        code.prove_instruction_start(work).unwrap();
+
+        // The starts a decoder finds from the function's start are all proven; the byte after
+        // each multi-byte instruction's first is not.
+        let bytes = code.bytes(work, size).unwrap();
+        let insns = superprof_analyze::decode_all_for(code.arch, bytes, work);
+        assert!(insns.len() > 3);
+        for i in &insns {
+            code.prove_instruction_start(i.addr).unwrap();
+            if i.len > 1 {
+                let err = code.prove_instruction_start(i.addr + 1).unwrap_err();
+                assert!(err.contains("not the start of an instruction"), "{err}");
+            }
+        }
+        // Data: the ELF header's address range and .rodata are no code.
+        let rodata = original.section(".rodata", elf_patch::Field::Addr);
+        let err = code.prove_instruction_start(rodata).unwrap_err();
+        assert!(err.contains("not in the executable code"), "{err}");
+        // A symbol table shifted off the code.
+        for shift in [2, 4, 11] {
+            let mut e = original.clone();
+            e.set_symbol("child_work", SymField::Value, work + shift);
+            let path = dir.join(format!("shifted-{shift}"));
+            e.write(&path);
+            let shifted = ElfCode::open(&path).unwrap();
+            let err = shifted
+                .prove_function(work + shift, size, "child_work")
+                .unwrap_err();
+            assert!(
+                err.contains("does not match the code")
+                    || err.contains("not the start of an instruction"),
+                "shift {shift}: {err}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -178,12 +178,6 @@ fn place(
         RegionSpec::Range(a, b) => {
             let bias = exe_bias(pid).context("cannot find the executable's load address")?;
             let file = exe_file(pid)?;
-            if ElfCode::open(&file.open_path).is_some_and(|c| !c.is_instruction_start(*a)) {
-                bail!(
-                    "{a:#x} is not the start of an instruction of {}",
-                    file.path.display()
-                );
-            }
             Some(Placed {
                 name: spec.label(),
                 lo: a.wrapping_add(bias),

@@ -19,7 +19,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use superprof_analyze::{Analyzer, Arch, Block, Decode, Learn};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
@@ -118,6 +118,14 @@ impl Session<'_> {
                     p.file.path.display()
                 );
             }
+            // Every probe address proven an instruction start before any goes in (issue 31).
+            let bounds = match self.specs.get(i) {
+                Some(RegionSpec::Function(_)) => Bounds::Function,
+                Some(_) => Bounds::Range,
+                None => Bounds::WholeExecutable,
+            };
+            prove(code.as_ref(), &p, bounds)
+                .map_err(|why| anyhow!("region '{}': {why}; nothing was probed", p.name))?;
             self.symbols.preload(&p.file.path, &p.file.open_path);
             self.arm(tracer, tid, pid, i, &p, code.as_ref())?;
             self.codes[i] = code;
@@ -714,4 +722,41 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         },
         exit.or(killed),
     ))
+}
+
+/// What a placed region's bounds are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bounds {
+    /// A function symbol's.
+    Function,
+    /// Given as addresses or lines.
+    Range,
+    /// From the executable's first function to the end of its last.
+    WholeExecutable,
+}
+
+/// Proves a placed region's bounds where its probes and block cuts go: its start an
+/// instruction's start, its end one or a function's end, a function's symbol one its
+/// call-frame information agrees with (ELF addresses: the runtime ones less the file's bias).
+fn prove(code: Option<&ElfCode>, p: &Placed, bounds: Bounds) -> Result<(), String> {
+    let code = code.ok_or_else(|| {
+        format!(
+            "cannot read {} to check where its instructions start",
+            p.file.path.display()
+        )
+    })?;
+    let (lo, hi) = (
+        p.lo.wrapping_sub(p.file.bias),
+        p.hi.wrapping_sub(p.file.bias),
+    );
+    match bounds {
+        // (Its end is the function's, which the proof bounds by its call-frame information.)
+        Bounds::Function => code.prove_function(lo, hi.saturating_sub(lo), &p.name),
+        // (Its end is the end of a function symbol: no cut, no probe there.)
+        Bounds::WholeExecutable => code.prove_instruction_start(lo),
+        Bounds::Range => {
+            code.prove_instruction_start(lo)?;
+            code.prove_region_end(hi)
+        }
+    }
 }

@@ -185,9 +185,12 @@ impl From<grpc::CallError> for Failure {
 
 /// An HTTP POST of `body` to `url` (`content_type`, the tenant's header if any).
 fn post(url: &str, content_type: &str, body: &[u8], tenant: Option<&str>) -> Result<(), Failure> {
+    // No redirect is followed: a POST redirected becomes a GET that delivers nothing (with the
+    // tenant's header sent to wherever the Location points).
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(10)))
         .http_status_as_error(true)
+        .max_redirects(0)
         .build()
         .into();
     let mut req = agent.post(url).header("Content-Type", content_type);
@@ -195,7 +198,24 @@ fn post(url: &str, content_type: &str, body: &[u8], tenant: Option<&str>) -> Res
         req = req.header("X-Scope-OrgID", t);
     }
     match req.send(body) {
-        Ok(_) => Ok(()),
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Failure {
+            transient: false,
+            message: format!(
+                "the server answered {}{}: the profile was not delivered (redirects are not \
+                 followed; give the final URL)",
+                r.status(),
+                r.headers()
+                    .get("location")
+                    .and_then(|l| l.to_str().ok())
+                    .map(|l| format!(
+                        " (to {})",
+                        superprof_profile::escape(&l.chars().take(200).collect::<String>())
+                    ))
+                    .unwrap_or_default()
+            ),
+        }
+        .into_err(),
         Err(e) => Failure {
             // A refusal of the request itself will not change on a retry.
             transient: !matches!(&e, ureq::Error::StatusCode(c) if (400..500).contains(c) && *c != 429),

@@ -682,15 +682,49 @@ impl Session {
     /// loaded) stay pending: Ok(false).
     /// With `explain`, a region not found gets its error message (with near names) kept in
     /// `missing`, for when it is still not found at the end.
+    /// Proves every address where `region` would get a probe (its sites' starts and ends, and
+    /// a function's symbol against its call-frame information) before any probe goes in: a
+    /// probe inside an instruction or in data corrupts the program (issue 31).
+    fn prove(
+        &mut self,
+        pid: u32,
+        region: &Region,
+        function: Option<&superprof_trace::FunctionAddress>,
+    ) -> Result<()> {
+        if crate::engine::is_calibration_region(&region.name) {
+            return Ok(()); // superprof's own code, which it wrote
+        }
+        let refuse = |why: String| anyhow!("region '{}': {why}; nothing was probed", region.name);
+        for &(at, site) in &region.sites {
+            let (code, bias) =
+                code_at(&mut self.codes, pid, at).map_err(|e| refuse(format!("{at:#x}: {e}")))?;
+            code.prove_instruction_start(at.wrapping_sub(bias))
+                .map_err(refuse)?;
+            if let Some(end) = site.end {
+                code.prove_region_end(end.wrapping_sub(bias))
+                    .map_err(refuse)?;
+            }
+        }
+        if let Some(f) = function.filter(|f| f.size > 0) {
+            let (code, bias) = code_at(&mut self.codes, pid, f.addr)
+                .map_err(|e| refuse(format!("{:#x}: {e}", f.addr)))?;
+            code.prove_function(f.addr.wrapping_sub(bias), f.size, &f.name)
+                .map_err(refuse)?;
+        }
+        Ok(())
+    }
+
     fn place(&mut self, tracer: &mut Tracer, pid: u32, explain: bool) -> Result<bool> {
         let mut all = true;
         for (i, spec) in self.specs.clone().iter().enumerate() {
             if self.regions.len() > i && self.regions[i].entry != 0 {
                 continue;
             }
+            let mut function = None;
             let region = match spec {
                 RegionSpec::Function(name) => {
                     let found = unique_function(pid, name, self.libraries_mapped)?;
+                    function.clone_from(&found);
                     let mut sites: Vec<(u64, Site)> = found
                         .as_ref()
                         .map(|f| {
@@ -780,6 +814,7 @@ impl Session {
                 }
             };
             if region.entry != 0 {
+                self.prove(pid, &region, function.as_ref())?;
                 self.missing.remove(&i);
                 let mut code = [0u8; 16];
                 let n = tracer.read_code(pid, region.entry, &mut code);
@@ -2072,7 +2107,9 @@ fn code_at(
     pid: u32,
     addr: u64,
 ) -> Result<(&crate::blocks::ElfCode, u64), String> {
-    let file = crate::blocks::file_at(pid, addr).ok_or("it is in no file")?;
+    let file = crate::blocks::file_at(pid, addr).ok_or(
+        "it is not in the executable code of any file the program maps (data, or no code)",
+    )?;
     let code = codes
         .entry(file.path.clone())
         .or_insert_with(|| crate::blocks::ElfCode::open(&file.open_path))
