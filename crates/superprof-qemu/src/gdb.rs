@@ -147,6 +147,21 @@ impl Gdb {
                 if let Some(hash) = self.conn.buf[from..].iter().position(|&b| b == b'#') {
                     let end = from + hash;
                     if self.conn.buf.len() >= end + 3 {
+                        // The checksum covers the data as sent (escaped). A local socket does
+                        // not corrupt bytes: a wrong one is a broken or hostile peer, not a
+                        // packet to ask for again.
+                        let sum = self.conn.buf[1..end]
+                            .iter()
+                            .fold(0u8, |a, &b| a.wrapping_add(b));
+                        let given = std::str::from_utf8(&self.conn.buf[end + 1..end + 3])
+                            .ok()
+                            .and_then(|h| u8::from_str_radix(h, 16).ok());
+                        if given != Some(sum) {
+                            return Err(QemuError::Protocol(format!(
+                                "a gdbstub packet with a bad checksum ({:?} for {sum:02x})",
+                                String::from_utf8_lossy(&self.conn.buf[end + 1..end + 3])
+                            )));
+                        }
                         let data = unescape(&self.conn.buf[1..end])?;
                         self.conn.buf.drain(..end + 3);
                         self.scanned = 0;
@@ -667,6 +682,28 @@ mod hostile {
         // Looked up once: the next sample asks nothing.
         assert_eq!(g.space().unwrap(), None);
         assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    /// Issue 31: a reply whose checksum is wrong is refused (it was taken unchecked).
+    #[test]
+    fn a_bad_checksum_is_refused() {
+        let sock = peer("gdb-sum", |c| {
+            let mut w = c.try_clone()?;
+            let mut r = std::io::BufReader::new(c);
+            let mut b = [0u8];
+            loop {
+                r.read_exact(&mut b)?;
+                if b[0] == b'#' {
+                    r.read_exact(&mut [0u8; 2])?;
+                    // "OK" sums to 9a.
+                    w.write_all(b"+$OK#00")?;
+                }
+            }
+        });
+        let Err(e) = Gdb::connect(&sock) else {
+            panic!("connected")
+        };
+        assert!(e.to_string().contains("bad checksum"), "{e}");
     }
 
     #[test]

@@ -138,9 +138,24 @@ fn debuglink_name(name: &[u8]) -> Option<&str> {
 }
 
 /// Whether the file's contents have the CRC-32 (zlib's, as gdb computes it) that the
-/// debuglink records: a stale or unrelated file of the same name is skipped.
+/// debuglink records: a stale or unrelated file of the same name is skipped. Read through a
+/// fixed buffer, not mapped: a huge (or sparse) file costs time, never memory (issue 31: a
+/// link to a 4 GB sparse file cost 4.2 GB of resident memory).
 fn crc_matches(path: &Path, crc: u32) -> bool {
-    superprof_unwind::map_file(path).is_ok_and(|map| crc32fast::hash(&map) == crc)
+    use std::io::Read;
+    let Ok(mut file) = superprof_unwind::open_input(path) else {
+        return false;
+    };
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return hasher.finalize() == crc,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -44,7 +44,10 @@ pub(crate) fn read_trusted_from(
 }
 
 /// The largest map read.
-pub const MAX_MAP: u64 = 512 << 20;
+pub const MAX_MAP: u64 = 256 << 20;
+/// The most code ranges kept from one map (about 100 MB of names and ranges): a map with more
+/// lines keeps its first ones (issue 31: a 3-million-line map cost 1.2 GB).
+pub const MAX_ENTRIES: usize = 1 << 20;
 /// The longest name kept.
 const MAX_NAME: usize = 1024;
 
@@ -64,6 +67,7 @@ impl PerfMap {
         let path = dir.join(format!("perf-{pid}.map"));
         let bytes = read_trusted(&path, owner, MAX_MAP)?;
         let mut map = PerfMap::parse(&String::from_utf8_lossy(&bytes));
+        drop(bytes);
         map.path = path;
         Some(map)
     }
@@ -73,6 +77,9 @@ impl PerfMap {
     pub fn parse(text: &str) -> PerfMap {
         let mut entries: Vec<(u64, u64, String, usize)> = Vec::new();
         for (line_no, line) in text.lines().enumerate() {
+            if entries.len() >= MAX_ENTRIES {
+                break;
+            }
             let mut parts = line.splitn(3, ' ');
             let (Some(start), Some(size), Some(name)) = (parts.next(), parts.next(), parts.next())
             else {
@@ -131,6 +138,16 @@ impl PerfMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_map_keeps_at_most_max_entries() {
+        let text: String = (0..MAX_ENTRIES as u64 + 5000)
+            .map(|i| format!("{:x} 10 f{i}\n", 0x1000 + i * 0x10))
+            .collect();
+        let m = PerfMap::parse(&text);
+        assert_eq!(m.len(), MAX_ENTRIES);
+        assert_eq!(m.lookup(0x1000), Some("f0"));
+    }
 
     #[test]
     fn lines_of_node_java_and_junk() {

@@ -117,8 +117,9 @@ pub struct PendingChild {
 }
 
 /// Finds `cmd` on PATH the way execvp would.
-pub fn resolve_command(cmd: &str) -> Option<PathBuf> {
-    if cmd.contains('/') {
+pub fn resolve_command(cmd: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    if cmd.as_bytes().contains(&b'/') {
         return Some(PathBuf::from(cmd));
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
@@ -137,7 +138,7 @@ fn is_executable(p: &Path) -> bool {
 impl PendingChild {
     /// Forks; the child blocks until released, then execs `program` with `args` (`args[0]`
     /// included) and the current environment.
-    pub fn spawn(program: &Path, args: &[String]) -> io::Result<PendingChild> {
+    pub fn spawn(program: &Path, args: &[std::ffi::OsString]) -> io::Result<PendingChild> {
         use std::os::unix::ffi::OsStrExt;
         let prog = CString::new(program.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in command"))?;

@@ -130,8 +130,15 @@ pub fn mapped_files(pid: u32) -> std::io::Result<Vec<MappedFile>> {
             .join(path.strip_prefix("/").unwrap_or(&path));
         let open_path = if via_root.exists() {
             via_root
-        } else {
+        } else if path.exists() {
             path.clone()
+        } else {
+            // Deleted since it was mapped (the maps line says "PATH (deleted)"), or out of
+            // reach by name: the very file the process maps, through its map_files link.
+            Path::new("/proc")
+                .join(pid.to_string())
+                .join("map_files")
+                .join(format!("{start:x}-{:x}", start + len))
         };
         let Some(image) = ElfImage::open(&open_path) else {
             continue;

@@ -316,10 +316,11 @@ impl Tracer {
     }
 
     /// Starts `cmd` (argv; the program is looked up on PATH), traced from its exec on.
-    pub fn spawn(cmd: &[String], opts: TraceOptions) -> Result<Tracer, TraceError> {
+    pub fn spawn(cmd: &[std::ffi::OsString], opts: TraceOptions) -> Result<Tracer, TraceError> {
         let program = cmd.first().ok_or(TraceError::NoCommand)?;
         let path = crate::launch::resolve_command(program)
-            .ok_or_else(|| TraceError::CommandNotFound(program.clone()))?;
+            .ok_or_else(|| TraceError::CommandNotFound(program.to_string_lossy().into_owned()))?;
+        let program = program.to_string_lossy();
         let io = |what: &str| {
             let context = format!("cannot {what} '{program}'");
             move |source| TraceError::Io { context, source }

@@ -49,7 +49,7 @@ fn breakpoint_counts_are_exact_with_threads_on_the_same_code() {
     let exe = fixture(&dir, "bp-pie", &["-O2", "-g", "-pthread", "-pie", "-fPIE"]);
     let mut child = PendingChild::spawn(
         &exe,
-        &[exe.display().to_string(), "3000".into(), "4".into()],
+        &[exe.clone().into_os_string(), "3000".into(), "4".into()],
     )
     .unwrap();
     let mut tracer = Tracer::launch(child.pid, TraceOptions::default()).unwrap();
@@ -66,8 +66,11 @@ fn single_step_moves_the_pc_past_the_breakpoint() {
     superprof_trace::block_sigchld();
     let dir = TempDir::new("engine-bp-step");
     let exe = fixture(&dir, "bp-step", &["-O2", "-g", "-pthread"]);
-    let mut child =
-        PendingChild::spawn(&exe, &[exe.display().to_string(), "10".into(), "0".into()]).unwrap();
+    let mut child = PendingChild::spawn(
+        &exe,
+        &[exe.clone().into_os_string(), "10".into(), "0".into()],
+    )
+    .unwrap();
     let mut tracer = Tracer::launch(child.pid, TraceOptions::default()).unwrap();
     child.release().unwrap();
     let mut addr = 0;

@@ -326,7 +326,7 @@ pub struct StatArgs {
     pub engine: Option<EngineArg>,
     /// The command to launch (after `--`)
     #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "list"])]
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -464,7 +464,7 @@ pub struct QemuArgs {
     pub word_reads: bool,
     /// Launch mode: the QEMU command line, after `--`
     #[arg(last = true, value_name = "QEMU-CMD")]
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -484,7 +484,7 @@ pub struct PreloadArgs {
     pub verbose: bool,
     /// The command (after `--`)
     #[arg(last = true, value_name = "CMD", required = true)]
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// The process to work on: attached with -p, or a command launched after `--`.
@@ -500,7 +500,7 @@ pub struct TargetArgs {
     pub pid: Option<u32>,
     /// The command to launch (after `--`)
     #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
-    pub command: Vec<String>,
+    pub command: Vec<std::ffi::OsString>,
 }
 
 impl TargetArgs {

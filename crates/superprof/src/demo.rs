@@ -25,10 +25,10 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         console: Some(superprof_resolve::Console::Stdout),
         push: None,
         target: Target::Command(vec![
-            exe.to_string_lossy().into_owned(),
+            exe.into_os_string(),
             "__demo-workload".into(),
             "--seconds".into(),
-            args.seconds.to_string(),
+            args.seconds.to_string().into(),
         ]),
         top_rows: 12,
     };

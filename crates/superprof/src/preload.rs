@@ -41,8 +41,8 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     }
     let outputs = superprof_resolve::check_outputs(&args.outputs)?;
     let lib = library()?;
-    let program = &args.command[0];
-    let exe = superprof_trace::resolve_command(program)
+    let program = args.command[0].to_string_lossy();
+    let exe = superprof_trace::resolve_command(&args.command[0])
         .filter(|p| p.exists())
         .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
     let dir = crate::sys::private_temp_dir("superprof-preload")?;
@@ -109,7 +109,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         );
         return Ok(if code == 0 { 1 } else { code });
     };
-    profile.meta.command = args.command.clone();
+    profile.meta.command = crate::record::lossy(&args.command);
     profile.meta.duration_ns = started.elapsed().as_nanos() as u64;
     let processes: std::collections::BTreeSet<u32> =
         profile.threads.iter().map(|t| t.pid).collect();

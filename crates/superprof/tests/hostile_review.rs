@@ -295,3 +295,95 @@ fn nobody_uid() -> u32 {
         })
         .unwrap()
 }
+
+/// Issue 31, item 11: a `.gnu_debuglink` naming a 2 GB (sparse) file beside the program costs
+/// time, not memory: its CRC is read through a buffer (mapped and hashed, it cost 4.2 GB of
+/// resident memory). Peak memory by GNU time.
+#[test]
+fn a_huge_debug_link_target_costs_no_memory() {
+    let dir = TempDir::new("huge-debuglink");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    let debug = dir.path("split.debug");
+    split_debug(&exe, &debug);
+    run_ok(
+        Command::new("objcopy")
+            .arg("--add-gnu-debuglink=split.debug")
+            .arg(&exe)
+            .current_dir(&dir.0),
+    );
+    // The same name, now 2 GB of holes: its CRC differs, and reading it must not cost memory.
+    std::fs::remove_file(&debug).unwrap();
+    run_ok(Command::new("truncate").args(["-s", "2G"]).arg(&debug));
+    let folded = dir.path("p.folded");
+    let out = run_ok(
+        Command::new("/usr/bin/time")
+            .args(["-f", "peak-kib=%M"])
+            .arg(env!("CARGO_BIN_EXE_superprof"))
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg("--")
+            .arg(&exe)
+            .arg("0.2"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let peak: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("peak-kib="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(Folded::read(&folded).total() > 10);
+    // superprof alone peaks at a few tens of MB here.
+    assert!(peak < 400 << 10, "peak {} MiB", peak >> 10);
+}
+
+/// Issue 31, item 13: an argument that is not UTF-8 reaches the command byte for byte (it was
+/// refused and the command not run).
+#[test]
+fn arguments_that_are_not_utf8_pass_through() {
+    use std::os::unix::ffi::OsStrExt;
+    let arg = std::ffi::OsStr::from_bytes(b"caf\xe9\xff");
+    let script =
+        "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; printf %s \"$1\" | od -An -tx1";
+    let dir = TempDir::new("not-utf8");
+    for sub in [
+        &["syscalls", "--summary-only"][..],
+        &["record", "-q", "-o", "p.folded"],
+    ] {
+        let out = superprof()
+            .args(sub)
+            .current_dir(&dir.0)
+            .args(["--", "sh", "-c", script, "sh"])
+            .arg(arg)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{sub:?}: {out:?}");
+        assert_eq!(stdout.trim(), "63 61 66 e9 ff", "{sub:?}");
+    }
+}
+
+/// Issue 31, item 13: a program whose file was deleted after it started is still found, read
+/// through /proc/PID/map_files ("no function 'work' ... did you mean fork?" before).
+#[test]
+fn a_deleted_program_is_read_through_its_mapping() {
+    let dir = TempDir::new("deleted-exe");
+    let exits = compile(&dir, "exits", &["exits.c"], &["-O2"]);
+    let mut child = KillOnDrop(
+        Command::new(&exits)
+            .args(["3000", "0"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_exec(child.0.id(), &exits);
+    std::fs::remove_file(&exits).unwrap();
+    let out = superprof()
+        .args(["stat", "-r", "work", "-e", "task-clock", "--format", "json"])
+        .args(["--duration", "0.5", "-p", &child.0.id().to_string()])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(doc["regions"][0]["calls"].as_u64().unwrap() > 10, "{doc}");
+    let _ = child.0.kill();
+}

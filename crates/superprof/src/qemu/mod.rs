@@ -66,8 +66,8 @@ fn connect(backend: QemuBackendArg, addr: &str) -> superprof_qemu::Result<Box<dy
 
 /// Starts QEMU with a socket of superprof's own and connects to it.
 fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
-    let program = &args.command[0];
-    let exe = superprof_trace::resolve_command(program)
+    let program = args.command[0].to_string_lossy();
+    let exe = superprof_trace::resolve_command(&args.command[0])
         .filter(|p| p.exists())
         .ok_or_else(|| anyhow!("cannot run '{program}': command not found (is QEMU installed?)"))?;
     let dir = sys::private_temp_dir("superprof-qemu")?;
@@ -596,7 +596,7 @@ fn build_profile(
     p.meta.command = if args.command.is_empty() {
         vec![format!("qemu {}", args.kernel.display())]
     } else {
-        args.command.clone()
+        crate::record::lossy(&args.command)
     };
     p.meta.event = "qemu-interval".into();
     p.meta.frequency = if args.interval > 0.0 {

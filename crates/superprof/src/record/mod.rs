@@ -20,7 +20,7 @@ use crate::sys;
 #[derive(Debug, Clone)]
 pub enum Target {
     Pid(u32),
-    Command(Vec<String>),
+    Command(Vec<std::ffi::OsString>),
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +222,15 @@ impl Clock {
     }
 }
 
+/// A command line as text, for a profile's metadata and messages (bytes that are not UTF-8
+/// shown as U+FFFD; the command itself is run with its own bytes).
+pub fn lossy(command: &[std::ffi::OsString]) -> Vec<String> {
+    command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Where the samples come from, set up and started.
 enum Source {
     Perf(Box<PerfSampler>),
@@ -323,10 +332,11 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
 fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
     match &cfg.target {
         Target::Command(cmd) => {
-            let program = cmd
+            let first = cmd
                 .first()
                 .ok_or_else(|| anyhow!("no command given after --"))?;
-            let path = superprof_trace::resolve_command(program)
+            let program = first.to_string_lossy();
+            let path = superprof_trace::resolve_command(first)
                 .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
             let mut child = PendingChild::spawn(&path, cmd)
                 .with_context(|| format!("cannot start '{program}'"))?;
@@ -347,7 +357,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                     source,
                     pid: child.pid,
                     launched: true,
-                    command: cmd.clone(),
+                    command: lossy(cmd),
                     clock,
                     cgroup: Some(cg),
                 });
@@ -371,7 +381,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 source,
                 pid: child.pid,
                 launched: true,
-                command: cmd.clone(),
+                command: lossy(cmd),
                 clock,
                 cgroup: None,
             })

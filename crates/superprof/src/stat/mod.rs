@@ -505,12 +505,12 @@ fn engine_cost(
         user_only,
         vec![spec],
     );
-    let command = [
-        exe.to_string_lossy().into_owned(),
-        "__stat-calibration".to_owned(),
-        calls.to_string(),
-        kind_arg.to_owned(),
-        gap_us.to_string(),
+    let command: [std::ffi::OsString; 5] = [
+        exe.into(),
+        "__stat-calibration".into(),
+        calls.to_string().into(),
+        kind_arg.into(),
+        gap_us.to_string().into(),
     ];
     s.calibrating = true;
     let (exit, _) = s
@@ -1787,7 +1787,7 @@ impl Session {
     fn trace(
         &mut self,
         pid: Option<u32>,
-        command: &[String],
+        command: &[std::ffi::OsString],
         duration: Option<Duration>,
     ) -> Result<(Option<ExitStatus>, bool)> {
         let opts = TraceOptions {
