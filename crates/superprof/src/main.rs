@@ -29,6 +29,8 @@ fn main() -> ExitCode {
     superprof_trace::note_inherited_signals();
     // The ptrace engine waits for SIGCHLD; it must be blocked before any thread starts.
     superprof_trace::block_sigchld();
+    // A mapped file cut by someone else reads as zeros, not a SIGBUS (issue 31).
+    sys::guard_mapped_reads();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -61,6 +63,13 @@ fn main() -> ExitCode {
     // A panic unwinds through the tracers, which let every process go on (see
     // `superprof_trace::Tracer`'s Drop); the command is then waited for, as after an error.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli.command)));
+    if sys::zeroed_pages() > 0 {
+        superprof_unwind::say!(
+            "superprof: {} pages of files that another process cut while superprof had them \
+             mapped were read as zeros: names and unwinding there may be wrong",
+            sys::zeroed_pages()
+        );
+    }
     let result = match result {
         Ok(result) => result,
         Err(_) => {

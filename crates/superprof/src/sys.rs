@@ -342,3 +342,67 @@ impl Drop for SharedMemory {
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.words * 8) };
     }
 }
+
+/// Linux's si_code of a SIGBUS for an address no backing store has: a read past the end of a
+/// mapped file that was cut (the libc crate does not name it for Linux).
+const BUS_ADRERR: libc::c_int = 2;
+
+/// Pages read as zeros so far (see [`guard_mapped_reads`]), and the most that may be.
+static ZEROED_PAGES: AtomicU64 = AtomicU64::new(0);
+const MAX_ZEROED_PAGES: u64 = 1 << 20;
+static PAGE_SIZE: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; si_addr is set for
+    // SIGBUS.
+    let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    let page = PAGE_SIZE.load(Ordering::Relaxed);
+    if code == BUS_ADRERR
+        && addr != 0
+        && page != 0
+        && ZEROED_PAGES.fetch_add(1, Ordering::Relaxed) < MAX_ZEROED_PAGES
+    {
+        let start = addr & !(page - 1);
+        // SAFETY: the page lies in a file mapping of superprof's that faulted because its file
+        // was cut; replacing it with a private zero page (mmap is async-signal-safe) makes the
+        // faulting read see zeros, which every reader of files treats as hostile input.
+        let r = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                page as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if r != libc::MAP_FAILED {
+            return;
+        }
+    }
+    // Not a cut file: the default action, at once (the fault repeats on return).
+    // SAFETY: signal() with SIG_DFL is async-signal-safe.
+    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+}
+
+/// Makes a read past the end of a file that another process cut while superprof had it mapped
+/// (a library a program truncates after dlopen) read zeros instead of killing superprof with
+/// SIGBUS: the files superprof maps (libraries, debug files, through its own maps and
+/// addr2line's) are input like any other. superprof's binary only: libsuperprof never changes
+/// the disposition of its host program's signals.
+pub fn guard_mapped_reads() {
+    PAGE_SIZE.store(superprof_unwind::page_size() as u64, Ordering::Relaxed);
+    // SAFETY: installing an SA_SIGINFO handler that makes one system call and touches atomics.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+    }
+}
+
+/// How many pages of cut files were read as zeros (see [`guard_mapped_reads`]).
+pub fn zeroed_pages() -> u64 {
+    ZEROED_PAGES.load(Ordering::Relaxed).min(MAX_ZEROED_PAGES)
+}

@@ -387,3 +387,42 @@ fn a_deleted_program_is_read_through_its_mapping() {
     assert!(doc["regions"][0]["calls"].as_u64().unwrap() > 10, "{doc}");
     let _ = child.0.kill();
 }
+
+/// Issue 31, item 6: a library that its program cuts (truncates) while superprof has it mapped
+/// reads as zeros instead of killing superprof with SIGBUS (exit 135, no output): `record`
+/// and `blocks --mode sample` write their output and pass the program's status on.
+#[test]
+fn a_library_cut_while_mapped_does_not_kill_superprof() {
+    let dir = TempDir::new("cut-library");
+    let lib = compile(
+        &dir,
+        "libhot.so",
+        &["libhot.c"],
+        &["-O2", "-g", "-shared", "-fPIC"],
+    );
+    let exe = compile(&dir, "trl", &["truncate_lib.c"], &["-O2", "-g", "-ldl"]);
+    for sub in [
+        &["record", "-q", "-o", "p.folded"][..],
+        &["blocks", "--mode", "sample"],
+    ] {
+        for keep in ["0", "4096"] {
+            let copy = dir.path("copy.so");
+            std::fs::copy(&lib, &copy).unwrap();
+            let out = superprof()
+                .args(sub)
+                .current_dir(&dir.0)
+                .arg("--")
+                .arg(&exe)
+                .arg(&copy)
+                .arg(keep)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{sub:?} keep {keep}: {err}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n", "{err}");
+            if sub[0] == "record" {
+                assert!(Folded::read(&dir.path("p.folded")).total() > 100, "{err}");
+            }
+        }
+    }
+}
