@@ -38,6 +38,7 @@ pub mod html;
 mod model;
 pub mod otlp;
 pub mod output;
+mod pages;
 pub mod parquet;
 pub mod pprof;
 pub mod proto;

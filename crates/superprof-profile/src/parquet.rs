@@ -72,6 +72,9 @@ pub struct Limits {
     pub max_frames_per_row_group: u64,
     /// Uncompressed bytes of one column chunk, as its metadata declares them.
     pub max_chunk_bytes: u64,
+    /// Uncompressed bytes of one page, as its header declares them (what the parquet crate
+    /// allocates at once to inflate it; superprof's own pages are about 1 MiB).
+    pub max_page_bytes: u64,
     /// Bytes of one string (function, module, file or thread name).
     pub max_string_len: usize,
     /// Bytes of all distinct strings.
@@ -87,6 +90,7 @@ impl Default for Limits {
             max_stack_depth: MAX_STACK_DEPTH,
             max_frames_per_row_group: 64 << 20,
             max_chunk_bytes: 1 << 30,
+            max_page_bytes: 64 << 20,
             max_string_len: 1 << 20,
             max_string_bytes: 256 << 20,
             max_stacks: 16 << 20,
@@ -481,6 +485,49 @@ const COLUMNS: [&str; 8] = [
     "kind",
 ];
 
+/// What each page's header declares, against the limits, before anything is decompressed (the
+/// parquet crate allocates a page's declared size at once, and inflates into it): every page at
+/// most `max_page_bytes`, and a chunk's pages together no more than its metadata declares.
+fn check_pages(
+    meta: &ParquetMetaData,
+    mask: &ProjectionMask,
+    limits: &Limits,
+    file: &File,
+) -> Result<(), ParquetError> {
+    use std::os::unix::fs::FileExt;
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        for (i, c) in rg.columns().iter().enumerate() {
+            if !mask.leaf_included(i) {
+                continue;
+            }
+            // (Inside the file and not negative: check_metadata saw to it.)
+            let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset()) as u64;
+            let len = c.compressed_size() as u64;
+            let declared = u64::try_from(c.uncompressed_size()).unwrap_or(0);
+            let column = c.column_path();
+            let pages = crate::pages::walk_at(len, |at, buf| file.read_at(buf, start + at))
+                .map_err(|why| {
+                    ParquetError::Schema(format!("column '{column}' of row group {g}: {why}"))
+                })?;
+            if pages.largest > limits.max_page_bytes {
+                return Err(too_large(format!(
+                    "column '{column}' of row group {g} has a page of {} bytes uncompressed (at \
+                     most {})",
+                    pages.largest, limits.max_page_bytes
+                )));
+            }
+            if pages.uncompressed > declared {
+                return Err(ParquetError::Schema(format!(
+                    "the pages of column '{column}' of row group {g} hold {} bytes uncompressed, \
+                     its metadata {declared} (damaged?)",
+                    pages.uncompressed
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the footer declares, against the limits: rows, frames per row group (the values of
 /// the stack's leaf columns, at most `max_stack_depth` per row; one per row elsewhere) and
 /// uncompressed bytes per column chunk. Nothing is decoded yet.
@@ -690,6 +737,7 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
     let mask = ProjectionMask::roots(fields, roots);
     let file_len = file.metadata()?.len();
     check_metadata(builder.metadata(), &mask, limits, file_len)?;
+    check_pages(builder.metadata(), &mask, limits, &file)?;
     check_depths(file, limits)?;
     let mut p = Profile::default();
     p.meta = read_meta(&kv);
