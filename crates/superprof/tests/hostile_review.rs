@@ -95,7 +95,7 @@ fn a_closed_stderr_costs_neither_status_nor_output() {
 #[test]
 fn a_failed_output_keeps_the_commands_status() {
     require_root("mount, lchown");
-    let disk = SmallDisk::new("full-record", 16);
+    let disk = SmallDisk::new("full-record", 4);
     let out = superprof()
         .args(["record", "-q", "-o"])
         .arg(disk.path("p.parquet"))
@@ -315,22 +315,15 @@ fn a_huge_debug_link_target_costs_no_memory() {
     std::fs::remove_file(&debug).unwrap();
     run_ok(Command::new("truncate").args(["-s", "2G"]).arg(&debug));
     let folded = dir.path("p.folded");
-    let out = run_ok(
-        Command::new("/usr/bin/time")
-            .args(["-f", "peak-kib=%M"])
-            .arg(env!("CARGO_BIN_EXE_superprof"))
+    let (out, peak) = peak_kib(
+        Command::new(env!("CARGO_BIN_EXE_superprof"))
             .args(["record", "-q", "-o"])
             .arg(&folded)
             .arg("--")
             .arg(&exe)
             .arg("0.2"),
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    let peak: u64 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("peak-kib="))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{err}"));
+    assert!(out.status.success(), "{out:?}");
     assert!(Folded::read(&folded).total() > 10);
     // superprof alone peaks at a few tens of MB here.
     assert!(peak < 400 << 10, "peak {} MiB", peak >> 10);
@@ -435,31 +428,41 @@ fn a_decompression_bomb_is_refused_from_its_page_headers() {
     let dir = TempDir::new("parquet-bomb");
     let bomb = dir.path("bomb.parquet");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/parquet_bomb.py");
+        .join("../../tests/fixtures/hostile_parquet.py");
     run_ok(
         Command::new("python3")
             .arg(script)
-            .arg("200000000")
+            .args(["bomb", "200000000"])
             .arg(&bomb),
     );
     assert!(std::fs::metadata(&bomb).unwrap().len() < 100_000);
-    let out = Command::new("/usr/bin/time")
-        .args(["-f", "peak-kib=%M"])
-        .arg(env!("CARGO_BIN_EXE_superprof"))
-        .arg("report")
-        .arg(&bomb)
-        .output()
-        .unwrap();
+    let (out, peak) = peak_kib(
+        Command::new(env!("CARGO_BIN_EXE_superprof"))
+            .arg("report")
+            .arg(&bomb),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains("has a page of 200000004 bytes uncompressed"),
         "{err}"
     );
-    let peak: u64 = err
+    assert!(peak < 100 << 10, "peak {} MiB", peak >> 10);
+}
+
+/// Runs `cmd` under GNU time: its output, and its peak resident memory in KiB.
+fn peak_kib(cmd: &mut Command) -> (std::process::Output, u64) {
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "peak-kib=%M"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let peak = err
         .lines()
         .find_map(|l| l.strip_prefix("peak-kib="))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("{err}"));
-    assert!(peak < 100 << 10, "peak {} MiB", peak >> 10);
+    (out, peak)
 }
