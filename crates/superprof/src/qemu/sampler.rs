@@ -24,6 +24,9 @@ pub struct GuestElf {
     pub arch: Option<GuestArch>,
 }
 
+/// The largest `.text` a guest ELF file may have (it is copied).
+const MAX_TEXT: u64 = 512 << 20;
+
 impl GuestElf {
     /// Reads the ELF file at `path` (mapped, not read whole: a 2 GB file costs no memory; a
     /// device or FIFO is refused), or says why it cannot.
@@ -32,10 +35,19 @@ impl GuestElf {
         let data = superprof_unwind::map_file(path).map_err(|e| e.to_string())?;
         let obj = object::File::parse(&*data)
             .map_err(|_| "not an x86_64 or AArch64 ELF file".to_owned())?;
+        // Copied (programs are recognized by it): at most MAX_TEXT, a kernel's is tens of MB.
         let text = obj
             .section_by_name(".text")
-            .and_then(|s| Some((s.address(), s.data().ok()?.to_vec())))
+            .and_then(|s| Some((s.address(), s.data().ok()?)))
             .unwrap_or_default();
+        if text.1.len() as u64 > MAX_TEXT {
+            return Err(format!(
+                "its .text is {} MiB (at most {} MiB)",
+                text.1.len() >> 20,
+                MAX_TEXT >> 20
+            ));
+        }
+        let text = (text.0, text.1.to_vec());
         let has_symbols = obj.symbols().next().is_some() || obj.dynamic_symbols().next().is_some();
         let has_orc = obj.section_by_name(".orc_unwind").is_some();
         let arch = match obj.architecture() {
