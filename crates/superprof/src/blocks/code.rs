@@ -26,8 +26,11 @@ pub struct ElfCode {
     targets: std::sync::OnceLock<Vec<(u64, u64)>>,
     /// [start, end) of each function its call-frame information (FDEs of `.eh_frame` and
     /// `.debug_frame`) covers, sorted: where instructions are known to start, whatever the
-    /// symbol table says.
-    fdes: Vec<(u64, u64)>,
+    /// symbol table says. Read at the first proof (`path`): parsing every FDE of a large file
+    /// costs seconds under emulation, and most uses of an ElfCode prove nothing.
+    fdes: std::sync::OnceLock<Vec<(u64, u64)>>,
+    /// The file, for `fdes`.
+    path: std::path::PathBuf,
     /// Sorted by address.
     pub functions: Vec<Function>,
     pub arch: Arch,
@@ -74,7 +77,8 @@ impl ElfCode {
         functions.dedup_by_key(|f| f.addr);
         Some(ElfCode {
             sections,
-            fdes: superprof_symbols::function_ranges(&data),
+            fdes: std::sync::OnceLock::new(),
+            path: path.to_owned(),
             plt,
             targets: std::sync::OnceLock::new(),
             functions,
@@ -109,8 +113,13 @@ impl ElfCode {
     /// function symbol whose bytes decode to exactly its end. Instructions start where a
     /// decoding from its start says.
     fn trusted_unit(&self, addr: u64) -> Result<(u64, u64), String> {
-        let i = self.fdes.partition_point(|r| r.0 <= addr);
-        let fde = self.fdes[..i]
+        let fdes = self.fdes.get_or_init(|| {
+            superprof_unwind::map_file(&self.path)
+                .map(|data| superprof_symbols::function_ranges(&data))
+                .unwrap_or_default()
+        });
+        let i = fdes.partition_point(|r| r.0 <= addr);
+        let fde = fdes[..i]
             .iter()
             .rev()
             .take(8)
@@ -379,11 +388,17 @@ impl ElfCode {
             let mut start = b.start;
             // A target off the block's instructions (a linear sweep fallen out of step on
             // data in the code) is no place for a probe.
-            let starts = self.starts(b.start, b.end);
-            for &cut in at
+            let inside: Vec<u64> = at
                 .iter()
-                .filter(|&&c| c > b.start && c < b.end && starts.contains(&c))
-            {
+                .copied()
+                .filter(|&c| c > b.start && c < b.end)
+                .collect();
+            let starts = if inside.is_empty() {
+                Vec::new()
+            } else {
+                self.starts(b.start, b.end)
+            };
+            for cut in inside.into_iter().filter(|c| starts.contains(c)) {
                 out.push(Block {
                     start,
                     end: cut,
