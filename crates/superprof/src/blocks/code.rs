@@ -6,6 +6,38 @@ use std::path::Path;
 use object::{Object, ObjectSection, SectionKind};
 use superprof_analyze::{blocks_for, Arch, Block};
 
+/// The FDE ranges of the file at `path` (see `ElfCode::fdes`), parsed once per file and run:
+/// a region per function of one library (libpython's five in a test) opens five ElfCodes of it,
+/// and a parse of a large `.eh_frame` costs seconds under emulation.
+fn fde_ranges(path: &Path) -> Vec<(u64, u64)> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::{Arc, Mutex};
+    type Key = (u64, u64, u64, i64);
+    static CACHE: Mutex<Option<HashMap<Key, Arc<Vec<(u64, u64)>>>>> = Mutex::new(None);
+    let key = std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.size(), m.mtime()));
+    if let Some(k) = key {
+        let cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hit) = cache.as_ref().and_then(|c| c.get(&k)) {
+            return hit.as_ref().clone();
+        }
+    }
+    let ranges = superprof_unwind::map_file(path)
+        .map(|data| superprof_symbols::function_ranges(&data))
+        .unwrap_or_default();
+    if let Some(k) = key {
+        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        let map = cache.get_or_insert_with(HashMap::new);
+        // (A handful of files a run: no eviction needed, but no unbounded growth either.)
+        if map.len() < 256 {
+            map.insert(k, Arc::new(ranges.clone()));
+        }
+    }
+    ranges
+}
+
 /// A function symbol: ELF virtual address and size.
 #[derive(Debug, Clone)]
 pub struct Function {
@@ -113,11 +145,7 @@ impl ElfCode {
     /// function symbol whose bytes decode to exactly its end. Instructions start where a
     /// decoding from its start says.
     fn trusted_unit(&self, addr: u64) -> Result<(u64, u64), String> {
-        let fdes = self.fdes.get_or_init(|| {
-            superprof_unwind::map_file(&self.path)
-                .map(|data| superprof_symbols::function_ranges(&data))
-                .unwrap_or_default()
-        });
+        let fdes = self.fdes.get_or_init(|| fde_ranges(&self.path));
         let i = fdes.partition_point(|r| r.0 <= addr);
         let fde = fdes[..i]
             .iter()
