@@ -14,7 +14,8 @@ fn fde_ranges(path: &Path) -> Vec<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     use std::sync::{Arc, Mutex};
     type Key = (u64, u64, u64, i64);
-    static CACHE: Mutex<Option<HashMap<Key, Arc<Vec<(u64, u64)>>>>> = Mutex::new(None);
+    type Ranges = Arc<Vec<(u64, u64)>>;
+    static CACHE: Mutex<Option<HashMap<Key, Ranges>>> = Mutex::new(None);
     let key = std::fs::metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino(), m.size(), m.mtime()));
