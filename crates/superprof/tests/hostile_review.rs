@@ -36,12 +36,17 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Waits at most `limit` for `child` to end.
-fn wait_for(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+/// Waits at most `limit` for `child` to end: its status and what it wrote to its (piped)
+/// stderr.
+fn wait_for(child: &mut Child, limit: Duration) -> Option<(std::process::ExitStatus, String)> {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
         if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut err).unwrap();
+            }
+            return Some((s, err));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -214,15 +219,7 @@ fn a_fifo_without_reader_does_not_hold_superprof() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(child.0.try_wait().unwrap().is_none(), "did not wait");
     run_ok(Command::new("kill").arg(child.0.id().to_string()));
-    let status = wait_for(&mut child.0, Duration::from_secs(5)).expect("SIGTERM ignored");
-    let mut err = String::new();
-    child
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = wait_for(&mut child.0, Duration::from_secs(5)).expect("SIGTERM ignored");
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("FIFO"), "{err}");
 
@@ -234,15 +231,7 @@ fn a_fifo_without_reader_does_not_hold_superprof() {
             .spawn()
             .unwrap(),
     );
-    let status = wait_for(&mut report.0, Duration::from_secs(5)).expect("report blocks");
-    let mut err = String::new();
-    report
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, err) = wait_for(&mut report.0, Duration::from_secs(5)).expect("report blocks");
     assert!(!status.success(), "{err}");
     assert!(err.contains("not a regular file"), "{err}");
 }
