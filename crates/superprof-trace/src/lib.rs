@@ -10,7 +10,8 @@
 //!   (children too with [`TraceOptions::follow_forks`]), turns wait statuses (each decoded once,
 //!   as a `status::Stop`) into [`TraceEvent`]s, and forwards every signal to the target. It sets
 //!   breakpoints, patches code and runs system calls in the target; a janitor process puts
-//!   the code back if superprof dies without doing it. [`Tracer::finish`] detaches an attached
+//!   the code back if superprof dies without doing it; a program that ignores or blocks
+//!   SIGTRAP keeps it so through the tracer's traps (`sigtrap`). [`Tracer::finish`] detaches an attached
 //!   process, which runs on, or kills a launched one; dropped unfinished (an error, a panic),
 //!   the tracer lets every process go, a launched one too.
 //! - [`sampler::run`] is the ptrace sampler: on CPU time, interrupt a thread, read its
@@ -49,6 +50,7 @@ mod locate;
 mod names;
 mod posix;
 pub mod sampler;
+mod sigtrap;
 mod status;
 mod sys;
 mod syscall_tables;

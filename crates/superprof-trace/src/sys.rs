@@ -45,6 +45,22 @@ pub fn cont_syscall(tid: u32, sig: i32) -> io::Result<()> {
     ptrace(libc::PTRACE_SYSCALL, tid, 0, sig as usize).map(drop)
 }
 
+/// A stopped thread's signal mask (PTRACE_GETSIGMASK).
+pub fn sigmask(tid: u32) -> io::Result<u64> {
+    const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+    let mut mask = 0u64;
+    // `addr` is the size of the mask (8 bytes), `data` points to those 8 bytes.
+    ptrace(PTRACE_GETSIGMASK, tid, 8, &mut mask as *mut u64 as usize)?;
+    Ok(mask)
+}
+
+/// Sets a stopped thread's signal mask (PTRACE_SETSIGMASK).
+pub fn set_sigmask(tid: u32, mask: u64) -> io::Result<()> {
+    const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
+    // `addr` is the size of the mask (8 bytes), `data` points to those 8 bytes.
+    ptrace(PTRACE_SETSIGMASK, tid, 8, &mask as *const u64 as usize).map(drop)
+}
+
 /// Options of a tracee that stopped itself (PTRACE_TRACEME): EXITKILL and the like.
 pub fn set_options(tid: u32, options: usize) -> io::Result<()> {
     ptrace(libc::PTRACE_SETOPTIONS, tid, 0, options).map(drop)

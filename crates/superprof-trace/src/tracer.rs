@@ -65,6 +65,13 @@ struct Thread {
     /// A new process whose first stop came before its parent's fork event: kept stopped
     /// until that event says whether it shares the parent's memory.
     awaiting_origin: bool,
+    /// The program blocks SIGTRAP in this thread (as last read; see [`crate::sigtrap`]).
+    trap_blocked: bool,
+    /// A SIGTRAP of the tracer's own (a breakpoint, a step's end) was taken since the thread
+    /// last ran: the kernel may have reset the program's SIGTRAP state.
+    trapped: bool,
+    /// In a system call that may change its SIGTRAP state: read it again at the exit.
+    in_signal_call: crate::sigtrap::Change,
 }
 
 impl Thread {
@@ -82,6 +89,11 @@ impl Thread {
         }
     }
 }
+
+/// How long a process that ignores SIGTRAP may have it reset by traps of ours before the
+/// next trap sets it ignored again (each time costs two system calls run in the program,
+/// its other threads held): the window in which superprof's death would leave it reset.
+const TRAP_RESET_GRACE: Duration = Duration::from_millis(10);
 
 /// The longest patch [`Tracer::patch_code`] takes (what the janitor's table holds).
 pub const MAX_PATCH: usize = 8;
@@ -265,6 +277,15 @@ pub struct Tracer {
     /// Signals beyond a thread's `pending_signal` that arrived while it was held or stepping;
     /// sent to it again (tgkill) when it is let go, so none is lost.
     deferred: HashMap<u32, Vec<i32>>,
+    /// Following the program's SIGTRAP state ([`crate::sigtrap`]): on from the first
+    /// breakpoint or single step; threads then run under PTRACE_SYSCALL.
+    guard: bool,
+    /// Processes that ignore SIGTRAP (as last read).
+    trap_ignored: HashSet<u32>,
+    /// Processes of `trap_ignored` whose SIGTRAP a trap of ours reset, since when: ignored
+    /// again at the next exit of a system call, or at the next trap after
+    /// [`TRAP_RESET_GRACE`] (meanwhile the tracer drops the SIGTRAPs sent to them).
+    trap_reset: HashMap<u32, std::time::Instant>,
     done: bool,
 }
 
@@ -293,6 +314,9 @@ impl Tracer {
             tombstones: HashSet::new(),
             deferred: HashMap::new(),
             janitor: None,
+            guard: false,
+            trap_ignored: HashSet::new(),
+            trap_reset: HashMap::new(),
             done: false,
         }
     }
@@ -549,16 +573,8 @@ impl Tracer {
             return Err(io::Error::other(format!("cannot read the code at {pc:#x}")));
         }
         sys::write_memory(pid, pc, sys::SYSCALL_INSN)?;
-        let entry = sys::regs_at(&saved, pc, 0, true);
-        let result = sys::set_regs_outside_syscall(tid, &entry)
-            .and_then(|()| self.syscall_at(tid, pc, nr, args, false));
+        let result = self.run_syscall_at(tid, &saved, pc, nr, args);
         let _ = sys::write_memory(pid, pc, &code);
-        if !matches!(result, Err(ref e) if e.raw_os_error() == Some(libc::ESRCH)) {
-            // At a system call stop now: a call it was stopped in goes again, as the kernel
-            // would have restarted it.
-            let (resume, ret) = sys::resume_point(&saved);
-            let _ = sys::set_regs_outside_syscall(tid, &sys::regs_at(&saved, resume, ret, false));
-        }
         result
     }
 
@@ -737,6 +753,7 @@ impl Tracer {
         };
         let sig = std::mem::take(&mut t.pending_signal);
         let pid = t.pid;
+        self.restore_trap_state(tid, true);
         self.resume_with(tid, sig);
         for s in self.deferred.remove(&tid).unwrap_or_default() {
             sys::kill_thread(pid, tid, s);
@@ -750,6 +767,7 @@ impl Tracer {
         let Some(t) = self.threads.get(&tid).copied() else {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         };
+        self.start_guard();
         let done = if t.at_breakpoint.is_some() {
             self.step_past_breakpoint(tid)
         } else {
@@ -848,6 +866,7 @@ impl Tracer {
                 format!("the code at {addr:#x} is patched"),
             ));
         }
+        self.start_guard();
         self.write_saved(pid, space, addr, sys::BREAKPOINT, false)?;
         self.tombstones.remove(&(space, addr));
         Ok(())
@@ -896,6 +915,7 @@ impl Tracer {
         }
         sys::set_pc(tid, addr).ok()?;
         let t = self.threads.get_mut(&tid)?;
+        t.trapped = true;
         t.at_breakpoint = Some(addr);
         t.state = State::Stopped;
         t.held = false;
@@ -913,7 +933,13 @@ impl Tracer {
         }
         let Ok(r) = sys::regs(tid) else { return false };
         let addr = r.pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
-        self.tombstones.contains(&(space, addr)) && sys::set_pc(tid, addr).is_ok()
+        let ours = self.tombstones.contains(&(space, addr)) && sys::set_pc(tid, addr).is_ok();
+        if ours {
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.trapped = true;
+            }
+        }
+        ours
     }
 
     /// Steps `tid` over the breakpoint it is stopped on: holds every other thread of its
@@ -996,6 +1022,9 @@ impl Tracer {
                             return StepEnd::Ended;
                         }
                         Stop::Trap if sys::step_trap(tid) != Some(false) => {
+                            if let Some(t) = self.threads.get_mut(&tid) {
+                                t.trapped = true;
+                            }
                             return StepEnd::Done;
                         }
                         Stop::Signal(
@@ -1132,6 +1161,7 @@ impl Tracer {
                     ..Thread::default()
                 },
             );
+            self.learn_trap_state_of(tid, false);
             self.events.push_back(TraceEvent::NewThread { tid, pid });
             return;
         }
@@ -1176,8 +1206,15 @@ impl Tracer {
             }
             Stop::Syscall => {
                 t.state = State::Stopped;
-                t.held = false;
-                self.events.push_back(TraceEvent::Syscall { tid, pid });
+                if self.opts.syscalls {
+                    t.held = false;
+                    let _ = self.follow_signal_call(tid);
+                    self.events.push_back(TraceEvent::Syscall { tid, pid });
+                } else {
+                    // A stop of the guard's only: held like the others.
+                    t.held = true;
+                    let _ = self.follow_signal_call(tid);
+                }
             }
             Stop::Signal(sig) => {
                 t.state = State::Stopped;
@@ -1201,12 +1238,23 @@ impl Tracer {
         }
     }
 
-    fn resume_with(&mut self, tid: u32, sig: i32) {
+    fn resume_with(&mut self, tid: u32, mut sig: i32) {
+        if sig == libc::SIGTRAP && self.guard {
+            // A SIGTRAP sent to a program that ignores it (and whose disposition a trap of
+            // ours may have reset since): dropped, as the kernel would have.
+            if self
+                .threads
+                .get(&tid)
+                .is_some_and(|t| self.trap_ignored.contains(&t.pid))
+            {
+                sig = 0;
+            }
+        }
         let r = if self.late_steps.contains(&tid) {
             // Stopped (held, interrupted) in the middle of a step that is still to end: it
             // goes on stepping, or its end would never be reported.
             sys::single_step(tid, sig)
-        } else if self.opts.syscalls {
+        } else if self.opts.syscalls || self.guard {
             sys::cont_syscall(tid, sig)
         } else {
             sys::cont(tid, sig)
@@ -1231,6 +1279,9 @@ impl Tracer {
                 ..Thread::default()
             },
         );
+        // (It has run nothing yet: its mask is the one its parent gave it; a new process's
+        // action too.)
+        self.learn_trap_state_of(tid, tid == pid);
         true
     }
 
@@ -1317,6 +1368,207 @@ impl Tracer {
                 self.tombstones.retain(|(p, _)| *p != pid);
             }
         }
+    }
+
+    /// Starts following the program's SIGTRAP state ([`crate::sigtrap`]), before the first
+    /// trap of ours: each thread's as it is now.
+    fn start_guard(&mut self) {
+        if self.guard {
+            return;
+        }
+        self.guard = true;
+        let tids: Vec<u32> = self.threads.keys().copied().collect();
+        for tid in tids {
+            self.learn_trap_state(tid);
+        }
+    }
+
+    /// Reads SIGTRAP's state of `tid` (and of its process) as the program set it: at a moment
+    /// when no trap of ours has reset it since it last ran.
+    fn learn_trap_state(&mut self, tid: u32) {
+        self.learn_trap_state_of(tid, true);
+    }
+
+    /// As [`Tracer::learn_trap_state`]; the process's action too only where `action`.
+    fn learn_trap_state_of(&mut self, tid: u32, action: bool) {
+        if !self.guard {
+            return;
+        }
+        let Some(pid) = self.threads.get(&tid).map(|t| t.pid) else {
+            return;
+        };
+        let Some(state) = crate::sigtrap::read(pid, tid) else {
+            return;
+        };
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.trap_blocked = state.blocked;
+        }
+        if !action {
+            return;
+        }
+        if state.ignored {
+            self.trap_ignored.insert(pid);
+        } else {
+            self.trap_ignored.remove(&pid);
+        }
+    }
+
+    /// At a system call stop of `tid`: notes the entry of a call that may change its SIGTRAP
+    /// state, and reads that state at the call's exit. Returns whether it is an exit stop.
+    fn follow_signal_call(&mut self, tid: u32) -> bool {
+        if !self.guard {
+            return false;
+        }
+        match sys::syscall_info(tid) {
+            Ok(sys::SyscallInfo::Entry { arch, nr, args }) => {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.in_signal_call = crate::sigtrap::change_of(arch, nr, args[0]);
+                }
+            }
+            Ok(sys::SyscallInfo::Exit { .. }) => {
+                let change = self
+                    .threads
+                    .get_mut(&tid)
+                    .map(|t| std::mem::take(&mut t.in_signal_call))
+                    .unwrap_or_default();
+                match change {
+                    crate::sigtrap::Change::Nothing => {}
+                    crate::sigtrap::Change::Mask => self.learn_trap_state_of(tid, false),
+                    crate::sigtrap::Change::Action => {
+                        // The program set SIGTRAP's action itself: nothing of ours to undo.
+                        if let Some(t) = self.threads.get(&tid) {
+                            self.trap_reset.remove(&t.pid);
+                        }
+                        self.learn_trap_state_of(tid, true);
+                    }
+                }
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// After a trap of ours, before `tid` runs again: puts back the SIGTRAP state the kernel
+    /// reset (the program blocked it in this thread, or its process ignores it).
+    /// (While letting go, `ignored_too` false: the mask only, as no call can be run then.)
+    fn restore_trap_state(&mut self, tid: u32, ignored_too: bool) {
+        let Some(t) = self.threads.get_mut(&tid) else {
+            return;
+        };
+        if !std::mem::take(&mut t.trapped) || !self.guard {
+            return;
+        }
+        let (pid, blocked) = (t.pid, t.trap_blocked);
+        if blocked {
+            if let Ok(mask) = sys::sigmask(tid) {
+                if mask & crate::sigtrap::BIT == 0 {
+                    let _ = sys::set_sigmask(tid, mask | crate::sigtrap::BIT);
+                }
+            }
+        }
+        if self.trap_ignored.contains(&pid) {
+            // (Ignored, SIGTRAP was reset by the trap: the kernel's rule.)
+            let since = *self
+                .trap_reset
+                .entry(pid)
+                .or_insert_with(std::time::Instant::now);
+            if ignored_too && since.elapsed() >= TRAP_RESET_GRACE {
+                self.ignore_again(pid, tid);
+            }
+        }
+    }
+
+    /// Sets SIGTRAP of process `pid` ignored again, through its stopped thread `tid`, the
+    /// others held meanwhile (their stops wait, as for a step).
+    fn ignore_again(&mut self, pid: u32, tid: u32) {
+        self.hold_space(self.space_of(pid), Some(tid));
+        self.ignore_again_held(pid, tid);
+        self.release_held();
+    }
+
+    /// [`Tracer::ignore_again`], the other threads of the process held by the caller.
+    fn ignore_again_held(&mut self, pid: u32, tid: u32) {
+        self.trap_reset.remove(&pid);
+        if crate::sigtrap::read(pid, tid).is_none_or(|now| now.ignored) {
+            return;
+        }
+        let space = self.space_of(pid);
+        // Setting SIGTRAP ignored discards the SIGTRAPs pending in the process: those of
+        // threads held just after a trap of ours, not yet reported. Each goes back onto its
+        // breakpoint, to trap again.
+        let trapped_unseen: Vec<(u32, u64)> = self
+            .threads
+            .iter()
+            .filter(|(&o, x)| o != tid && x.pid == pid && x.at_breakpoint.is_none())
+            .filter(|(&o, _)| sigtrap_pending(pid, o))
+            .filter_map(|(&o, _)| {
+                let at = sys::regs(o).ok()?.pc.wrapping_sub(sys::PC_AFTER_BREAKPOINT);
+                self.is_breakpoint(space, at).then_some((o, at))
+            })
+            .collect();
+        if self.ignore_sigtrap_again(tid).is_ok() {
+            for (o, at) in trapped_unseen {
+                let _ = sys::set_pc(o, at);
+            }
+        }
+    }
+
+    /// Sets SIGTRAP of stopped thread `tid`'s process back to ignored, with the flags and mask
+    /// its action had (the kernel's reset keeps them): `rt_sigaction` run twice in the thread
+    /// (read, then write), at a system call instruction of its vDSO (nothing written into
+    /// code), with 32 bytes of its stack below the red zone lent and given back.
+    fn ignore_sigtrap_again(&mut self, tid: u32) -> io::Result<()> {
+        let (pid, _) = self.stopped_thread(tid)?;
+        let at = syscall_site(pid).ok_or_else(|| io::Error::other("no system call in the vDSO"))?;
+        let saved = sys::raw_regs(tid)?;
+        let sp = sys::user_regs(&saved).sp;
+        // Below x86_64's 128-byte red zone, 16-byte aligned.
+        let scratch = (sp.wrapping_sub(256)) & !15;
+        let mut kept = [0u8; 32];
+        if sys::read_memory(pid, scratch, &mut kept) != kept.len() {
+            return Err(io::Error::other("cannot read the thread's stack"));
+        }
+        let sig = libc::SIGTRAP as u64;
+        let nr = libc::SYS_rt_sigaction;
+        let result = self
+            .run_syscall_at(tid, &saved, at, nr, [sig, 0, scratch, 8, 0, 0])
+            .and_then(|r| {
+                if r != 0 {
+                    return Err(io::Error::from_raw_os_error(-r as i32));
+                }
+                let mut action = [0u8; 32];
+                if sys::read_memory(pid, scratch, &mut action) != action.len() {
+                    return Err(io::Error::other("cannot read the action"));
+                }
+                action[..8].copy_from_slice(&(libc::SIG_IGN as u64).to_ne_bytes());
+                sys::write_memory(pid, scratch, &action)?;
+                self.run_syscall_at(tid, &saved, at, nr, [sig, scratch, 0, 8, 0, 0])
+            });
+        let _ = sys::write_memory(pid, scratch, &kept);
+        result.map(drop)
+    }
+
+    /// Runs system call `nr` with `args` in stopped thread `tid` (registers `saved`) at the
+    /// system call instruction at `at`, and puts its registers back (a call it was stopped in
+    /// goes again, as the kernel would have restarted it). If superprof died in between, the
+    /// thread would go on with changed registers.
+    fn run_syscall_at(
+        &mut self,
+        tid: u32,
+        saved: &sys::RawRegs,
+        at: u64,
+        nr: i64,
+        args: [u64; 6],
+    ) -> io::Result<i64> {
+        let entry = sys::regs_at(saved, at, 0, true);
+        let result = sys::set_regs_outside_syscall(tid, &entry)
+            .and_then(|()| self.syscall_at(tid, at, nr, args, false));
+        if !matches!(result, Err(ref e) if e.raw_os_error() == Some(libc::ESRCH)) {
+            let (resume, ret) = sys::resume_point(saved);
+            let _ = sys::set_regs_outside_syscall(tid, &sys::regs_at(saved, resume, ret, false));
+        }
+        result
     }
 
     /// Lets an unfollowed child go: restores the code under the breakpoints it inherited, and
@@ -1524,6 +1776,7 @@ impl Tracer {
                 if let Some(t) = self.threads.get_mut(&pid) {
                     t.state = State::Stopped;
                 }
+                self.learn_trap_state(pid);
                 self.events.push_back(TraceEvent::Exec { pid });
             }
             // An event the options never ask for: let it run.
@@ -1569,6 +1822,16 @@ impl Tracer {
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.state = State::Stopped;
                 }
+                if self.follow_signal_call(tid) && self.trap_reset.contains_key(&pid) {
+                    // Before the program goes on from a system call (it may raise or read
+                    // SIGTRAP next): ignored again.
+                    self.ignore_again(pid, tid);
+                }
+                if !self.opts.syscalls {
+                    // A stop of the guard's only: on.
+                    self.resume_with(tid, 0);
+                    return;
+                }
                 self.events.push_back(TraceEvent::Syscall { tid, pid });
             }
             // The end of a step that outlived its wait: a trap of the kernel's, and not of a
@@ -1583,6 +1846,7 @@ impl Tracer {
                 let space = self.space_of(pid);
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.state = State::Stopped;
+                    t.trapped = true;
                 }
                 self.events
                     .push_back(TraceEvent::Stepped { tid, pid: space });
@@ -1707,6 +1971,22 @@ impl Tracer {
         for space in spaces {
             self.hold_space(space, None);
         }
+        // SIGTRAP ignored again where a trap of ours reset it, through one of its threads,
+        // stopped for the purpose.
+        let reset: Vec<u32> = self.trap_reset.keys().copied().collect();
+        for pid in reset {
+            self.hold_space(self.space_of(pid), None);
+            let via = self
+                .threads
+                .iter()
+                .filter(|(_, t)| t.pid == pid && t.state == State::Stopped)
+                .map(|(&tid, _)| tid)
+                .min();
+            // (Held until each is detached below: none may trap again meanwhile.)
+            if let Some(tid) = via {
+                self.ignore_again_held(pid, tid);
+            }
+        }
         // The code goes back to what it was before anything else.
         let removed: Vec<(u32, u64)> = self.breakpoints.keys().copied().collect();
         for (pid, addr) in &removed {
@@ -1810,6 +2090,11 @@ impl Tracer {
             } else if swallow.remove(&tid) {
                 forward = 0;
             }
+            if forward == 0 {
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.trapped = true;
+                }
+            }
         } else if let Some(addr) = ours(pc).filter(|_| sigtrap_pending(pid, tid)) {
             // It trapped on a breakpoint, but stopped for us before the SIGTRAP was reported:
             // the SIGTRAP is still pending and would kill it once detached. Move it back onto
@@ -1818,6 +2103,9 @@ impl Tracer {
             swallow.insert(tid);
             let _ = sys::cont(tid, 0);
             return false;
+        }
+        if forward == 0 && self.threads.get(&tid).is_some_and(|t| t.trapped) {
+            self.restore_trap_state(tid, false);
         }
         let _ = sys::detach(tid, forward);
         true
@@ -1839,6 +2127,28 @@ fn die_here_for_a_test(step: usize) {
         let me = std::process::id();
         sys::kill_thread(me, me, libc::SIGKILL);
     }
+}
+
+/// A system call instruction in the vDSO of process `pid` (any bytes that decode as one:
+/// the CPU runs them from there), where a call can be run in the program without writing
+/// into its code.
+fn syscall_site(pid: u32) -> Option<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let (lo, hi) = line.split_whitespace().next()?.split_once('-')?;
+    let lo = u64::from_str_radix(lo, 16).ok()?;
+    let hi = u64::from_str_radix(hi, 16).ok()?;
+    // (A vDSO is two pages or so; a larger one is not believed.)
+    let len = usize::try_from(hi.checked_sub(lo)?).ok()?.min(1 << 16);
+    let mut code = vec![0u8; len];
+    let n = sys::read_memory(pid, lo, &mut code);
+    let insn = sys::SYSCALL_INSN;
+    // (AArch64's instructions are 4-byte aligned.)
+    let step = if cfg!(target_arch = "aarch64") { 4 } else { 1 };
+    (0..n.saturating_sub(insn.len() - 1))
+        .step_by(step)
+        .find(|&i| code[i..].starts_with(insn))
+        .map(|i| lo + i as u64)
 }
 
 /// Whether a SIGTRAP is pending for one thread (/proc/PID/task/TID/status, SigPnd).

@@ -117,8 +117,9 @@ fn commands() -> Vec<(String, String)> {
         ));
     }
     // record (issue 20), on both samplers: the folded stacks after a "<<folded" line. (The
-    // attached program runs 15 s: under TCG, attaching with ptrace and ending took 7 s of a
-    // 2 s recording, and an 8 s program was gone before its status was read.)
+    // attached program runs until /tmp/ra.stop exists, 600 s at most: under TCG, attaching
+    // with ptrace and ending took 7 s of a 2 s recording here, and in CI a 15 s program was
+    // gone before its status was read.)
     for sampler in SAMPLERS {
         // (250 Hz and 8 KiB of stack a sample: TCG runs the guest ten to fifty times slower
         // than the host, and superprof shares two vCPUs with four busy threads: at 999 Hz with
@@ -131,13 +132,13 @@ fn commands() -> Vec<(String, String)> {
             format!("record-split-{sampler}"),
             format!("{rec} -- ./split 2\n{show}"),
         ));
-        // (Four busy threads on two vCPUs leave superprof little CPU time under TCG: 100 Hz.
-        // At 250 Hz a quarter of the perf records were lost.)
+        // (Four busy threads on two vCPUs leave superprof little CPU time under TCG: 50 Hz.
+        // At 250 Hz a quarter of the perf records were lost; at 100 Hz, 24 of 434 in CI.)
         v.push((
             format!("record-threads-{sampler}"),
             format!(
                 "{} -- ./threads 0.3\n{show}",
-                rec.replace("-F 250", "-F 100")
+                rec.replace("-F 250", "-F 50")
             ),
         ));
         v.push((
@@ -147,10 +148,11 @@ fn commands() -> Vec<(String, String)> {
         v.push((
             format!("record-attach-{sampler}"),
             format!(
-                "./attach 15 1.0 > /tmp/ra.out 2>&1 &\nP=$!\n\
-                 while ! grep -q ready /tmp/ra.out; do sleep 0.05; done\n\
+                "rm -f /tmp/ra.stop\n./attach 600 1.0 /tmp/ra.stop > /tmp/ra.out 2>&1 &\n\
+                 P=$!\nwhile ! grep -q ready /tmp/ra.out; do sleep 0.05; done\n\
                  {rec} -p $P --duration 2\necho superprof-status=$?\n\
-                 grep TracerPid /proc/$P/status\nwait $P\necho program-status=$?\n{show}"
+                 grep TracerPid /proc/$P/status\ntouch /tmp/ra.stop\nwait $P\n\
+                 echo program-status=$?\n{show}"
             ),
         ));
     }
@@ -266,7 +268,7 @@ const CODE_SUM: &str = "code_sum() { l=$(grep \"r-xp.*$2\\$\" /proc/$1/maps | he
 /// system call superprof makes the program run changes it for a moment.)
 fn let_go(cmd: &str, sig: &str) -> String {
     format!(
-        "./attach 60 1000 > /tmp/att.out 2>&1 &\nP=$!\n\
+        "./attach 600 1000 > /tmp/att.out 2>&1 &\nP=$!\n\
          while ! grep -q ready /tmp/att.out; do sleep 0.1; done\n\
          B=$(code_sum $P /t/attach)\n\
          {cmd} -p $P >/tmp/sp.out 2>&1 &\nS=$!\n\
@@ -288,6 +290,8 @@ struct Section {
     rc: i32,
     output: String,
     json: Option<Value>,
+    /// The guest's seconds (under TCG) that the section's command took.
+    secs: Option<f64>,
 }
 
 /// Boots the guest once, runs every command, and returns the sections by name.
@@ -302,8 +306,25 @@ fn run() -> &'static (String, BTreeMap<String, Section>) {
         let _cpu = cpu_lock();
         let console = boot(&commands(), &[]);
         let sections = parse_sections(&console);
+        write_times(&sections);
         (console, sections)
     })
+}
+
+/// Writes target/aarch64-guest-times.txt: each section's guest seconds, the slowest first
+/// (where the guest's time goes, for whoever sets its deadline).
+fn write_times(sections: &BTreeMap<String, Section>) {
+    let mut v: Vec<(f64, &str)> = sections
+        .iter()
+        .filter_map(|(n, s)| Some((s.secs?, n.as_str())))
+        .collect();
+    v.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let total: f64 = v.iter().map(|x| x.0).sum();
+    let mut text = format!("{total:8.1} s in all\n");
+    for (secs, name) in v {
+        text.push_str(&format!("{secs:8.1} {name}\n"));
+    }
+    let _ = std::fs::write(root_dir().join("target/aarch64-guest-times.txt"), text);
 }
 
 /// The commands of the second boot, under `-icount shift=0` (TCG's PMU counts instructions
@@ -474,7 +495,9 @@ fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
     let wanted = |n: &str| only.split(',').any(|p| n.starts_with(p));
     for (name, cmd) in commands.iter().filter(|(n, _)| wanted(n)) {
         script.push_str(&format!(
-            "J=/tmp/{name}.json\necho '<<< {name}'\n{{\n{cmd}\n}} >/tmp/out 2>&1\necho \"rc=$?\"\n\
+            "J=/tmp/{name}.json\necho '<<< {name}'\nT0=$(cut -d' ' -f1 /proc/uptime)\n\
+             {{\n{cmd}\n}} >/tmp/out 2>&1\nR=$?\n\
+             echo \"rc=$R took=$T0 $(cut -d' ' -f1 /proc/uptime)\"\n\
              cat /tmp/out\necho '<<json'\n[ -f $J ] && cat $J\necho\necho '>>> {name}'\n"
         ));
     }
@@ -647,15 +670,28 @@ fn parse_sections(console: &str) -> BTreeMap<String, Section> {
         rest = &after[j + end_mark.len()..];
         let (head, json) = body.split_once("<<json").unwrap_or((&body, ""));
         let head = head.trim_start();
-        let rc = head
-            .lines()
-            .next()
-            .and_then(|l| l.strip_prefix("rc="))
-            .and_then(|v| v.trim().parse().ok())
+        let first = head.lines().next().unwrap_or("");
+        let rc = first
+            .strip_prefix("rc=")
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
             .unwrap_or(-1);
+        // ("took=START END": the guest's uptime around the command, in seconds.)
+        let secs = first.split_once("took=").and_then(|(_, t)| {
+            let (a, b) = t.trim().split_once(' ')?;
+            Some(b.parse::<f64>().ok()? - a.parse::<f64>().ok()?)
+        });
         let output = head.lines().skip(1).collect::<Vec<_>>().join("\n");
         let json = serde_json::from_str(json.trim()).ok();
-        out.insert(name, Section { rc, output, json });
+        out.insert(
+            name,
+            Section {
+                rc,
+                output,
+                json,
+                secs,
+            },
+        );
     }
     out
 }

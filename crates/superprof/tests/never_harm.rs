@@ -1052,3 +1052,123 @@ fn probes_go_only_where_instructions_start() {
         }
     }
 }
+
+/// Issue 31, item 2: a program that ignores SIGTRAP, or blocks it, keeps it so under every
+/// engine of `stat` and `blocks` (and the learning analyzer): each trap of a breakpoint or a
+/// step made the kernel reset SIGTRAP to its default and unblock it, and the program's own
+/// `raise(SIGTRAP)` then killed it (exit 133). It must print what it prints alone (its sum,
+/// SIGTRAP still ignored or blocked, a raised one pending where blocked), exit 0, and be
+/// counted whole: 2 threads × 500 calls of `work`.
+#[test]
+fn a_program_that_ignores_or_blocks_sigtrap_keeps_it() {
+    require_root("uprobes");
+    let dir = TempDir::new("trap-ignored");
+    let exe = compile(&dir, "ti", &["trap_ignored.c"], &["-O2", "-g", "-pthread"]);
+    const N: u64 = 500;
+    for mode in ["ignore", "block"] {
+        let alone = run_ok(Command::new(&exe).args([mode, &N.to_string()]));
+        let alone = String::from_utf8_lossy(&alone.stdout).into_owned();
+        let want = if mode == "ignore" {
+            "ignored=1 blocked=0 pending=0"
+        } else {
+            "ignored=0 blocked=1 pending=1"
+        };
+        assert!(alone.contains(want), "{mode}: alone it printed {alone}");
+        for (command, engine, analyzer) in [
+            ("stat", "in-process", ""),
+            ("stat", "uprobe", ""),
+            ("stat", "ptrace", ""),
+            ("blocks", "in-process", ""),
+            ("blocks", "uprobe", ""),
+            ("blocks", "ptrace", ""),
+            ("blocks", "ptrace", "learn"),
+        ] {
+            let json = dir.path("out.json");
+            let _ = std::fs::remove_file(&json);
+            let mut c = superprof();
+            c.args([
+                command, "--engine", engine, "-r", "work", "--format", "json",
+            ]);
+            if command == "stat" {
+                c.args(["-e", "task-clock"]);
+            }
+            if !analyzer.is_empty() {
+                c.args(["--analyzer", analyzer]);
+            }
+            let out = c
+                .arg("-o")
+                .arg(&json)
+                .arg("--")
+                .arg(&exe)
+                .args([mode, &N.to_string()])
+                .output()
+                .unwrap();
+            let context = format!(
+                "{mode}, {command} --engine {engine} {analyzer}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(out.status.code(), Some(0), "{context}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), alone, "{context}");
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            let calls = if command == "stat" {
+                doc["regions"][0]["calls"].as_u64()
+            } else {
+                // (The block at the function's entry runs once a call.)
+                let blocks = doc["blocks"].as_array().unwrap();
+                let start = |b: &Value| {
+                    u64::from_str_radix(b["start"].as_str()?.trim_start_matches("0x"), 16).ok()
+                };
+                blocks
+                    .iter()
+                    .filter(|b| b["function"] == "work")
+                    .min_by_key(|b| start(b))
+                    .and_then(|b| b["count"].as_u64())
+            };
+            assert_eq!(calls, Some(2 * N), "{context}");
+        }
+    }
+}
+
+/// Issue 31, item 2, attached: superprof attached with its breakpoints (the ptrace engine) to
+/// a program that ignores SIGTRAP, then let go after a second: the program's SIGTRAP is
+/// ignored again, and its own raise(SIGTRAP) afterwards is harmless.
+#[test]
+fn an_attached_program_that_ignores_sigtrap_keeps_it_after_superprof() {
+    let dir = TempDir::new("trap-ignored-attach");
+    let exe = compile(&dir, "ti", &["trap_ignored.c"], &["-O2", "-g", "-pthread"]);
+    let stop = dir.path("stop");
+    let mut child = Command::new(&exe)
+        .args(["ignore", "0"])
+        .arg(&stop)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let out = superprof()
+        .args([
+            "stat",
+            "--engine",
+            "ptrace",
+            "-e",
+            "task-clock",
+            "-r",
+            "work",
+        ])
+        .args(["--duration", "1", "-p", &child.id().to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    assert!(status.contains("TracerPid:\t0"), "{status}");
+    std::fs::write(&stop, "").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{rest}; superprof said {err}");
+    assert!(rest.contains("ignored=1 blocked=0 pending=0"), "{rest}");
+}
