@@ -1023,3 +1023,34 @@ fn bad_input_gives_one_line() {
         .unwrap();
     assert_one_line_error(&out, "/no/such/program");
 }
+
+/// Issue 31, item 3: blocks too short for the in-process engine's jump, with no filler in
+/// reach for a springboard (short_blocks.S), are counted by uprobes as root, not by
+/// breakpoints: the program never stops, and the counts are exact, from threads started
+/// after the probes went in too (held until theirs are open). Per call of tiny(i): its first
+/// block and its `ret` once, the `lea` where i != 0.
+#[test]
+fn in_process_counts_blocks_too_short_for_a_jump_with_uprobes() {
+    require_root("uprobes");
+    let dir = TempDir::new("short-blocks");
+    let exe = compile(
+        &dir,
+        "sb",
+        &["short_blocks_main.c", "short_blocks.S"],
+        &["-O2", "-g", "-pthread"],
+    );
+    const N: u64 = 20_000;
+    for threads in [0u64, 3] {
+        let (n, t) = (N.to_string(), threads.to_string());
+        let cmd = [exe.as_os_str(), n.as_ref(), t.as_ref()];
+        let doc = blocks_json(&dir, &["-r", "tiny"], &cmd);
+        let what = format!("{threads} threads: {doc}");
+        assert_eq!(doc["engine"], "in-process", "{what}");
+        assert_eq!(doc["stops"], 0, "{what}");
+        assert_eq!(doc["breakpoint_blocks"], 0, "{what}");
+        assert!(doc["uprobe_blocks"].as_u64() >= Some(1), "{what}");
+        let runs = threads.max(1);
+        let counts: Vec<u64> = blocks_of(&doc).iter().map(|b| b.count).collect();
+        assert_eq!(counts, [runs * N, runs * (N - 1), runs * N], "{what}");
+    }
+}

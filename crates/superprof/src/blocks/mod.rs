@@ -82,8 +82,10 @@ pub struct Report {
     pub emulated: u64,
     /// Sample mode: samples outside the regions (other modules, the kernel).
     pub samples_elsewhere: u64,
-    /// In-process engine: blocks counted by a patch, and by a breakpoint (not patchable).
+    /// In-process engine: blocks counted by a patch, and, not patchable, by a uprobe (as
+    /// root) or else by a breakpoint.
     pub patched: usize,
+    pub uprobe_blocks: usize,
     pub breakpoint_blocks: usize,
 }
 

@@ -101,6 +101,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             }
             if r.engine == Some("in-process") {
                 doc["patched_blocks"] = json!(r.patched);
+                doc["uprobe_blocks"] = json!(r.uprobe_blocks);
                 doc["breakpoint_blocks"] = json!(r.breakpoint_blocks);
             }
             match r.mode {
@@ -347,17 +348,22 @@ fn annotated(r: &Report) -> String {
     out
 }
 
-/// How the in-process engine counted: blocks patched, blocks on breakpoints and their stops.
+/// How the in-process engine counted: blocks patched, blocks on uprobes, blocks on
+/// breakpoints and their stops.
 fn in_process(r: &Report) -> String {
+    let uprobes = match r.uprobe_blocks {
+        0 => String::new(),
+        n => format!(", {n} that cannot take a jump counted by uprobes"),
+    };
     if r.breakpoint_blocks == 0 {
         format!(
-            "counted in-process ({} blocks patched; the program never stopped)",
+            "counted in-process ({} blocks patched{uprobes}; the program never stopped)",
             r.patched
         )
     } else {
         format!(
-            "counted in-process ({} blocks patched; {} that cannot take a jump counted by \
-             breakpoints: {} stops)",
+            "counted in-process ({} blocks patched{uprobes}; {} that cannot take a jump \
+             counted by breakpoints: {} stops)",
             r.patched, r.breakpoint_blocks, r.stops
         )
     }

@@ -224,6 +224,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             emulated: 0,
             samples_elsewhere: total.saturating_sub(inside),
             patched: 0,
+            uprobe_blocks: 0,
             breakpoint_blocks: 0,
         },
         recorded.exit,

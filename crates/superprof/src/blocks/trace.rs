@@ -64,6 +64,11 @@ struct Session<'a> {
     probed_blocks: HashSet<u64>,
     /// In-process engine: the program's trampolines and counters.
     inproc: Option<crate::inprocess::InProcess>,
+    /// The in-process engine's fallback for a block it cannot patch, where uprobes may be
+    /// opened (root): a counting uprobe, which never stops the program, before a breakpoint.
+    fallback_pmu: Option<superprof_sample::UprobePmu>,
+    /// Blocks the in-process engine counted with such a uprobe.
+    uprobe_fallbacks: usize,
     /// In-process engine: each patched (region, block of `cover_blocks`) and its counter.
     patched: Vec<(usize, usize, crate::inprocess::Counter)>,
     /// In-process engine: the blocks counted by a breakpoint instead (runtime address ->
@@ -198,6 +203,7 @@ impl Session<'_> {
         let lo = blocks.first().map_or(0, |b| b.start);
         let hi = blocks.last().map_or(0, |b| b.end);
         let boards = crate::inprocess::springboards(code, lo, hi, bias);
+        let threads = superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]);
         for (k, b) in blocks.iter().enumerate() {
             // A block of two overlapping regions belongs to the first.
             let at = b.start.wrapping_add(bias);
@@ -216,10 +222,23 @@ impl Session<'_> {
             match inproc.count_block(tracer, tid, &site, &inside) {
                 Ok(c) => self.patched.push((i, k, c)),
                 Err(_) => {
-                    tracer
-                        .set_breakpoint(pid, at)
-                        .map_err(|e| format!("cannot put a counting breakpoint at {at:#x}: {e}"))?;
-                    self.counting_bps.insert(at, (i, k));
+                    let probed = match self.fallback_pmu {
+                        Some(pmu) => self.uprobe_block(pmu, pid, &threads, code, b, bias)?,
+                        None => None,
+                    };
+                    match probed {
+                        Some((spec, counters)) => {
+                            self.uprobe_fallbacks += 1;
+                            self.probed_threads.extend(&threads);
+                            self.block_probes.push((i, k, spec, counters));
+                        }
+                        None => {
+                            tracer.set_breakpoint(pid, at).map_err(|e| {
+                                format!("cannot put a counting breakpoint at {at:#x}: {e}")
+                            })?;
+                            self.counting_bps.insert(at, (i, k));
+                        }
+                    }
                 }
             }
             self.probed_blocks.insert(at);
@@ -251,36 +270,8 @@ impl Session<'_> {
             if self.probed_blocks.contains(&at) {
                 continue;
             }
-            let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
-            let mut probed = None;
-            for insn in superprof_analyze::decode_all(bytes, b.start) {
-                let addr = insn.addr.wrapping_add(bias);
-                let Some(spec) = crate::engine::probe_at(pid, addr) else {
-                    break;
-                };
-                let spec = self
-                    .probe_source
-                    .get_or_insert_with(|| crate::engine::Probes::new(pmu))
-                    .event(&spec);
-                let mut on_threads = Vec::new();
-                let mut refused = false;
-                for &tid in &threads {
-                    match superprof_sample::UprobeCounter::open(tid, &spec) {
-                        Ok(c) => on_threads.push(c),
-                        Err(e) if e.no_thread() => {}
-                        Err(e) if e.unsupported_instruction() => {
-                            refused = true;
-                            break;
-                        }
-                        Err(e) => return Err(format!("cannot open a uprobe at {addr:#x}: {e}")),
-                    }
-                }
-                if !refused {
-                    probed = Some((spec, on_threads));
-                    break;
-                }
-            }
-            let Some((spec, counters)) = probed else {
+            let Some((spec, counters)) = self.uprobe_block(pmu, pid, &threads, code, b, bias)?
+            else {
                 return Err(format!(
                     "the kernel cannot put a uprobe on any instruction of the block at {:#x} of \
                      region '{}'",
@@ -295,9 +286,58 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// A counting uprobe on block `b` (ELF addresses; `bias` makes them runtime ones) of
+    /// `code`, on each of `threads` of `pid`: at its first instruction the kernel accepts.
+    /// None where it accepts none.
+    #[allow(clippy::type_complexity)]
+    fn uprobe_block(
+        &mut self,
+        pmu: superprof_sample::UprobePmu,
+        pid: u32,
+        threads: &[u32],
+        code: &ElfCode,
+        b: &superprof_analyze::Block,
+        bias: u64,
+    ) -> Result<
+        Option<(
+            superprof_sample::ProbeEvent,
+            Vec<superprof_sample::UprobeCounter>,
+        )>,
+        String,
+    > {
+        let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
+        for insn in superprof_analyze::decode_all(bytes, b.start) {
+            let addr = insn.addr.wrapping_add(bias);
+            let Some(spec) = crate::engine::probe_at(pid, addr) else {
+                break;
+            };
+            let spec = self
+                .probe_source
+                .get_or_insert_with(|| crate::engine::Probes::new(pmu))
+                .event(&spec);
+            let mut on_threads = Vec::new();
+            let mut refused = false;
+            for &tid in threads {
+                match superprof_sample::UprobeCounter::open(tid, &spec) {
+                    Ok(c) => on_threads.push(c),
+                    Err(e) if e.no_thread() => {}
+                    Err(e) if e.unsupported_instruction() => {
+                        refused = true;
+                        break;
+                    }
+                    Err(e) => return Err(format!("cannot open a uprobe at {addr:#x}: {e}")),
+                }
+            }
+            if !refused {
+                return Ok(Some((spec, on_threads)));
+            }
+        }
+        Ok(None)
+    }
+
     /// A new thread (held before its first instruction): every block's probe on it too.
     fn arm_thread(&mut self, tid: u32) -> Result<()> {
-        if !matches!(self.engine, Engine::Uprobe(_)) || !self.probed_threads.insert(tid) {
+        if self.block_probes.is_empty() || !self.probed_threads.insert(tid) {
             return Ok(());
         }
         for (_, _, spec, counters) in &mut self.block_probes {
@@ -315,6 +355,7 @@ impl Session<'_> {
         self.engine = Engine::Ptrace;
         // (Patches already made stay until the process is let go: they count nothing read.)
         self.patched.clear();
+        self.uprobe_fallbacks = 0;
         for at in std::mem::take(&mut self.counting_bps).into_keys() {
             let _ = tracer.remove_breakpoint(pid, at);
         }
@@ -394,6 +435,7 @@ impl Session<'_> {
             self.probed_blocks.clear();
             self.probed_threads.clear();
             self.inproc = None;
+            self.uprobe_fallbacks = 0;
             self.patched.clear();
             self.counting_bps.clear();
             self.bp_hits.clear();
@@ -571,8 +613,17 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         }
         some => (Engine::choose(some)?.0, false),
     };
+    // (In-process as root: a block it cannot patch gets a uprobe, which never stops the
+    // program, rather than a breakpoint; new threads are then held until theirs are open.)
+    let fallback_pmu = match engine {
+        Engine::InProcess if !args.step_branches => match Engine::choose(Some(EngineArg::Uprobe)) {
+            Ok((Engine::Uprobe(pmu), _)) => Some(pmu),
+            _ => None,
+        },
+        _ => None,
+    };
     let opts = TraceOptions {
-        hold_new_threads: matches!(engine, Engine::Uprobe(_)),
+        hold_new_threads: matches!(engine, Engine::Uprobe(_)) || fallback_pmu.is_some(),
         ..TraceOptions::default()
     };
     let (mut tracer, launched) = match args.target.pid {
@@ -606,6 +657,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         probed_threads: HashSet::new(),
         probed_blocks: HashSet::new(),
         inproc: None,
+        fallback_pmu,
+        uprobe_fallbacks: 0,
         patched: Vec::new(),
         counting_bps: HashMap::new(),
         bp_hits: HashMap::new(),
@@ -718,6 +771,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             emulated: s.counts.emulated,
             samples_elsewhere: 0,
             patched: s.patched.len(),
+            uprobe_blocks: s.uprobe_fallbacks,
             breakpoint_blocks: s.counting_bps.len(),
         },
         exit.or(killed),
