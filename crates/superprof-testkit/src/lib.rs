@@ -233,8 +233,26 @@ pub fn code_bytes(pid: u32, exe: &Path) -> Vec<u8> {
         .expect("code mapping");
     use std::os::unix::fs::FileExt;
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
-    let mut buf = vec![0u8; (m.end - m.start) as usize];
-    mem.read_exact_at(&mut buf, m.start).unwrap();
+    // The executable segments' bytes only, not the rest of their last page: the in-process
+    // engine writes its system call stub there for a while, never run and left behind by a
+    // superprof killed meanwhile.
+    let image = superprof_unwind::ElfImage::open(exe).expect("an ELF file");
+    let bias = image.bias_for_mapping(m.start, m.end - m.start, m.offset);
+    let mut buf = Vec::new();
+    for r in image.executable_ranges() {
+        let start = r.start.wrapping_add(bias).max(m.start);
+        let end = r.end.wrapping_add(bias).min(m.end);
+        if start < end {
+            let mut part = vec![0u8; (end - start) as usize];
+            mem.read_exact_at(&mut part, start).unwrap();
+            buf.extend(part);
+        }
+    }
+    assert!(
+        !buf.is_empty(),
+        "no code of {} in its mapping",
+        exe.display()
+    );
     buf
 }
 

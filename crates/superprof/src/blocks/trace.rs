@@ -223,7 +223,9 @@ impl Session<'_> {
                 Ok(c) => self.patched.push((i, k, c)),
                 Err(_) => {
                     let probed = match self.fallback_pmu {
-                        Some(pmu) => self.uprobe_block(pmu, pid, &threads, code, b, bias)?,
+                        Some(pmu) => self
+                            .uprobe_block(pmu, pid, &threads, code, b, bias)
+                            .unwrap_or(None),
                         None => None,
                     };
                     match probed {
@@ -614,12 +616,13 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         some => (Engine::choose(some)?.0, false),
     };
     // (In-process as root: a block it cannot patch gets a uprobe, which never stops the
-    // program, rather than a breakpoint; new threads are then held until theirs are open.)
+    // program, rather than a breakpoint; new threads are then held until theirs are open.
+    // Not tried first: closing a uprobe takes the kernel 75 ms. One that cannot be opened
+    // then is a breakpoint still.)
     let fallback_pmu = match engine {
-        Engine::InProcess if !args.step_branches => match Engine::choose(Some(EngineArg::Uprobe)) {
-            Ok((Engine::Uprobe(pmu), _)) => Some(pmu),
-            _ => None,
-        },
+        Engine::InProcess if !args.step_branches && sys::euid() == 0 => {
+            superprof_sample::uprobe_pmu().ok()
+        }
         _ => None,
     };
     let opts = TraceOptions {
