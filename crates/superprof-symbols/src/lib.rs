@@ -30,6 +30,7 @@ mod functions;
 mod jitdump;
 mod kallsyms;
 mod perfmap;
+mod plt;
 mod service;
 
 use std::collections::HashMap;
@@ -76,6 +77,8 @@ struct ModuleSymbols {
     open_path: PathBuf,
     /// The functions its FDEs cover, read at the first address without a symbol.
     functions: Option<Vec<(u64, u64)>>,
+    /// Its PLT entries (`malloc@plt`), read at the first address without a symbol.
+    plt: Option<Vec<(u64, u64, String)>>,
 }
 
 /// `module+0xADDR`: the name of code without a symbol (the file name of `module`, and the
@@ -218,7 +221,18 @@ impl Symbolizer {
             .find_symbol(svma)
             .or_else(|| m.debug.as_ref().and_then(|d| d.find_symbol(svma)))
             .map(demangle);
-        // No symbol: the function's start from the CFI names it.
+        // No symbol: a PLT entry is named by the function it goes to.
+        let symbol = symbol.or_else(|| {
+            let open = m.open_path.clone();
+            let plt = m.plt.get_or_insert_with(|| {
+                superprof_unwind::map_file(&open)
+                    .ok()
+                    .and_then(|d| object::File::parse(&*d).ok().map(|o| plt::plt_entries(&o)))
+                    .unwrap_or_default()
+            });
+            plt::plt_name(plt, svma).map(str::to_owned)
+        });
+        // Else the function's start from the CFI names it.
         let symbol = symbol.or_else(|| {
             let open = m.open_path.clone();
             let ranges = m.functions.get_or_insert_with(|| {
@@ -270,6 +284,7 @@ fn load_module(open_path: &Path) -> Option<ModuleSymbols> {
         debug,
         open_path: open_path.to_owned(),
         functions: None,
+        plt: None,
     })
 }
 
