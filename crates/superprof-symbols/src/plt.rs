@@ -7,8 +7,9 @@
 //! GOT slot: decoded from its instructions (x86_64's `jmp *disp(%rip)`, AArch64's `adrp x16` and
 //! `ldr x17, [x16, #off]`), the slot is the `r_offset` of one relocation of `.rela.plt`, which
 //! names it (a JUMP_SLOT's symbol, an IRELATIVE's addend). (Not the relocations' order: an
-//! indirect function's entries come first in libc's PLT, its relocations last.) Files of
-//! other machines get no names.
+//! indirect function's entries come first in libc's PLT, its relocations last.) The rest of
+//! `.plt` (its header, the lazy binder's stub; with `.plt.sec`, the whole of `.plt`) is
+//! `[plt]`. Files of other machines get no names.
 
 use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable};
 
@@ -62,6 +63,13 @@ pub fn plt_entries(obj: &object::File) -> Vec<(u64, u64, String)> {
     };
     let aarch64 = obj.architecture() == object::Architecture::Aarch64;
     let mut out = Vec::new();
+    // The lazy binder's stub: the header, or all of `.plt` beside a `.plt.sec`.
+    if let Some(plt) = obj.section_by_name(".plt") {
+        let len = if header > 0 { header } else { plt.size() };
+        if let Some(end) = plt.address().checked_add(len).filter(|_| len > 0) {
+            out.push((plt.address(), end, "[plt]".to_owned()));
+        }
+    }
     let mut off = header as usize;
     while let Some(entry) = code.get(off..off + 16) {
         let at = section.address() + off as u64;
@@ -75,6 +83,7 @@ pub fn plt_entries(obj: &object::File) -> Vec<(u64, u64, String)> {
         }
         off += 16;
     }
+    out.sort_by_key(|e| e.0);
     out
 }
 
@@ -152,9 +161,9 @@ mod tests {
             else {
                 continue;
             };
-            // (The header, "<first@plt-0x10>", is no entry.)
+            // (The header, "<first@plt-0x10>", is the lazy binder's stub.)
             if !name.ends_with("@plt") {
-                assert_eq!(plt_name(&entries, addr), None, "{line}");
+                assert_eq!(plt_name(&entries, addr), Some("[plt]"), "{line}");
                 continue;
             }
             assert_eq!(plt_name(&entries, addr), Some(name), "{line}");
@@ -163,5 +172,6 @@ mod tests {
         }
         assert!(checked > 10, "{text}");
         assert_eq!(plt_name(&entries, entries[0].0 - 1), None);
+        assert_eq!(entries[0].2, "[plt]");
     }
 }

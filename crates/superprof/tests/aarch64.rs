@@ -102,12 +102,13 @@ fn commands() -> Vec<(String, String)> {
             v.push((format!("let-go-{name}-{sig}"), let_go(cmd, sig)));
         }
     }
-    // superprof killed inside its system call stub: the program goes on whole.
+    // superprof killed inside its system call stub: the program goes on whole. (sleeper 100:
+    // 5 s; in a slow guest superprof took longer than sleeper 20's 1 s to reach its stub.)
     for point in ["0", "1", "2"] {
         v.push((
             format!("die-in-stub-{point}"),
             format!(
-                "./sleeper 20 > /tmp/sl.out 2>&1 &\nP=$!\n\
+                "./sleeper 100 > /tmp/sl.out 2>&1 &\nP=$!\n\
                  while ! grep -q ready /tmp/sl.out; do sleep 0.05; done\n\
                  SUPERPROF_TEST_DIE_IN_STUB={point} superprof stat --engine in-process \
                  -e task-clock -r tick -p $P >/dev/null 2>&1\necho superprof-status=$?\n\
@@ -1109,7 +1110,7 @@ fn superprof_killed_inside_its_system_call_stub_leaves_the_program_whole() {
             "superprof-status=137",
             "TracerPid:\t0",
             "program-status=0",
-            "done 20",
+            "done 100",
         ] {
             assert!(out.contains(want), "point {point}: no {want:?} in {out}");
         }

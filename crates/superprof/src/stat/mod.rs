@@ -514,7 +514,7 @@ fn engine_cost(
     ];
     s.calibrating = true;
     let (exit, _) = s
-        .trace(None, &command, Some(Duration::from_secs(10)))
+        .trace(None, &command, Some(Duration::from_secs(60)))
         .context("cannot measure the probe engine's own cost")?;
     let res = s.results.take().expect("results");
     if exit != Some(ExitStatus::Code(0)) || (res.calls[0] as usize) < calls / 2 {
