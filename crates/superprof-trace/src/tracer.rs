@@ -21,6 +21,11 @@ pub struct TraceOptions {
     /// Keep each new thread stopped at its first stop, before it runs any instruction, and
     /// report it ([`TraceEvent::ThreadReady`]); resume it with [`Tracer::resume`].
     pub hold_new_threads: bool,
+    /// Keep the program's own SIGTRAP state (ignored, blocked) through the tracer's traps
+    /// ([`crate::sigtrap`]): from the first breakpoint or step, threads also stop at each
+    /// system call. For owners whose program stops at every probe anyway: the stops would
+    /// distort per-call figures.
+    pub guard_sigtrap: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1373,7 +1378,7 @@ impl Tracer {
     /// Starts following the program's SIGTRAP state ([`crate::sigtrap`]), before the first
     /// trap of ours: each thread's as it is now.
     fn start_guard(&mut self) {
-        if self.guard {
+        if self.guard || !self.opts.guard_sigtrap {
             return;
         }
         self.guard = true;

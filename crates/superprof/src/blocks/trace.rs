@@ -627,6 +627,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     };
     let opts = TraceOptions {
         hold_new_threads: matches!(engine, Engine::Uprobe(_)) || fallback_pmu.is_some(),
+        // (The ptrace engine stops the program at every block anyway.)
+        guard_sigtrap: matches!(engine, Engine::Ptrace),
         ..TraceOptions::default()
     };
     let (mut tracer, launched) = match args.target.pid {
