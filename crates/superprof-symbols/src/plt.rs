@@ -72,7 +72,14 @@ pub fn plt_entries(obj: &object::File) -> Vec<(u64, u64, String)> {
     }
     let mut off = header as usize;
     while let Some(entry) = code.get(off..off + 16) {
-        let at = section.address() + off as u64;
+        // (A section placed at the top of the address space names nothing past it.)
+        let Some(at) = section
+            .address()
+            .checked_add(off as u64 + 16)
+            .map(|e| e - 16)
+        else {
+            break;
+        };
         let slot = if aarch64 {
             got_slot_a64(entry, at)
         } else {
