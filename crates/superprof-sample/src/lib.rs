@@ -36,7 +36,7 @@ mod sys;
 mod uprobe;
 
 pub use counter::{probe, Counter, EventKind, EventSpec, Reading};
-pub use record::{parse_record, split_records, Layout, Record, SampleRecord};
+pub use record::{cut_size, parse_record, split_records, stack_cut, Layout, Record, SampleRecord};
 pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
 };

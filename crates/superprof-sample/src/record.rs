@@ -222,6 +222,41 @@ pub fn split_records(buf: &[u8]) -> impl Iterator<Item = (u32, u16, &[u8])> {
     })
 }
 
+/// Where a sample record's user stack copy can be cut: the kernel writes the whole
+/// `sample_stack_user` bytes (32 KiB by default) whatever the thread used, and copying them
+/// out of the ring was most of record's own CPU time (a reader starved by a busy program lost
+/// records). Given a sample's length in bytes (header included) and a reader of its u64 at a
+/// byte offset, returns `(offset of the stack's size field, size, used bytes)` when the used
+/// part, rounded up, is shorter than the copy; `None` keeps the record whole (no stack, a full copy, or a
+/// layout other than [`parse_record`]'s, with STACK_USER last).
+pub fn stack_cut(
+    len: usize,
+    read: impl Fn(usize) -> Option<u64>,
+    layout: Layout,
+) -> Option<(usize, usize, usize)> {
+    // Header 8, then IDENTIFIER, TID, TIME, CPU, PERIOD (8 each), CALLCHAIN's nr at 48.
+    let nr = usize::try_from(read(48)?).ok()?;
+    let abi_at = nr.checked_mul(8)?.checked_add(56)?;
+    let abi = read(abi_at)?;
+    let regs = if abi != 0 { layout.user_regs } else { 0 };
+    let size_at = abi_at.checked_add(8)?.checked_add(regs.checked_mul(8)?)?;
+    let size = usize::try_from(read(size_at)?).ok()?;
+    // STACK_USER must end the record exactly: size, data, dyn_size.
+    let dyn_at = size_at.checked_add(8)?.checked_add(size)?;
+    if size == 0 || dyn_at.checked_add(8)? != len {
+        return None;
+    }
+    let used = usize::try_from(read(dyn_at)?).ok()?;
+    (cut_size(used) < size).then_some((size_at, size, used))
+}
+
+/// The size a cut stack copy keeps for `used` bytes: a multiple of 8 (records stay aligned)
+/// and more than `used`, so a parsed sample still reads as not truncated (`stack_full` is
+/// `used == size`).
+pub fn cut_size(used: usize) -> usize {
+    (used + 8) & !7
+}
+
 /// Parses one record body; `None` means a malformed record, which the caller counts and skips.
 pub fn parse_record<'a>(ty: u32, misc: u16, body: &'a [u8], layout: Layout) -> Option<Record<'a>> {
     let mut c = Cursor { buf: body, pos: 0 };
@@ -385,6 +420,92 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole sample record (header included) with `nr` callchain entries, 3 registers and
+    /// a stack copy of `size` bytes of which `used` are valid.
+    fn sample_record(nr: usize, size: usize, used: usize) -> Vec<u8> {
+        let mut r = vec![0u8; 8];
+        for v in [7u64, (11u64 << 32) | 10, 1234, 1, 1000, nr as u64] {
+            r.extend_from_slice(&v.to_ne_bytes());
+        }
+        for i in 0..nr {
+            r.extend_from_slice(&(0x1000 + i as u64).to_ne_bytes());
+        }
+        for v in [2u64, 0x401000, 0x7ff0, 0x7ff8, size as u64] {
+            r.extend_from_slice(&v.to_ne_bytes());
+        }
+        r.extend((0..size).map(|i| i as u8));
+        if size > 0 {
+            r.extend_from_slice(&(used as u64).to_ne_bytes());
+        }
+        let len = r.len() as u16;
+        r[0..4].copy_from_slice(&PERF_RECORD_SAMPLE.to_ne_bytes());
+        r[6..8].copy_from_slice(&len.to_ne_bytes());
+        r
+    }
+
+    /// What the ring's cut drain writes for a record, done on a plain buffer.
+    fn cut(r: &[u8]) -> Vec<u8> {
+        let layout = Layout { user_regs: 3 };
+        let read = |at: usize| Some(u64::from_ne_bytes(r.get(at..at + 8)?.try_into().ok()?));
+        let Some((size_at, size, used)) = stack_cut(r.len(), read, layout) else {
+            return r.to_vec();
+        };
+        let kept = cut_size(used);
+        assert!(kept <= size && kept > used && kept % 8 == 0);
+        let mut out = r[..size_at].to_vec();
+        let len = (size_at + 16 + kept) as u16;
+        out[6..8].copy_from_slice(&len.to_ne_bytes());
+        out.extend_from_slice(&(kept as u64).to_ne_bytes());
+        out.extend_from_slice(&r[size_at + 8..size_at + 8 + used]);
+        out.resize(out.len() + kept - used, 0);
+        out.extend_from_slice(&(used as u64).to_ne_bytes());
+        out
+    }
+
+    #[test]
+    fn a_cut_stack_parses_as_the_whole_one() {
+        let layout = Layout { user_regs: 3 };
+        for (nr, size, used) in [(0, 4096, 0), (3, 4096, 100), (5, 4096, 4087), (2, 256, 13)] {
+            let whole = sample_record(nr, size, used);
+            let small = cut(&whole);
+            assert!(small.len() < whole.len(), "{nr} {size} {used}");
+            let parse = |b: &[u8]| {
+                let (ty, misc, body) = split_records(b).next().unwrap();
+                match parse_record(ty, misc, body, layout).unwrap() {
+                    Record::Sample(s) => (
+                        s.tid,
+                        s.kernel_ips,
+                        s.regs.is_some(),
+                        s.stack.to_vec(),
+                        s.stack_full,
+                    ),
+                    _ => panic!("not a sample"),
+                }
+            };
+            assert_eq!(parse(&whole), parse(&small), "{nr} {size} {used}");
+        }
+        // Kept whole: a full copy, no stack at all, a record whose stack is not last.
+        for r in [
+            sample_record(1, 512, 512),
+            sample_record(1, 512, 509),
+            sample_record(1, 0, 0),
+        ] {
+            assert_eq!(cut(&r), r);
+        }
+        let mut longer = sample_record(1, 512, 10);
+        longer.extend_from_slice(&[0u8; 8]);
+        let len = longer.len() as u16;
+        longer[6..8].copy_from_slice(&len.to_ne_bytes());
+        assert_eq!(cut(&longer), longer);
+        // Hostile sizes: a callchain or stack size past the record, no panic.
+        let mut bad = sample_record(1, 64, 10);
+        bad[48..56].copy_from_slice(&u64::MAX.to_ne_bytes());
+        assert_eq!(cut(&bad), bad);
+        let mut bad = sample_record(0, 64, 10);
+        bad[88..96].copy_from_slice(&(usize::MAX as u64 - 3).to_ne_bytes());
+        assert_eq!(cut(&bad), bad);
+    }
 
     fn switch(misc: u16, body: &[u8]) -> Option<(u32, u64, bool, bool)> {
         match parse_record(PERF_RECORD_SWITCH, misc, body, Layout { user_regs: 3 })? {

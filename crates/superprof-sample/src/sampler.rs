@@ -598,9 +598,14 @@ impl PerfSampler {
         self.switch.map(|(_, name)| name)
     }
 
-    /// Appends the raw records of every ring buffer to `buf`, one buffer after the other.
+    /// Appends the records of every ring buffer to `buf`, one buffer after the other, each
+    /// sample's stack copy cut to the bytes the thread used ([`crate::stack_cut`]).
     pub fn drain(&mut self, buf: &mut Vec<u8>) -> usize {
-        self.rings.iter_mut().map(|(_, ring)| ring.drain(buf)).sum()
+        let layout = self.layout();
+        self.rings
+            .iter_mut()
+            .map(|(_, ring)| ring.drain_cut(buf, layout))
+            .sum()
     }
 
     /// How this sampler's records are laid out, for [`crate::parse_record`].

@@ -270,6 +270,78 @@ impl RingMap {
     }
 }
 
+impl RingMap {
+    /// Like [`RingMap::drain`], but each sample keeps only the used part of its user stack
+    /// copy ([`crate::stack_cut`]): the rest, most of a 32 KiB copy for a shallow stack, is
+    /// never copied. Returns the bytes released from the ring.
+    pub fn drain_cut(&mut self, out: &mut Vec<u8>, layout: crate::Layout) -> usize {
+        let (head_a, tail_a) = self.head_tail();
+        let head = head_a.load(Ordering::Acquire);
+        let tail = tail_a.load(Ordering::Relaxed);
+        if head == tail {
+            return 0;
+        }
+        // SAFETY: the data area is `data_size` bytes at `data_offset`, inside the mapping.
+        let data =
+            unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
+        let size = self.data_size;
+        // Copies `len` bytes from ring position `from`, across the wrap.
+        let copy = |out: &mut Vec<u8>, from: u64, len: usize| {
+            let start = (from % size as u64) as usize;
+            let first = len.min(size - start);
+            out.extend_from_slice(&data[start..start + first]);
+            out.extend_from_slice(&data[..len - first]);
+        };
+        let read = |from: u64| -> u64 {
+            let mut b = [0u8; 8];
+            for (i, byte) in b.iter_mut().enumerate() {
+                *byte = data[((from + i as u64) % size as u64) as usize];
+            }
+            u64::from_ne_bytes(b)
+        };
+        let avail = head - tail;
+        let mut pos = tail;
+        while pos < head {
+            let header = read(pos).to_ne_bytes();
+            let ty = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]);
+            let len = u16::from_ne_bytes([header[6], header[7]]) as usize;
+            if len < 8 || pos + len as u64 > head {
+                // Not a record boundary: hand the rest over as it is, for the parser to
+                // count as malformed.
+                copy(out, pos, (head - pos) as usize);
+                break;
+            }
+            let cut = (ty == crate::record::PERF_RECORD_SAMPLE)
+                .then(|| {
+                    crate::stack_cut(
+                        len,
+                        |at| (at + 8 <= len).then(|| read(pos + at as u64)),
+                        layout,
+                    )
+                })
+                .flatten();
+            match cut {
+                Some((size_at, _, used)) => {
+                    let kept = crate::cut_size(used);
+                    let start = out.len();
+                    copy(out, pos, size_at);
+                    // The new length fits in the u16: it is shorter than the old one.
+                    let new_len = (size_at + 8 + kept + 8) as u16;
+                    out[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
+                    out.extend_from_slice(&(kept as u64).to_ne_bytes());
+                    copy(out, pos + size_at as u64 + 8, used);
+                    out.resize(out.len() + (kept - used), 0);
+                    out.extend_from_slice(&(used as u64).to_ne_bytes());
+                }
+                None => copy(out, pos, len),
+            }
+            pos += len as u64;
+        }
+        tail_a.store(head, Ordering::Release);
+        avail as usize
+    }
+}
+
 impl Drop for RingMap {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the region mapped in `new`.
