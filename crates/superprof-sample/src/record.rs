@@ -452,7 +452,7 @@ mod tests {
             return r.to_vec();
         };
         let kept = cut_size(used);
-        assert!(kept <= size && kept > used && kept % 8 == 0);
+        assert!(kept <= size && kept > used && kept.is_multiple_of(8));
         let mut out = r[..size_at].to_vec();
         let len = (size_at + 16 + kept) as u16;
         out[6..8].copy_from_slice(&len.to_ne_bytes());
