@@ -38,12 +38,13 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
 
     let mut processes = HashMap::new();
     let mut threads = HashMap::new();
+    // Each thread's first sample, in one pass (the samples may be read back from a file).
+    let mut firsts: HashMap<u32, u64> = HashMap::new();
+    for s in &profile.samples {
+        firsts.entry(s.thread).or_insert(s.time_ns);
+    }
     for (i, t) in profile.threads.iter().enumerate() {
-        let first = profile
-            .samples
-            .iter()
-            .find(|s| s.thread as usize == i)
-            .map_or(0, |s| s.time_ns);
+        let first = firsts.get(&(i as u32)).copied().unwrap_or(0);
         let start = Timestamp::from_nanos_since_reference(first);
         let process = *processes
             .entry(t.pid)

@@ -71,9 +71,6 @@ pub fn write(profile: &Profile, title: &str, w: &mut dyn Write) -> io::Result<()
     if profile.samples.is_empty() {
         return Err(io::Error::other("the profile is empty: no samples to show"));
     }
-    let mut json = Vec::new();
-    crate::speedscope::write(profile, &mut json)?;
-    let data = base64::engine::general_purpose::STANDARD.encode(&json);
     // A JavaScript string literal of the title (JSON's is one), safe inside a script element.
     let title_js = end_tags_escaped(&serde_json::to_string(title).map_err(io::Error::other)?);
     write!(
@@ -90,9 +87,17 @@ pub fn write(profile: &Profile, title: &str, w: &mut dyn Write) -> io::Result<()
     // file of that path, which would call it. The page catches that script before it is
     // appended (no request is made) and makes the call itself. A view or title the address
     // already names is kept.
+    // The speedscope document, base64-encoded as it is written (never whole in memory).
+    w.write_all(b"<script>\nwindow.SUPERPROF_PROFILE = \"")?;
+    {
+        let mut enc =
+            base64::write::EncoderWriter::new(&mut *w, &base64::engine::general_purpose::STANDARD);
+        crate::speedscope::write(profile, &mut enc)?;
+        enc.finish()?;
+    }
     write!(
         w,
-        "<script>\nwindow.SUPERPROF_PROFILE = \"{data}\";\n(function () {{\n\
+        "\";\n(function () {{\n\
          var marker = 'superprof-embedded-profile';\n\
          var append = HTMLHeadElement.prototype.appendChild;\n\
          HTMLHeadElement.prototype.appendChild = function (node) {{\n\

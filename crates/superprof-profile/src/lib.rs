@@ -43,6 +43,7 @@ pub mod parquet;
 pub mod pprof;
 pub mod proto;
 pub mod speedscope;
+pub mod spill;
 pub mod svg;
 pub mod top;
 pub mod tree;
@@ -50,6 +51,6 @@ pub mod tree;
 pub use escape::escape;
 pub use filter::Filter;
 pub use model::{
-    Frame, FrameId, Meta, Profile, Sample, SampleKind, StackId, StackNode, StrId, Thread,
+    Frame, FrameId, Meta, Profile, Sample, SampleKind, SampleLog, StackId, StackNode, StrId, Thread,
 };
 pub use output::{write_atomic, OutputFormat};

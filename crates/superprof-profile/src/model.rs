@@ -111,6 +111,40 @@ pub struct Sample {
     pub kind: SampleKind,
 }
 
+impl crate::spill::Spill for Sample {
+    const SIZE: usize = 32;
+    fn time(&self) -> u64 {
+        self.time_ns
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.time_ns.to_le_bytes());
+        out.extend_from_slice(&self.weight.to_le_bytes());
+        out.extend_from_slice(&self.thread.to_le_bytes());
+        out.extend_from_slice(&self.cpu.to_le_bytes());
+        out.extend_from_slice(&self.stack.map_or(0, |s| s.0).to_le_bytes());
+        out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, 0, 0]);
+    }
+    fn get(b: &[u8]) -> Option<Sample> {
+        let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+        let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        Some(Sample {
+            time_ns: u64_at(0)?,
+            weight: u64_at(8)?,
+            thread: u32_at(16)?,
+            cpu: u32_at(20)?,
+            stack: match *b.get(28)? {
+                0 => None,
+                _ => Some(StackId(u32_at(24)?)),
+            },
+            kind: *SampleKind::ALL.get(*b.get(29)? as usize)?,
+        })
+    }
+}
+
+/// A profile's samples: in time order, with at most [`crate::spill::DEFAULT_CAP`] of them in
+/// memory ([`crate::spill`]).
+pub type SampleLog = crate::spill::TimeLog<Sample>;
+
 /// Facts about the recording.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Meta {
@@ -184,8 +218,8 @@ pub struct Profile {
     stack_ids: HashMap<StackNode, StackId>,
     /// The threads, by index ([`Sample::thread`]).
     pub threads: Vec<Thread>,
-    /// The samples, in the order they were added (by time within a thread).
-    pub samples: Vec<Sample>,
+    /// The samples, read back in time order (equal times in the order added).
+    pub samples: SampleLog,
 }
 
 impl Profile {
@@ -253,16 +287,17 @@ impl Profile {
         let own_shift = self.meta.start_time_unix_ns - start;
         let shift = other.meta.start_time_unix_ns - start;
         if own_shift > 0 {
-            for smp in &mut self.samples {
-                smp.time_ns = smp.time_ns.saturating_add(own_shift);
-            }
+            self.samples.map_all(|smp| Sample {
+                time_ns: smp.time_ns.saturating_add(own_shift),
+                ..smp
+            });
         }
         for smp in &other.samples {
             self.samples.push(Sample {
                 time_ns: smp.time_ns.saturating_add(shift),
                 thread: threads[smp.thread as usize],
                 stack: smp.stack.map(|s| stacks[s.0 as usize]),
-                ..*smp
+                ..smp
             });
         }
         let m = &mut self.meta;

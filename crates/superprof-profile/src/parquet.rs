@@ -104,6 +104,9 @@ pub const MAX_STACK_DEPTH: usize = 8192;
 /// Samples per row group, and frames per row group, that [`write`] stays under.
 const GROUP_ROWS: usize = 1 << 20;
 const GROUP_FRAMES: usize = 16 << 20;
+/// Rows and frames of each Arrow batch handed to the writer (several make a row group).
+const BATCH_ROWS: usize = 1 << 13;
+const BATCH_FRAMES: usize = 1 << 17;
 
 fn too_large(what: String) -> ParquetError {
     ParquetError::TooLarge(what)
@@ -193,28 +196,40 @@ fn write_groups<W: Write + Send>(
         ),
     );
     let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(group_rows.max(1)))
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_key_value_metadata(Some(pairs))
         .build();
     let mut writer = ArrowWriter::try_new(w, schema.clone(), Some(props))?;
     // All string columns share one dictionary: the profile's string table.
     let strings: ArrayRef = Arc::new(StringArray::from_iter_values(profile.strings()));
-    let mut start = 0;
-    while start < profile.samples.len() {
-        let mut end = start;
-        let mut frames = 0usize;
-        while end < profile.samples.len() && end - start < group_rows {
-            let depth = profile.stack_frames(profile.samples[end].stack).count();
-            if end > start && frames + depth > group_frames {
-                break;
-            }
-            frames += depth;
-            end += 1;
+    // Samples go out in batches of at most BATCH_ROWS rows and BATCH_FRAMES frames, so that
+    // the Arrow arrays built for them stay small whatever the profile's size; the writer
+    // keeps only the encoded pages of the row group under way.
+    let mut pending: Vec<crate::Sample> = Vec::new();
+    let (mut pending_frames, mut rows, mut frames) = (0usize, 0usize, 0usize);
+    for s in &profile.samples {
+        let depth = profile.stack_frames(s.stack).count();
+        if rows > 0 && (rows >= group_rows || frames + depth > group_frames) {
+            writer.write(&batch(profile, &pending, &schema, &strings)?)?;
+            writer.flush()?;
+            pending.clear();
+            (pending_frames, rows, frames) = (0, 0, 0);
         }
-        let batch = batch(profile, &profile.samples[start..end], &schema, &strings)?;
-        writer.write(&batch)?;
-        writer.flush()?;
-        start = end;
+        if !pending.is_empty()
+            && (pending.len() >= BATCH_ROWS || pending_frames + depth > BATCH_FRAMES)
+        {
+            writer.write(&batch(profile, &pending, &schema, &strings)?)?;
+            pending.clear();
+            pending_frames = 0;
+        }
+        pending.push(s);
+        pending_frames += depth;
+        rows += 1;
+        frames += depth;
+    }
+    if !pending.is_empty() {
+        writer.write(&batch(profile, &pending, &schema, &strings)?)?;
     }
     writer.close()?;
     Ok(())
@@ -972,7 +987,7 @@ mod tests {
         p.meta.off_cpu = "sched:sched_switch".into();
         p.meta.frequency = 999;
         let w = p.wait_frame(SampleKind::OffCpu, Some("read"));
-        let leaf = p.samples[0].stack;
+        let leaf = p.samples.iter().next().unwrap().stack;
         let s = Some(p.intern_stack(leaf, w));
         p.add_sample_of(SampleKind::OffCpu, 10, 0, 0, 250, s);
         p.add_sample_of(SampleKind::Preempted, 11, 0, 0, 3, leaf);

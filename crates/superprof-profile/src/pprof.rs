@@ -12,6 +12,23 @@ use flate2::Compression;
 use crate::proto::{Pb, Strings};
 use crate::{FrameId, Profile, StrId};
 
+/// The samples of one stack, thread and kind as one, their weights summed, in the order first
+/// seen: pprof's tools add samples up anyway, and the file (built whole in memory) so grows
+/// with distinct stacks, not samples.
+fn aggregated(profile: &Profile) -> Vec<crate::Sample> {
+    let mut index: HashMap<(Option<crate::StackId>, u32, crate::SampleKind), usize> =
+        HashMap::new();
+    let mut out: Vec<crate::Sample> = Vec::new();
+    for s in &profile.samples {
+        let i = *index.entry((s.stack, s.thread, s.kind)).or_insert_with(|| {
+            out.push(crate::Sample { weight: 0, ..s });
+            out.len() - 1
+        });
+        out[i].weight = out[i].weight.saturating_add(s.weight);
+    }
+    out
+}
+
 /// Encodes the profile (uncompressed protobuf bytes).
 pub fn encode(profile: &Profile) -> Vec<u8> {
     let mut out = Pb::default();
@@ -57,7 +74,7 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     let pid_key = strings.id("pid");
     let thread_key = strings.id("thread");
     let kind_key = strings.id("kind");
-    for s in &profile.samples {
+    for s in aggregated(profile) {
         if let std::collections::hash_map::Entry::Vacant(slot) = stack_locs.entry(s.stack) {
             let frames: Vec<FrameId> = profile.stack_frames(s.stack).collect();
             let mut locs = Vec::new();

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use superprof_profile::spill::{Spill, TimeLog};
 use superprof_profile::{Profile, SampleKind, StackId};
 use superprof_sample::{Record, SampleRecord};
 use superprof_symbols::{Query, SymbolService};
@@ -58,6 +59,38 @@ struct PendingSample {
     periods: u64,
 }
 
+impl Spill for PendingSample {
+    const SIZE: usize = 40;
+    fn time(&self) -> u64 {
+        self.time
+    }
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.time.to_le_bytes());
+        out.extend_from_slice(&self.off_ns.to_le_bytes());
+        out.extend_from_slice(&self.periods.to_le_bytes());
+        out.extend_from_slice(&self.tid.to_le_bytes());
+        out.extend_from_slice(&self.cpu.to_le_bytes());
+        out.extend_from_slice(&self.stack.unwrap_or(0).to_le_bytes());
+        out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, 0, 0]);
+    }
+    fn get(b: &[u8]) -> Option<PendingSample> {
+        let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
+        let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        Some(PendingSample {
+            time: u64_at(0)?,
+            off_ns: u64_at(8)?,
+            periods: u64_at(16)?,
+            tid: u32_at(24)?,
+            cpu: u32_at(28)?,
+            stack: match *b.get(36)? {
+                0 => None,
+                _ => Some(u32_at(32)?),
+            },
+            kind: *SampleKind::ALL.get(*b.get(37)? as usize)?,
+        })
+    }
+}
+
 #[derive(Default)]
 pub struct Collector {
     elves: ElfCache,
@@ -69,7 +102,8 @@ pub struct Collector {
     /// Address-stack trie: (parent, frame).
     nodes: Vec<(Option<u32>, u32)>,
     node_ids: HashMap<(Option<u32>, u32), u32>,
-    samples: Vec<PendingSample>,
+    /// In time order when read; spilled to a private temporary file past a cap.
+    samples: TimeLog<PendingSample>,
     sampled_threads: std::collections::HashSet<u32>,
     /// Last time /proc/PID/maps was read for a pid (monotonic ns).
     maps_read_at: HashMap<u32, u64>,
@@ -1015,8 +1049,8 @@ impl Collector {
         for ((t, stack, kind), time) in carry.rest() {
             profile.add_sample_of(kind, time, t, 0, 1, stack);
         }
-        // (Those last ones came after later samples: the timelines want time order.)
-        profile.samples.sort_by_key(|s| s.time_ns);
+        // (Those last ones came after later samples: the profile's log reads back in time
+        // order.)
         profile.meta.lost_samples = self.lost;
         profile.meta.truncated_stacks = self.truncated;
         profile.meta.truncated_by = self

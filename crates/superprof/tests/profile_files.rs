@@ -221,19 +221,25 @@ fn speedscope_file_satisfies_the_schema() {
             .arg(&json),
     );
     let out = python(
-        "import json, sys, jsonschema\n\
+        "import json, sys, jsonschema, pyarrow.parquet as pq\n\
          schema = json.load(open(sys.argv[1])); doc = json.load(open(sys.argv[2]))\n\
+         hz = int(pq.read_metadata(sys.argv[3]).metadata[b'superprof.frequency_hz'])\n\
          jsonschema.validate(doc, schema)\n\
          nframes = len(doc['shared']['frames'])\n\
-         total = 0\n\
+         total = 0; entries = 0\n\
          for p in doc['profiles']:\n\
          \x20   assert len(p['samples']) == len(p['weights']), 'weights'\n\
          \x20   assert all(0 <= i < nframes for s in p['samples'] for i in s), 'frame index'\n\
-         \x20   total += len(p['samples'])\n\
-         print('samples', total)",
-        &[&speedscope_schema(), &json],
+         \x20   assert all(a != b for a, b in zip(p['samples'], p['samples'][1:])), 'repeat'\n\
+         \x20   total += sum(p['weights']); entries += len(p['samples'])\n\
+         print('samples', round(total * hz / 1e9))\n\
+         print('entries', entries)",
+        &[&speedscope_schema(), &json, &r.parquet],
     );
-    assert_eq!(counts(&out)["samples"], Folded::read(&r.folded).total());
+    // Consecutive samples of one stack are one entry of their summed weight.
+    let folded = Folded::read(&r.folded).total();
+    assert_eq!(counts(&out)["samples"], folded);
+    assert!(counts(&out)["entries"] < folded, "{out}");
 }
 
 #[test]
