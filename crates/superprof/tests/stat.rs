@@ -441,6 +441,66 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
     }
 }
 
+/// Issue 31, item 3: a function whose `ret` is too short for the in-process engine's jump,
+/// with no filler in reach for a springboard (short_blocks.S), goes to uprobes as root, which
+/// never stop the program, not to ptrace's breakpoints; counted exactly, from threads started
+/// after the probes went in too (held until theirs are open).
+#[test]
+fn in_process_hands_a_function_it_cannot_patch_to_uprobes() {
+    require_root("uprobes");
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-short");
+    let exe = compile(
+        &dir,
+        "sb",
+        &["short_blocks_main.c", "short_blocks.S"],
+        &["-O2", "-g", "-pthread"],
+    );
+    const N: u64 = 20_000;
+    for threads in [0u64, 3] {
+        let out_file = dir.path(&format!("short-{threads}.json"));
+        let out = run_ok(
+            superprof()
+                .args([
+                    "stat",
+                    "--format",
+                    "json",
+                    "-e",
+                    "task-clock",
+                    "-r",
+                    "tiny",
+                    "-o",
+                ])
+                .arg(&out_file)
+                .arg("--")
+                .arg(&exe)
+                .args([N.to_string(), threads.to_string()]),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("region 'tiny' is probed with uprobes") && !stderr.contains("ptrace"),
+            "{stderr}"
+        );
+        let runs = threads.max(1);
+        let sum: u64 = (0..N).map(|i| if i == 0 { 0 } else { i + 1 }).sum::<u64>() * runs;
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("sum={sum}")
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        assert_eq!(doc["engine"], "in-process", "{doc}");
+        let engines: Vec<&str> = doc["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["engine"].as_str().unwrap())
+            .collect();
+        assert_eq!(engines, ["uprobe"], "{doc}");
+        assert_eq!(doc["regions"][0]["calls"], runs * N, "{doc}");
+    }
+}
+
 /// A region whose first instruction uprobes cannot probe (lock-prefixed, on x86): that region
 /// goes on with ptrace, and superprof says so, while the others stay on uprobes; asked for
 /// uprobes, it refuses in one line.

@@ -538,6 +538,10 @@ struct Session {
     /// Regions counted with ptrace's breakpoints in a run on uprobes (uprobes cannot probe
     /// them).
     on_ptrace: std::collections::HashSet<usize>,
+    /// In-process engine: regions it could not probe, handed to uprobes.
+    on_uprobe: std::collections::HashSet<usize>,
+    /// In-process engine as root: the uprobe PMU those regions go to (else to ptrace).
+    uprobe_fallback: Option<superprof_sample::UprobePmu>,
     /// Function regions whose calls end where they are probed to start (a function that is a
     /// tail jump, or whose entry probe displaced its exit): each entry is a whole call.
     instant: std::collections::HashSet<usize>,
@@ -604,6 +608,12 @@ impl Session {
             auto_engine: false,
             engines_used: vec![engine],
             on_ptrace: Default::default(),
+            on_uprobe: Default::default(),
+            // (Not tried first: closing a uprobe takes the kernel 75 ms.)
+            uprobe_fallback: match engine {
+                Engine::InProcess if sys::euid() == 0 => superprof_sample::uprobe_pmu().ok(),
+                _ => None,
+            },
             instant: Default::default(),
             batches: Vec::new(),
             armed: Vec::new(),
@@ -885,6 +895,7 @@ impl Session {
         self.kinds.clear();
         self.missing.clear();
         self.on_ptrace.clear();
+        self.on_uprobe.clear();
         self.instant.clear();
         self.armed.clear();
         self.batches.clear();
@@ -900,10 +911,22 @@ impl Session {
         if matches!(self.engine, Engine::InProcess) {
             return self.arm_in_process(tracer, pid);
         }
-        if !matches!(self.engine, Engine::Uprobe(_)) {
+        let Engine::Uprobe(pmu) = self.engine else {
             return Ok(());
-        }
+        };
         let sites = std::mem::take(&mut self.new_sites);
+        self.arm_uprobes(tracer, pid, sites, pmu)
+    }
+
+    /// Opens uprobes for `sites` (the uprobe engine's, or regions the in-process engine
+    /// handed over), in one group per thread of process `pid`.
+    fn arm_uprobes(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        sites: Vec<(usize, u64, Site)>,
+        pmu: superprof_sample::UprobePmu,
+    ) -> Result<()> {
         let mut specs = Vec::new();
         let mut roles = Vec::new();
         let mut kept = Vec::new();
@@ -978,9 +1001,6 @@ impl Session {
         if specs.is_empty() {
             return Ok(());
         }
-        let Engine::Uprobe(pmu) = self.engine else {
-            return Ok(());
-        };
         let source = self
             .probe_source
             .get_or_insert_with(|| crate::engine::Probes::new(pmu));
@@ -1012,10 +1032,10 @@ impl Session {
                      lock prefix, say)"
                 );
                 for r in regions {
+                    self.on_uprobe.remove(&r);
                     self.region_to_ptrace(tracer, pid, r, &why)?;
                 }
-                self.new_sites = sites;
-                return self.arm(tracer, pid);
+                return self.arm_uprobes(tracer, pid, sites, pmu);
             }
         }
         Ok(())
@@ -1031,14 +1051,14 @@ impl Session {
         let sites = std::mem::take(&mut self.new_sites);
         let mut regions: Vec<usize> = sites.iter().map(|s| s.0).collect();
         regions.dedup();
+        // Regions the engine cannot probe, for uprobes (as root) or else ptrace.
+        let mut handed: Vec<(usize, String)> = Vec::new();
         if self.inproc.is_none() && !regions.is_empty() {
             match crate::inprocess::InProcess::new(pid) {
                 Ok(ip) => self.inproc = Some(ip),
                 Err(why) => {
-                    for r in regions {
-                        self.region_to_ptrace(tracer, pid, r, &why)?;
-                    }
-                    return Ok(());
+                    let handed = regions.into_iter().map(|r| (r, why.clone())).collect();
+                    return self.hand_over(tracer, pid, &sites, handed);
                 }
             }
         }
@@ -1070,10 +1090,53 @@ impl Session {
                     self.ip_bp.remove(&a);
                     let _ = tracer.remove_breakpoint(pid, a);
                 }
-                self.region_to_ptrace(tracer, pid, r, &why)?;
+                self.instant.remove(&r);
+                handed.push((r, why));
             }
         }
-        Ok(())
+        self.hand_over(tracer, pid, &sites, handed)
+    }
+
+    /// Regions the in-process engine cannot probe (with why): to uprobes, which never stop
+    /// the program, where this process may open them (root; new threads are then held until
+    /// theirs are open), else to ptrace's breakpoints.
+    fn hand_over(
+        &mut self,
+        tracer: &mut Tracer,
+        pid: u32,
+        sites: &[(usize, u64, Site)],
+        handed: Vec<(usize, String)>,
+    ) -> Result<()> {
+        let Some(pmu) = self.uprobe_fallback.filter(|_| self.auto_engine) else {
+            for (r, why) in handed {
+                self.region_to_ptrace(tracer, pid, r, &why)?;
+            }
+            return Ok(());
+        };
+        let mut mine = Vec::new();
+        for (r, why) in handed {
+            let name = self
+                .regions
+                .get(r)
+                .map_or_else(|| "?".to_owned(), |g| g.name.clone());
+            superprof_unwind::say!(
+                "superprof: region '{name}' is probed with uprobes (the in-process engine \
+                 cannot: {why})"
+            );
+            self.on_uprobe.insert(r);
+            mine.extend(sites.iter().filter(|s| s.0 == r).copied());
+        }
+        if mine.is_empty() {
+            return Ok(());
+        }
+        if !self
+            .engines_used
+            .iter()
+            .any(|e| matches!(e, Engine::Uprobe(_)))
+        {
+            self.engines_used.push(Engine::Uprobe(pmu));
+        }
+        self.arm_uprobes(tracer, pid, mine, pmu)
     }
 
     /// Recording probes for one site of region `region` (in-process engine): a function's
@@ -1310,6 +1373,13 @@ impl Session {
                 // No room for a jump in a part placed elsewhere (a cold path, which the
                 // compiler expects rare): a breakpoint there, which reads the thread's counters
                 // from /proc when a call leaves that way (its stop is in that call's figures).
+                // As root, the whole region goes to uprobes instead (no int3 where a uprobe
+                // works).
+                Err(e) if self.uprobe_fallback.is_some() && self.auto_engine => {
+                    return Err(format!(
+                        "a return at {x:#x} in a part placed elsewhere: {e}"
+                    ))
+                }
                 Err(e) => {
                     tracer
                         .set_breakpoint(pid, x)
@@ -1399,7 +1469,7 @@ impl Session {
 
     /// Opens batch `batch`'s group on thread `tid` (a thread already gone is passed over).
     fn arm_thread(&mut self, batch: usize, tid: u32) -> Result<(), superprof_sample::ProbeError> {
-        if !matches!(self.engine, Engine::Uprobe(_)) || self.batches[batch].probes.is_empty() {
+        if self.batches[batch].probes.is_empty() {
             return Ok(());
         }
         // 4 MiB of ring for each of the first 16 threads (about 40,000 hits, read every
@@ -1764,6 +1834,8 @@ impl Session {
         res.calls[r] += 1;
         let engine = if matches!(self.engine, Engine::Ptrace) || self.on_ptrace.contains(&r) {
             Engine::Ptrace
+        } else if let Some(pmu) = self.uprobe_fallback.filter(|_| self.on_uprobe.contains(&r)) {
+            Engine::Uprobe(pmu)
         } else {
             self.engine
         };
@@ -1791,7 +1863,8 @@ impl Session {
         duration: Option<Duration>,
     ) -> Result<(Option<ExitStatus>, bool)> {
         let opts = TraceOptions {
-            hold_new_threads: matches!(self.engine, Engine::Uprobe(_)),
+            hold_new_threads: matches!(self.engine, Engine::Uprobe(_))
+                || self.uprobe_fallback.is_some(),
             ..TraceOptions::default()
         };
         let (mut tracer, launched) = match pid {
@@ -1934,14 +2007,14 @@ impl Session {
                     }
                     // Its probes as soon as it is known (a thread born while the coordinator
                     // holds every thread to step a breakpoint has no ThreadReady).
-                    if let Engine::Uprobe(_) = self.engine {
+                    if !self.batches.is_empty() {
                         self.arm_new_thread(tid)?;
                     }
                 }
                 // (uprobe engine) A new thread, held before its first instruction: its
                 // probes first (if its NewThread has not opened them).
                 TraceEvent::ThreadReady { tid, .. } => {
-                    if let Engine::Uprobe(_) = self.engine {
+                    if !self.batches.is_empty() {
                         self.arm_new_thread(tid)?;
                     }
                     tracer.resume(tid);
