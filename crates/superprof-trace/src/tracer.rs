@@ -77,6 +77,8 @@ struct Thread {
     trapped: bool,
     /// In a system call that may change its SIGTRAP state: read it again at the exit.
     in_signal_call: crate::sigtrap::Change,
+    /// Resumed without system call stops even while guarding ([`Tracer::set_quiet`]).
+    quiet: bool,
 }
 
 impl Thread {
@@ -1259,7 +1261,9 @@ impl Tracer {
             // Stopped (held, interrupted) in the middle of a step that is still to end: it
             // goes on stepping, or its end would never be reported.
             sys::single_step(tid, sig)
-        } else if self.opts.syscalls || self.guard {
+        } else if self.opts.syscalls
+            || (self.guard && !self.threads.get(&tid).is_some_and(|t| t.quiet))
+        {
             sys::cont_syscall(tid, sig)
         } else {
             sys::cont(tid, sig)
@@ -1372,6 +1376,17 @@ impl Tracer {
                 self.bp_forget_space(pid);
                 self.tombstones.retain(|(p, _)| *p != pid);
             }
+        }
+    }
+
+    /// Lets thread `tid` run without the guard's system call stops (`quiet`), or with them
+    /// again, from its next resumption: for an owner that measures the thread between two of
+    /// its stops (stat's ptrace engine, inside a region), whose figures those stops would
+    /// distort. A change of SIGTRAP's state that the thread itself makes meanwhile is not
+    /// seen (others' are).
+    pub fn set_quiet(&mut self, tid: u32, quiet: bool) {
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.quiet = quiet;
         }
     }
 

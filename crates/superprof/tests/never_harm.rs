@@ -1053,12 +1053,10 @@ fn probes_go_only_where_instructions_start() {
     }
 }
 
-/// Issue 31, item 2: a program that ignores SIGTRAP, or blocks it, keeps it so under the
-/// engines of `stat` that place no trap on its code and under every engine of `blocks` (and
-/// the learning analyzer): each trap of a breakpoint or a step made the kernel reset SIGTRAP
-/// to its default and unblock it, and the program's own `raise(SIGTRAP)` then killed it (exit
-/// 133). (`stat --engine ptrace` is not guarded: the system call stops would distort its
-/// per-call figures.) It must print what it prints alone (its sum,
+/// Issue 31, item 2: a program that ignores SIGTRAP, or blocks it, keeps it so under every
+/// engine of `stat` and `blocks` (and the learning analyzer): each trap of a breakpoint or a
+/// step made the kernel reset SIGTRAP to its default and unblock it, and the program's own
+/// `raise(SIGTRAP)` then killed it (exit 133). It must print what it prints alone (its sum,
 /// SIGTRAP still ignored or blocked, a raised one pending where blocked), exit 0, and be
 /// counted whole: 2 threads × 500 calls of `work`.
 #[test]
@@ -1079,6 +1077,7 @@ fn a_program_that_ignores_or_blocks_sigtrap_keeps_it() {
         for (command, engine, analyzer) in [
             ("stat", "in-process", ""),
             ("stat", "uprobe", ""),
+            ("stat", "ptrace", ""),
             ("blocks", "in-process", ""),
             ("blocks", "uprobe", ""),
             ("blocks", "ptrace", ""),

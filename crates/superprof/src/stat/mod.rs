@@ -1865,6 +1865,8 @@ impl Session {
         let opts = TraceOptions {
             hold_new_threads: matches!(self.engine, Engine::Uprobe(_))
                 || self.uprobe_fallback.is_some(),
+            // (A thread inside a region runs without the guard's stops: set_quiet.)
+            guard_sigtrap: matches!(self.engine, Engine::Ptrace),
             ..TraceOptions::default()
         };
         let (mut tracer, launched) = match pid {
@@ -1999,6 +2001,10 @@ impl Session {
                 }
                 TraceEvent::Breakpoint { tid, pid, addr } => {
                     self.on_breakpoint(&mut tracer, tid, pid, addr);
+                    // Inside a region, no system call stops of the SIGTRAP guard: they would
+                    // be in the call's figures.
+                    let inside = self.frames.get(&tid).is_some_and(|f| !f.is_empty());
+                    tracer.set_quiet(tid, inside);
                     tracer.resume(tid);
                 }
                 TraceEvent::NewThread { tid, .. } => {
