@@ -444,6 +444,21 @@ pub const REC_CPUTIME: usize = 40;
 /// [`Recording::rusage`] asks for it.
 pub const REC_RUSAGE: usize = 56;
 
+/// Offset from [`Ring::head`] of the count of records superprof has read (it writes it), and
+/// of the word a probe sets when it gave up waiting for that count to move (superprof clears
+/// it): a probe whose record would overwrite one not yet read waits, in sleeps of
+/// [`RING_WAIT_NS`], for up to [`RING_WAITS`] sleeps without progress; then it and every probe
+/// after it write on (the records overwritten are counted lost by superprof, which then says
+/// its counts are not exact) until superprof reads again. A superprof that is stopped or gone
+/// so costs the program one wait, not one per call.
+pub const RING_TAIL: usize = 8;
+/// See [`RING_TAIL`].
+pub const RING_GAVE_UP: usize = 16;
+/// The sleep of a probe waiting for room in the ring (nanoseconds).
+pub const RING_WAIT_NS: u32 = 100_000;
+/// Sleeps without progress after which a waiting probe gives up (50 ms).
+pub const RING_WAITS: u32 = 500;
+
 /// The trampoline of `patch` placed at `at` that writes one record into `ring` each time the
 /// probe point runs, then runs the displaced instructions. It takes a record with `lock xadd`
 /// on the ring's head, and fills it through system calls (gettid, clock_gettime, getrusage);
@@ -476,6 +491,7 @@ pub fn record_trampoline(
     xadd.set_has_lock_prefix(true);
     out.push(xadd);
     out.push(Instruction::with1(Code::Push_r64, RAX).map_err(bad)?);
+    ring_wait(&mut out, ring)?;
     // The probe point's rsp: 128 + pushfq and 9 registers + the index.
     let frame = 128 + 8 * (saved.len() as i64 + 2);
     out.push(Instruction::with2(Code::Mov_r64_rm64, RDX, RAX).map_err(bad)?);
@@ -529,6 +545,69 @@ pub fn record_trampoline(
     out.push(Instruction::with(Code::Popfq));
     out.push(Instruction::with2(Code::Lea_r64_m, RSP, mem(RSP, 128)).map_err(bad)?);
     finish(out, patch, at)
+}
+
+/// The wait of a recording probe for room in the ring ([`RING_TAIL`]): with r9 the head's
+/// address and rax (also on the stack's top) the record's index; changes r8, r10, rdx, rdi,
+/// rsi, rcx, r11 and rax (put back). Its labels are the instruction pointers 1 to 3, which no
+/// displaced instruction has (they come from code at its own address).
+fn ring_wait(out: &mut Vec<Instruction>, ring: &Ring) -> Result<(), Refusal> {
+    use Register::{EAX, EDX, ESI, R10, R10D, R8, R9, RAX, RDI, RDX, RSP};
+    let bad = |_| Refusal::OutOfReach;
+    let mem = |base: Register, d: i64| MemoryOperand::with_base_displ(base, d);
+    const WAIT: u64 = 1;
+    const NO_PROGRESS: u64 = 2;
+    const ROOM: u64 = 3;
+    const SYS_NANOSLEEP: u32 = 35;
+    let labeled = |mut i: Instruction, ip: u64| {
+        i.set_ip(ip);
+        i
+    };
+    let shift = ring.records.trailing_zeros();
+    let gave_up = mem(R9, RING_GAVE_UP as i64);
+    // r10 = sleeps without progress, r8 = the count read as last seen.
+    out.push(Instruction::with2(Code::Xor_r32_rm32, R10D, R10D).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r64_rm64, R8, mem(R9, RING_TAIL as i64)).map_err(bad)?);
+    // wait: room if superprof gave up being waited for, or (index - read) >> log2(records)
+    // is 0.
+    out.push(labeled(
+        Instruction::with2(Code::Cmp_rm64_imm8, gave_up, 0).map_err(bad)?,
+        WAIT,
+    ));
+    out.push(Instruction::with_branch(Code::Jne_rel32_64, ROOM).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r64_rm64, RDX, RAX).map_err(bad)?);
+    out.push(Instruction::with2(Code::Sub_r64_rm64, RDX, R8).map_err(bad)?);
+    out.push(Instruction::with2(Code::Shr_rm64_imm8, RDX, shift).map_err(bad)?);
+    out.push(Instruction::with_branch(Code::Je_rel32_64, ROOM).map_err(bad)?);
+    // nanosleep(&{0, RING_WAIT_NS}, NULL), the timespec on the stack.
+    out.push(Instruction::with1(Code::Pushq_imm32, RING_WAIT_NS as i32).map_err(bad)?);
+    out.push(Instruction::with1(Code::Pushq_imm32, 0).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r32_imm32, EAX, SYS_NANOSLEEP).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r64_rm64, RDI, RSP).map_err(bad)?);
+    out.push(Instruction::with2(Code::Xor_r32_rm32, ESI, ESI).map_err(bad)?);
+    out.push(Instruction::with(Code::Syscall));
+    out.push(Instruction::with2(Code::Lea_r64_m, RSP, mem(RSP, 16)).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r64_rm64, RAX, mem(RSP, 0)).map_err(bad)?);
+    // Progress: start counting again.
+    out.push(Instruction::with2(Code::Mov_r64_rm64, RDX, mem(R9, RING_TAIL as i64)).map_err(bad)?);
+    out.push(Instruction::with2(Code::Cmp_r64_rm64, RDX, R8).map_err(bad)?);
+    out.push(Instruction::with_branch(Code::Je_rel32_64, NO_PROGRESS).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_r64_rm64, R8, RDX).map_err(bad)?);
+    out.push(Instruction::with2(Code::Xor_r32_rm32, R10D, R10D).map_err(bad)?);
+    out.push(Instruction::with_branch(Code::Jmp_rel32_64, WAIT).map_err(bad)?);
+    out.push(labeled(
+        Instruction::with2(Code::Add_rm64_imm8, R10, 1).map_err(bad)?,
+        NO_PROGRESS,
+    ));
+    out.push(Instruction::with2(Code::Cmp_rm64_imm32, R10, RING_WAITS as i32).map_err(bad)?);
+    out.push(Instruction::with_branch(Code::Jb_rel32_64, WAIT).map_err(bad)?);
+    out.push(Instruction::with2(Code::Mov_rm64_imm32, gave_up, 1).map_err(bad)?);
+    // room: (a nop to carry the label; EDX is free here)
+    out.push(labeled(
+        Instruction::with2(Code::Xor_r32_rm32, EDX, EDX).map_err(bad)?,
+        ROOM,
+    ));
+    Ok(())
 }
 
 /// Appends the displaced instructions of `patch` to the trampoline's own `out` (a direct call
@@ -778,9 +857,24 @@ mod tests {
         // Pushed, then popped in the reverse order, around four system calls.
         let pushes: Vec<&String> = text.iter().filter(|l| l.starts_with("push")).collect();
         let pops: Vec<&String> = text.iter().filter(|l| l.starts_with("pop")).collect();
-        assert_eq!(pushes.len(), 11, "{text:?}"); // flags, 9 registers, the index
+        // flags, 9 registers, the index; the wait's timespec (taken off with a lea).
+        assert_eq!(pushes.len(), 13, "{text:?}");
         assert_eq!(pops.len(), 11, "{text:?}");
-        assert_eq!(text.iter().filter(|l| *l == "syscall").count(), 4);
+        // gettid, two clock_gettime, getrusage, and the wait's nanosleep.
+        assert_eq!(text.iter().filter(|l| *l == "syscall").count(), 5);
+        // The wait: the ring's 1024 records are 2^10; superprof's count at head + 8, the
+        // give-up word at head + 16; 500 sleeps of 100 µs.
+        for want in [
+            "mov 8(%r9),%r8",
+            "cmpq $0,0x10(%r9)",
+            "shr $0xA,%rdx",
+            "push $0x186A0",
+            "mov $0x23,%eax",
+            "cmp $0x1F4,%r10",
+            "movq $1,0x10(%r9)",
+        ] {
+            assert!(text.iter().any(|l| l == want), "{want} not in {text:?}");
+        }
         assert!(text.iter().any(|l| l == "lock xadd %rax,(%r9)"), "{text:?}");
         assert!(text.iter().any(|l| l == "and $0x3FF,%rdx"), "{text:?}");
         assert!(text.iter().any(|l| l == "movl $7,8(%r9)"), "{text:?}");
@@ -804,7 +898,7 @@ mod tests {
                 .iter()
                 .filter(|l| *l == "syscall")
                 .count(),
-            2
+            3 // gettid, clock_gettime, the wait's nanosleep
         );
     }
 

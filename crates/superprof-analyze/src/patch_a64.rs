@@ -24,7 +24,7 @@
 
 pub use crate::patch::{
     Recording, Refusal, Ring, SpAt, RECORD, REC_COMMIT, REC_CPUTIME, REC_PROBE, REC_RUSAGE, REC_SP,
-    REC_TID, REC_TIME,
+    REC_TID, REC_TIME, RING_GAVE_UP, RING_TAIL, RING_WAITS, RING_WAIT_NS,
 };
 
 /// Bytes of the branch that replaces the displaced instruction.
@@ -209,6 +209,30 @@ mod enc {
         0xf280_0000 | (hw << 21) | ((imm & 0xffff) << 5) | d
     }
     pub const SVC: u32 = 0xd400_0001;
+    /// sub xd, xn, #imm (`n`, `d` 31: sp)
+    pub fn sub_imm(d: u32, n: u32, imm: u32) -> u32 {
+        0xd100_0000 | (imm << 10) | (n << 5) | d
+    }
+    /// sub xd, xn, xm
+    pub fn sub_reg(d: u32, n: u32, m: u32) -> u32 {
+        0xcb00_0000 | (m << 16) | (n << 5) | d
+    }
+    /// lsr xd, xn, #shift (ubfm xd, xn, #shift, #63)
+    pub fn lsr(d: u32, n: u32, shift: u32) -> u32 {
+        0xd340_fc00 | (shift << 16) | (n << 5) | d
+    }
+    /// cmp xn, #imm (subs xzr, xn, #imm)
+    pub fn cmp_imm(n: u32, imm: u32) -> u32 {
+        0xf100_001f | (imm << 10) | (n << 5)
+    }
+    /// cbz xt / cbnz xt, to an offset of `units` instructions
+    pub fn cbz(t: u32, units: u32, nonzero: bool) -> u32 {
+        (if nonzero { 0xb500_0000 } else { 0xb400_0000 }) | (units << 5) | t
+    }
+    /// b.lo (unsigned lower), to an offset of `units` instructions
+    pub fn b_lo(units: u32) -> u32 {
+        0x5400_0003 | (units << 5)
+    }
 }
 
 /// A trampoline being written: instructions, then 8-byte literals after them.
@@ -398,6 +422,7 @@ pub fn record_trampoline(
     t.push(stxr(0, 9, 10));
     let cbnz = 0x3500_0000 | (rel(t.here(), lp, 19).ok_or(Refusal::OutOfReach)? << 5);
     t.push(cbnz);
+    ring_wait(&mut t, ring)?;
     t.push(and_ones(9, 11, ring.records.trailing_zeros()));
     t.load(10, ring.base);
     t.push(add_lsl(9, 10, 9, RECORD.trailing_zeros()));
@@ -439,6 +464,59 @@ pub fn record_trampoline(
     t.finish()
 }
 
+/// The wait of a recording probe for room in the ring (see [`RING_TAIL`]): x10 the head's
+/// address, x11 the record's index; changes x0, x1, x3, x4, x5 and x8 (which the trampoline
+/// saved).
+fn ring_wait(t: &mut Tramp, ring: &Ring) -> Result<(), Refusal> {
+    use enc::*;
+    const SYS_NANOSLEEP: u32 = 101;
+    let units = |t: &Tramp, from: usize, to: u64| {
+        rel(t.at + 4 * from as u64, to, 19).ok_or(Refusal::OutOfReach)
+    };
+    // x3 = sleeps without progress, x4 = the count read as last seen.
+    t.push(movz(3, 0, 0));
+    t.push(ldr(4, 10, RING_TAIL as u32));
+    let wait = t.here();
+    // Room if superprof gave up being waited for, or (index - read) >> log2(records) is 0.
+    t.push(ldr(5, 10, RING_GAVE_UP as u32));
+    let gave_up = t.insns.len();
+    t.push(0);
+    t.push(sub_reg(5, 11, 4));
+    t.push(lsr(5, 5, ring.records.trailing_zeros()));
+    let has_room = t.insns.len();
+    t.push(0);
+    // nanosleep(&{0, RING_WAIT_NS}, NULL), the timespec on the stack.
+    t.push(sub_imm(31, 31, 16));
+    t.push(movz(1, RING_WAIT_NS & 0xffff, 0));
+    t.push(movk(1, RING_WAIT_NS >> 16, 1));
+    t.push(stp(31, 1, 31, 0));
+    t.push(add_imm(0, 31, 0));
+    t.push(movz(1, 0, 0));
+    t.push(movz(8, SYS_NANOSLEEP, 0));
+    t.push(SVC);
+    t.push(add_imm(31, 31, 16));
+    // Progress: start counting again.
+    t.push(ldr(5, 10, RING_TAIL as u32));
+    t.push(sub_reg(0, 5, 4));
+    let stalled = t.insns.len();
+    t.push(0);
+    t.push(add_imm(4, 5, 0));
+    t.push(movz(3, 0, 0));
+    t.branch(wait)?;
+    let no_progress = t.here();
+    t.push(add_imm(3, 3, 1));
+    t.push(cmp_imm(3, RING_WAITS));
+    let back = units(t, t.insns.len(), wait)?;
+    t.push(b_lo(back));
+    t.push(movz(5, 1, 0));
+    t.push(str(5, 10, RING_GAVE_UP as u32));
+    let room = t.here();
+    t.insns[gave_up] = cbz(5, units(t, gave_up, room)?, true);
+    t.insns[has_room] = cbz(5, units(t, has_room, room)?, false);
+    t.insns[stalled] = cbz(0, units(t, stalled, no_progress)?, false);
+    Ok(())
+}
+
 /// Where a recording probe finds the stack pointer the instruction at `to` runs with, from a
 /// probe at `from`: only at `to` itself here (every instruction holds the branch).
 pub fn sp_at(_code: &[u8], from: u64, to: u64) -> Option<SpAt> {
@@ -468,7 +546,7 @@ pub fn jumps_through_slot(code: &[u8], _addr: u64) -> bool {
 pub const MAX_TRAMPOLINE: usize = 96;
 
 /// The longest trampoline [`record_trampoline`] makes.
-pub const MAX_RECORD_TRAMPOLINE: usize = 256;
+pub const MAX_RECORD_TRAMPOLINE: usize = 384;
 
 #[cfg(test)]
 mod tests {
@@ -655,7 +733,12 @@ mod tests {
         ] {
             assert!(joined.contains(want), "{want} not in {joined}");
         }
-        assert_eq!(text.iter().filter(|s| s.starts_with("svc")).count(), 4);
+        // gettid, 2 clock_gettime, getrusage, and the wait's nanosleep.
+        assert_eq!(
+            text.iter().filter(|s| s.starts_with("svc")).count(),
+            5,
+            "{joined}"
+        );
         let stlr = text.iter().position(|s| s.starts_with("stlr")).unwrap();
         let last_svc = text.iter().rposition(|s| s.starts_with("svc")).unwrap();
         assert!(stlr > last_svc);

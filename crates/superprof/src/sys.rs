@@ -284,13 +284,13 @@ impl SharedMemory {
                 "the shared file is shorter than asked",
             ));
         }
-        // SAFETY: a fresh shared read-only mapping of `len` bytes of an open file (checked long
-        // enough); the result is checked against MAP_FAILED.
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file (checked long enough);
+        // the result is checked against MAP_FAILED. Writable for `set_word` only.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
@@ -333,6 +333,18 @@ impl SharedMemory {
         // read (AArch64 reorders loads).
         let word = unsafe { &*(self.ptr.add(i) as *const std::sync::atomic::AtomicU64) };
         word.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Sets the 8-byte word `i` (nothing beyond the end), with release ordering: what was read
+    /// before is done with when the program sees it.
+    pub fn set_word(&self, i: usize, value: u64) {
+        if i >= self.words {
+            return;
+        }
+        // SAFETY: as in `word`: inside the mapping, aligned, shared with the program, written
+        // atomically.
+        let word = unsafe { &*(self.ptr.add(i) as *const std::sync::atomic::AtomicU64) };
+        word.store(value, std::sync::atomic::Ordering::Release);
     }
 }
 

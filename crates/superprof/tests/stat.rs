@@ -441,6 +441,69 @@ fn attach_then_the_process_runs_on_without_breakpoints() {
     }
 }
 
+/// Issue 32: several threads in one recursive function at once. Every engine counts the
+/// outermost calls of `fib` and the calls of `work_unit` as the program counts them itself.
+/// The in-process engine overcounted `fib` (47 to 85 for 40): its ring lost records when full,
+/// and an exited thread's open call was dropped while its last records still waited in the
+/// ring behind another thread's, so that its inner calls then counted as outermost ones.
+#[test]
+fn threads_recursing_at_once_are_counted_exactly_on_every_engine() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-recurse");
+    let exe = compile(
+        &dir,
+        "rt",
+        &["recurse_threads.c"],
+        &["-O2", "-g", "-pthread"],
+    );
+    let mut runs = vec![("in-process", "15"), ("in-process", "15"), ("ptrace", "6")];
+    if superprof_testkit::is_root() {
+        runs.push(("uprobe", "15"));
+    }
+    for (engine, depth) in runs {
+        let out_file = dir.path("rt.json");
+        let out = run_ok(
+            superprof()
+                .args([
+                    "stat",
+                    "--engine",
+                    engine,
+                    "-e",
+                    "task-clock",
+                    "--format",
+                    "json",
+                ])
+                .args(["-r", "fib", "-r", "work_unit", "-o"])
+                .arg(&out_file)
+                .arg("--")
+                .arg(&exe)
+                .args(["4", "10", depth]),
+        );
+        let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        let calls: Vec<u64> = ["fib", "work_unit"]
+            .iter()
+            .map(|name| {
+                doc["regions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["region"] == *name)
+                    .and_then(|r| r["calls"].as_u64())
+                    .unwrap()
+            })
+            .collect();
+        let context = format!("{engine}: {doc} {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(doc["exact"], true, "{context}");
+        assert_eq!(
+            calls,
+            [own["outer"] as u64, own["work_unit"] as u64],
+            "{context}"
+        );
+    }
+}
+
 /// Issue 31, item 3: a function whose `ret` is too short for the in-process engine's jump,
 /// with no filler in reach for a springboard (short_blocks.S), goes to uprobes as root, which
 /// never stop the program, not to ptrace's breakpoints; counted exactly, from threads started

@@ -94,6 +94,9 @@ pub struct Results {
     /// [region][event]
     pub stats: Vec<Vec<Stats>>,
     pub per_call: Vec<Call>,
+    /// Probe hits lost (a ring overwritten before superprof read it): the counts are then
+    /// not exact.
+    pub lost_hits: u64,
 }
 
 /// An engine's own cost per call, per event and last elapsed ns.
@@ -341,13 +344,15 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     }
     if session.lost_hits > 0 {
         superprof_unwind::say!(
-            "superprof: {} probe hits were lost (the ring buffer was full): the counts are of \
-             the calls whose entry and exit were both seen",
+            "superprof: {} probe hits were lost (a ring was overwritten before superprof read \
+             it): the counts are not exact (a call whose entry or exit was lost is left out, \
+             and an inner call of a recursive function may count as an outermost one)",
             session.lost_hits
         );
     }
     let mut results = session.results.take().expect("results");
     results.engine = session.engine.name();
+    results.lost_hits = session.lost_hits;
     tally(&mut results, &costs);
     let text = output::render(&results, args.format, args.per_call)?;
     let written = superprof_resolve::write_text(
@@ -538,6 +543,9 @@ struct Session {
     /// Regions counted with ptrace's breakpoints in a run on uprobes (uprobes cannot probe
     /// them).
     on_ptrace: std::collections::HashSet<usize>,
+    /// In-process engine: threads that exited, with the count of records taken in the ring
+    /// then: their open calls go once superprof has read that far.
+    exited: Vec<(u32, u64)>,
     /// In-process engine: regions it could not probe, handed to uprobes.
     on_uprobe: std::collections::HashSet<usize>,
     /// In-process engine as root: the uprobe PMU those regions go to (else to ptrace).
@@ -609,6 +617,7 @@ impl Session {
             engines_used: vec![engine],
             on_ptrace: Default::default(),
             on_uprobe: Default::default(),
+            exited: Vec::new(),
             // (Not tried first: closing a uprobe takes the kernel 75 ms.)
             uprobe_fallback: match engine {
                 Engine::InProcess if sys::euid() == 0 => superprof_sample::uprobe_pmu().ok(),
@@ -896,6 +905,7 @@ impl Session {
         self.missing.clear();
         self.on_ptrace.clear();
         self.on_uprobe.clear();
+        self.exited.clear();
         self.instant.clear();
         self.armed.clear();
         self.batches.clear();
@@ -1518,6 +1528,20 @@ impl Session {
         self.events.clone()
     }
 
+    /// A thread that exited: its calls still open are not counted (the return breakpoints
+    /// they held are released).
+    fn forget_thread(&mut self, tid: u32) {
+        if let Some(frames) = self.frames.remove(&tid) {
+            for f in frames {
+                for (exit, _) in f.exits {
+                    if let Some(n) = self.returns.get_mut(&exit) {
+                        *n = n.saturating_sub(1);
+                    }
+                }
+            }
+        }
+    }
+
     /// Reads the uprobe rings, or the in-process ring, and turns their hits into calls.
     fn drain_hits(&mut self, root: u32) {
         if let Some(ip) = self.inproc.as_mut() {
@@ -1566,6 +1590,18 @@ impl Session {
                 self.on_hit(role, &hit);
             }
             self.records = records;
+            // Threads that exited whose every record is read now.
+            let read = self.inproc.as_ref().map_or(u64::MAX, |ip| ip.read());
+            let done: Vec<u32> = self
+                .exited
+                .iter()
+                .filter(|&&(_, taken)| taken <= read)
+                .map(|&(tid, _)| tid)
+                .collect();
+            self.exited.retain(|&(_, taken)| taken > read);
+            for tid in done {
+                self.forget_thread(tid);
+            }
         }
         for a in 0..self.armed.len() {
             let mut hits = std::mem::take(&mut self.hits);
@@ -1884,6 +1920,7 @@ impl Session {
             calls: vec![0; self.specs.len()],
             stats: vec![vec![Stats::default(); names.len()]; self.specs.len()],
             per_call: Vec::new(),
+            lost_hits: 0,
         });
         let mut placement = Placement::default();
         let in_process = matches!(self.engine, Engine::InProcess);
@@ -2028,14 +2065,14 @@ impl Session {
                 TraceEvent::ThreadExited { tid, .. } => {
                     self.disarm_thread(root, tid);
                     self.counters.remove(&tid);
-                    if let Some(frames) = self.frames.remove(&tid) {
-                        for f in frames {
-                            for (exit, _) in f.exits {
-                                if let Some(n) = self.returns.get_mut(&exit) {
-                                    *n = n.saturating_sub(1);
-                                }
-                            }
+                    // Its records may still wait in the in-process ring behind another
+                    // thread's record being written: its open calls go once those are read
+                    // (dropped now, the rest of its records would open calls of their own).
+                    match self.inproc.as_ref().map(|ip| ip.taken()) {
+                        Some(taken) if taken > self.inproc.as_ref().map_or(0, |ip| ip.read()) => {
+                            self.exited.push((tid, taken))
                         }
+                        _ => self.forget_thread(tid),
                     }
                 }
                 TraceEvent::ProcessExited { pid, status } if pid == root => {

@@ -60,7 +60,13 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             writeln!(
                 out,
                 "{}",
-                json!({ "engine": r.engine, "engines": engines, "regions": regions })
+                json!({
+                    "engine": r.engine,
+                    "engines": engines,
+                    "regions": regions,
+                    "exact": r.lost_hits == 0,
+                    "lost_hits": r.lost_hits,
+                })
             )?;
         }
         (StatFormat::Csv, false) => {
@@ -145,6 +151,13 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 writeln!(out, "Engine: {}\n", r.engine)?;
             } else {
                 writeln!(out, "Engine: {}\n", used.join("; "))?;
+            }
+            if r.lost_hits > 0 {
+                writeln!(
+                    out,
+                    "Counts not exact: {} probe hits were lost\n",
+                    r.lost_hits
+                )?;
             }
             for (i, name) in r.regions.iter().enumerate() {
                 let n = r.calls[i];
