@@ -128,6 +128,46 @@ pub fn resolve_command(cmd: &std::ffi::OsStr) -> Option<PathBuf> {
         .find(|p| is_executable(p))
 }
 
+/// A command that could not be run, with the status a shell gives for it: 127 when it is not
+/// found, 126 when it is found but cannot be executed (no permission, not an executable, a
+/// missing interpreter).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot run '{program}': {why}")]
+pub struct CannotRun {
+    /// The command as given.
+    pub program: String,
+    /// Why, for the user.
+    pub why: String,
+    /// 127 or 126.
+    pub status: u8,
+}
+
+impl CannotRun {
+    /// `program` is not on PATH (or, given as a path, does not exist).
+    pub fn not_found(program: &std::ffi::OsStr) -> CannotRun {
+        CannotRun {
+            program: program.to_string_lossy().into_owned(),
+            why: "command not found".into(),
+            status: 127,
+        }
+    }
+
+    /// The exec of `path` (found for `program`) failed with `e`: 127 if there is no such
+    /// file, else 126 (an ENOENT of a file that exists is its missing interpreter).
+    pub fn exec(program: &std::ffi::OsStr, path: &Path, e: &io::Error) -> CannotRun {
+        let missing = e.raw_os_error() == Some(libc::ENOENT) && path.symlink_metadata().is_err();
+        CannotRun {
+            program: program.to_string_lossy().into_owned(),
+            why: if missing {
+                "command not found".into()
+            } else {
+                e.to_string()
+            },
+            status: if missing { 127 } else { 126 },
+        }
+    }
+}
+
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     p.metadata()

@@ -61,7 +61,7 @@ pub use lab::Lab;
 pub use launch::{
     inherited_ignored, kill, launched_a_command, note_inherited_signals, proc_stat_fields,
     process_alive, reset_signals_for_exec, resolve_command, try_wait, wait_child, wait_exit,
-    wait_exit_timeout, wait_launched, ExitStatus, PendingChild,
+    wait_exit_timeout, wait_launched, CannotRun, ExitStatus, PendingChild,
 };
 pub use locate::{
     entry_point, find_function, find_functions_matching, function_at, function_names, mapped_files,

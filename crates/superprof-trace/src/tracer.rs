@@ -217,9 +217,10 @@ pub enum TraceError {
     /// [`Tracer::spawn`] was given an empty command.
     #[error("no command given after --")]
     NoCommand,
-    /// The command's program (named here) was not found on PATH.
-    #[error("cannot run '{0}': command not found")]
-    CommandNotFound(String),
+    /// The command could not be run: not found, or its exec failed (with the status a shell
+    /// would give).
+    #[error(transparent)]
+    CannotRun(#[from] crate::CannotRun),
     /// No process has this pid, or it ended before a thread of it was seized.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
@@ -350,7 +351,8 @@ impl Tracer {
     pub fn spawn(cmd: &[std::ffi::OsString], opts: TraceOptions) -> Result<Tracer, TraceError> {
         let program = cmd.first().ok_or(TraceError::NoCommand)?;
         let path = crate::launch::resolve_command(program)
-            .ok_or_else(|| TraceError::CommandNotFound(program.to_string_lossy().into_owned()))?;
+            .ok_or_else(|| crate::CannotRun::not_found(program))?;
+        let argv0 = program;
         let program = program.to_string_lossy();
         let io = |what: &str| {
             let context = format!("cannot {what} '{program}'");
@@ -368,7 +370,7 @@ impl Tracer {
             // The child never ran the command and has been reaped: nothing to let go.
             tracer.threads.clear();
             tracer.done = true;
-            return Err(io("run")(e));
+            return Err(crate::CannotRun::exec(argv0, &path, &e).into());
         }
         Ok(tracer)
     }

@@ -89,6 +89,14 @@ fn main() -> ExitCode {
             superprof_unwind::say!("superprof: {}", one_line(&f.error));
             ExitCode::from(f.code())
         }
+        // A command that could not be run: the status a shell gives (127 not found, 126 not
+        // executable).
+        Err(e) if cannot_run(&e).is_some() => {
+            let status = cannot_run(&e).map_or(1, |c| c.status);
+            superprof_unwind::say!("superprof: {}", one_line(&e));
+            let _ = after_failure();
+            ExitCode::from(status)
+        }
         // A closed pipe (`superprof report ... | head`) is not an error worth a message.
         Err(e) if is_broken_pipe(&e) => {
             let _ = after_failure();
@@ -201,6 +209,17 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     parts.join(": ").replace('\n', " ")
+}
+
+/// The command superprof was to run and could not, if that is the error.
+fn cannot_run(e: &anyhow::Error) -> Option<&superprof_trace::CannotRun> {
+    e.chain().find_map(|c| {
+        c.downcast_ref::<superprof_trace::CannotRun>()
+            .or_else(|| match c.downcast_ref::<superprof_trace::TraceError>() {
+                Some(superprof_trace::TraceError::CannotRun(r)) => Some(r),
+                _ => None,
+            })
+    })
 }
 
 fn is_broken_pipe(e: &anyhow::Error) -> bool {

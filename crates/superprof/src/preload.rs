@@ -44,7 +44,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     let program = args.command[0].to_string_lossy();
     let exe = superprof_trace::resolve_command(&args.command[0])
         .filter(|p| p.exists())
-        .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
+        .ok_or_else(|| superprof_trace::CannotRun::not_found(&args.command[0]))?;
     let dir = crate::sys::private_temp_dir("superprof-preload")?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
@@ -59,6 +59,9 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         .env("SUPERPROF_PRELOAD_DIR", &dir)
         .env("SUPERPROF_HZ", args.frequency.to_string())
         .spawn()
+        .map_err(|e| {
+            anyhow::Error::from(superprof_trace::CannotRun::exec(&args.command[0], &exe, &e))
+        })
         .and_then(|child| {
             // Ctrl-C is the command's to take; superprof merges what it left. SIGTERM and
             // SIGHUP sent to superprof are passed on to the command, which ends as it would
@@ -66,9 +69,8 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
             crate::sys::install_stop_handler();
             let _ignore = crate::sys::IgnoreInterrupts::new();
             superprof_trace::wait_child(child.id(), crate::sys::pass_stop_signal_on)
-                .ok_or_else(|| std::io::Error::other("the command was reaped elsewhere"))
-        })
-        .with_context(|| format!("cannot run '{program}'"));
+                .ok_or_else(|| anyhow!("cannot run '{program}': the command was reaped elsewhere"))
+        });
     let status = match status {
         Ok(s) => s,
         Err(e) => {

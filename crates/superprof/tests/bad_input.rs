@@ -148,6 +148,69 @@ fn command_not_found() {
     assert_clean_error(&out, &["/no/such/program"], None);
 }
 
+/// Issue 32: a command that cannot be run ends superprof with the status a shell gives it:
+/// 127 when it is not found, 126 when it is found but cannot be executed; one line says why.
+#[test]
+fn a_command_that_cannot_run_gives_the_shells_status() {
+    let dir = TempDir::new("cannot-run");
+    let plain = dir.path("not-executable");
+    std::fs::write(&plain, "just text\n").unwrap();
+    let missing = dir.path("missing");
+    for (program, status) in [(&missing, 127), (&plain, 126)] {
+        // The shell's own status, for the record.
+        let sh = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("'{}'", program.display()))
+            .output()
+            .unwrap();
+        assert_eq!(
+            sh.status.code(),
+            Some(status),
+            "sh on {}",
+            program.display()
+        );
+        for args in [
+            &["record", "-q", "-o", "x.folded"][..],
+            &["record", "-q", "--sampler", "ptrace", "-o", "x.folded"][..],
+            &["stat", "-e", "task-clock", "-r", "main"][..],
+            &["syscalls"][..],
+            &["blocks", "-r", "main"][..],
+            &["preload", "-o", "x.folded"][..],
+        ] {
+            let out = superprof()
+                .current_dir(dir.path(""))
+                .args(args)
+                .arg("--")
+                .arg(program)
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(status),
+                "{args:?} {}: {}",
+                program.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_one_line_error(&out, "cannot run");
+        }
+    }
+    // Not on PATH at all.
+    let out = superprof()
+        .args([
+            "stat",
+            "-e",
+            "task-clock",
+            "-r",
+            "main",
+            "--",
+            "no-such-command-anywhere",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert_one_line_error(&out, "command not found");
+}
+
 #[test]
 fn target_exits_before_any_sample() {
     let dir = TempDir::new("empty");

@@ -107,9 +107,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
                 .command
                 .first()
                 .ok_or_else(|| anyhow!("no command given after --"))?;
-            let exe = superprof_trace::resolve_command(cmd).ok_or_else(|| {
-                anyhow!("cannot run '{}': command not found", cmd.to_string_lossy())
-            })?;
+            let exe = superprof_trace::resolve_command(cmd)
+                .ok_or_else(|| superprof_trace::CannotRun::not_found(cmd))?;
             (Target::Command(args.target.command.clone()), exe)
         }
     };

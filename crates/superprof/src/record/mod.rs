@@ -337,7 +337,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 .ok_or_else(|| anyhow!("no command given after --"))?;
             let program = first.to_string_lossy();
             let path = superprof_trace::resolve_command(first)
-                .ok_or_else(|| anyhow!("cannot run '{program}': command not found"))?;
+                .ok_or_else(|| superprof_trace::CannotRun::not_found(first))?;
             let mut child = PendingChild::spawn(&path, cmd)
                 .with_context(|| format!("cannot start '{program}'"))?;
             if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid) {
@@ -352,7 +352,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 let source = Source::Perf(Box::new(sampler));
                 child
                     .release()
-                    .with_context(|| format!("cannot run '{program}'"))?;
+                    .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
                 return Ok(Started {
                     source,
                     pid: child.pid,
@@ -376,7 +376,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 Source::Ptrace(tracer) => child.release_with(|| tracer.pump()),
                 Source::Perf(_) => child.release(),
             }
-            .with_context(|| format!("cannot run '{program}'"))?;
+            .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
             Ok(Started {
                 source,
                 pid: child.pid,
