@@ -42,6 +42,11 @@ impl Rng {
     }
 }
 
+/// The fewest mutated inputs each file target runs, and sessions each peer target runs,
+/// whatever the time budget.
+const MIN_INPUTS: usize = 200;
+const MIN_SESSIONS: usize = 5;
+
 fn budget() -> Duration {
     let secs = std::env::var("SUPERPROF_FUZZ_SECS")
         .ok()
@@ -136,7 +141,8 @@ fn fuzz(
     let mut rng = Rng::new(salt);
     let start = Instant::now();
     let mut n = 0;
-    while start.elapsed() < budget() {
+    // At least MIN_INPUTS, whatever the budget (`SUPERPROF_FUZZ_SECS=0` must not pass empty).
+    while n < MIN_INPUTS || start.elapsed() < budget() {
         let m = mutate(&mut rng, input, hot);
         let t = Instant::now();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&m, n)));
@@ -485,7 +491,7 @@ fn fuzz_peer(
     let rng = Arc::new(std::sync::Mutex::new(Rng::new(salt)));
     let start = Instant::now();
     let mut n = 0;
-    while start.elapsed() < budget() {
+    while n < MIN_SESSIONS || start.elapsed() < budget() {
         let path = peers::serve(&dir.0, n, rng.clone(), serve);
         // Each exchange may wait for the peer; the whole sample is given 400 ms.
         let t = Instant::now();
