@@ -260,8 +260,24 @@ pub fn decode_all(code: &[u8], base: u64) -> Vec<Insn> {
     decode_all_for(Arch::HOST, code, base)
 }
 
+/// The direct branches of the code from the start of `code` (at `base`) to the first
+/// undecodable instruction, as (target, branch address) pairs into `out`; returns the bytes
+/// decoded.
+pub fn branch_pairs_for(arch: Arch, code: &[u8], base: u64, out: &mut Vec<(u64, u64)>) -> usize {
+    if arch == Arch::X86_64 {
+        return x86::branch_pairs(code, base, out);
+    }
+    let run = decode_all_for(arch, code, base);
+    out.extend(run.iter().filter_map(|i| Some((i.flow.target()?, i.addr))));
+    run.last()
+        .map_or(0, |i| (i.addr + i.len as u64 - base) as usize)
+}
+
 /// [`decode_all`] for a given architecture.
 pub fn decode_all_for(arch: Arch, code: &[u8], base: u64) -> Vec<Insn> {
+    if arch == Arch::X86_64 {
+        return x86::classify_all(code, base);
+    }
     let mut out = Vec::new();
     let mut off = 0usize;
     while off < code.len() {

@@ -353,17 +353,14 @@ impl ElfCode {
             for (base, data) in &self.sections {
                 let mut off = 0usize;
                 while off < data.len() {
-                    let run = superprof_analyze::decode_all_for(
+                    let n = superprof_analyze::branch_pairs_for(
                         self.arch,
                         &data[off..],
                         base + off as u64,
+                        &mut out,
                     );
-                    out.extend(run.iter().filter_map(|i| Some((i.flow.target()?, i.addr))));
-                    let end = run
-                        .last()
-                        .map_or(off, |i| (i.addr + i.len as u64 - base) as usize);
                     // Past an undecodable byte, on.
-                    off = if end > off { end } else { off + 1 };
+                    off += n.max(1);
                 }
             }
             out.sort_unstable();
