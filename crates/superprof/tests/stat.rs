@@ -983,7 +983,9 @@ fn per_call_figures_are_the_functions_own() {
 
 /// A C++ exception thrown through a region: the program catches every one, as it does alone
 /// (a return probe would replace the return address on the stack, and the unwinder would then
-/// find no caller and terminate the program); the calls that returned are counted.
+/// find no caller and terminate the program). Every call counts on every engine (issue 32), the
+/// ones an exception left too: 1,001 (the last returns; a call left without a return counts
+/// when the thread's next call shows it was left).
 #[test]
 fn exceptions_through_a_region_still_reach_their_handler() {
     let _cpu = cpu_share();
@@ -995,7 +997,7 @@ fn exceptions_through_a_region_still_reach_their_handler() {
          __attribute__((noinline)) void g(int i) { if (i % 2) throw std::runtime_error(\"x\"); }\n\
          __attribute__((noinline)) int f(int i) { g(i); return i + 1; }\n\
          int main() { int caught = 0; for (int i = 0; i < 1000; i++) { try { f(i); } \
-         catch (const std::exception &) { caught++; } } printf(\"caught=%d\\n\", caught); return 0; }\n",
+         catch (const std::exception &) { caught++; } } f(1000); printf(\"caught=%d\\n\", caught); return 0; }\n",
     )
     .unwrap();
     let exe = dir.path("exc");
@@ -1018,12 +1020,36 @@ fn exceptions_through_a_region_still_reach_their_handler() {
         let doc: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
         let calls = doc["regions"][0]["calls"].as_u64().unwrap();
-        // (ptrace counts some calls an exception left twice: a known fault of its own.)
-        if engine != "ptrace" {
-            assert_eq!(calls, 500, "{engine}: {doc}");
-        } else {
-            assert!(calls >= 500, "{doc}");
-        }
+        assert_eq!(calls, 1001, "{engine}: {doc}");
+    }
+}
+
+/// Issue 32: calls left by longjmp from a deeper frame are calls, on every engine (ptrace
+/// counted none of them): 180 left that way and one that returns.
+#[test]
+fn calls_left_by_longjmp_count_on_every_engine() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("stat-longjmp");
+    let exe = compile(&dir, "lj", &["longjmp_calls.c"], &["-O2", "-g"]);
+    for engine in ENGINES {
+        let out_file = dir.path("lj.json");
+        let out = run_ok(
+            superprof()
+                .args(["stat", "--engine", engine, "--format", "json", "-o"])
+                .arg(&out_file)
+                .args(["-r", "work", "-e", "task-clock", "--"])
+                .arg(&exe)
+                .arg("180"),
+        );
+        let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(own["jumped"], 180.0);
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+        assert_eq!(
+            doc["regions"][0]["calls"].as_u64(),
+            Some(own["calls"] as u64),
+            "{engine}: {doc}"
+        );
     }
 }
 

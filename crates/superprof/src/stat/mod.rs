@@ -1622,6 +1622,9 @@ impl Session {
 
     fn on_hit(&mut self, role: Role, h: &superprof_sample::ProbeHit) {
         let frames = self.frames.entry(h.tid).or_default();
+        // A call found left without a return (an exception, a longjmp): still a call, with
+        // its events up to this hit, the first to show it was left.
+        let mut left = None;
         let closed = match role {
             Role::Entry(region, site) if site.ends_at_return && self.instant.contains(&region) => {
                 let frame = Frame {
@@ -1641,8 +1644,8 @@ impl Session {
                         return; // recursion: the outermost call counts
                     }
                     // Entered again at the same depth or above: the open call was left without
-                    // a return (an exception, a longjmp). It is not counted.
-                    frames.remove(p);
+                    // a return (an exception, a longjmp).
+                    left = Some(frames.remove(p));
                 }
                 let mut exits = Vec::new();
                 if let Some(end) = site.end {
@@ -1675,17 +1678,17 @@ impl Session {
                     Some(p) if h.sp == frames[p].sp => Some(p),
                     // Leaving a call above it: it was left without a return.
                     Some(p) if h.sp > frames[p].sp => {
-                        frames.remove(p);
+                        left = Some(frames.remove(p));
                         None
                     }
                     _ => None,
                 }
             }
         };
-        if let Some(pos) = closed {
-            let frame = frames.remove(pos);
+        let closed = closed.map(|pos| frames.remove(pos));
+        for frame in left.iter().chain(closed.iter()) {
             let elapsed = h.time.saturating_sub(frame.start_ns) as f64;
-            self.record(h.tid, &frame, &h.values, elapsed);
+            self.record(h.tid, frame, &h.values, elapsed);
         }
     }
 
@@ -1788,7 +1791,7 @@ impl Session {
             // Inside already: recursion (the outermost call counts), unless it is entered
             // again at the same depth or above, which means the open call was left without a
             // return (an exception, a longjmp, an inlined copy left by a path that skips its
-            // end): that one is dropped, as on the other engines.
+            // end): that one still counts, with its events up to now, as on the other engines.
             let open = self
                 .frames
                 .get(&tid)
@@ -1802,6 +1805,9 @@ impl Session {
                 for &(exit, _) in &frame.exits {
                     self.release_exit(tracer, pid, exit);
                 }
+                let now = self.read(tid);
+                let elapsed = frame.started.elapsed().as_nanos() as f64;
+                self.record(tid, &frame, &now, elapsed);
             }
             let mut exits = Vec::new();
             if let Some(end) = site.end {
