@@ -42,10 +42,10 @@ fn samples_this_process_with_registers_and_stack() {
         if let Some(Record::Sample(s)) = parse_record(ty, misc, body, sampler.layout()) {
             assert_eq!(s.pid, pid);
             assert!(me.contains(&s.tid), "sample from unknown thread {}", s.tid);
-            if let Some(regs) = s.regs {
-                assert!(regs.sp != 0 && regs.pc != 0);
-                assert!(!s.stack.is_empty() && s.stack.len() <= 8192);
-            }
+            // Every sample of this user thread has its user registers and stack.
+            let regs = s.regs.expect("a sample without user registers");
+            assert!(regs.sp != 0 && regs.pc != 0);
+            assert!(!s.stack.is_empty() && s.stack.len() <= 8192);
             samples += 1;
         }
     }

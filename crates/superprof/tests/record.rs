@@ -186,6 +186,8 @@ fn four_threads_match_their_cpu_time() {
         cpu.insert(name, v);
     }
     let process_cpu = fixture_values(&stdout)["cpu"];
+    // (Four threads, or the loop below would check fewer.)
+    assert_eq!(cpu.len(), 4, "{stdout}");
     let f = Folded::read(&folded);
     let per_root = f.share_per_root();
     for (i, (name, secs)) in cpu.iter().enumerate() {
