@@ -125,16 +125,15 @@ impl crate::spill::Spill for Sample {
         out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, 0, 0]);
     }
     fn get(b: &[u8]) -> Option<Sample> {
-        let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
-        let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        use crate::spill::{le_u32, le_u64};
         Some(Sample {
-            time_ns: u64_at(0)?,
-            weight: u64_at(8)?,
-            thread: u32_at(16)?,
-            cpu: u32_at(20)?,
+            time_ns: le_u64(b, 0)?,
+            weight: le_u64(b, 8)?,
+            thread: le_u32(b, 16)?,
+            cpu: le_u32(b, 20)?,
             stack: match *b.get(28)? {
                 0 => None,
-                _ => Some(StackId(u32_at(24)?)),
+                _ => Some(StackId(le_u32(b, 24)?)),
             },
             kind: *SampleKind::ALL.get(*b.get(29)? as usize)?,
         })
@@ -494,6 +493,35 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a profile past its cap writes to its temporary file reads back as it was.
+    #[test]
+    fn samples_come_back_from_the_spill_file_whole() {
+        use crate::spill::Spill;
+        for s in [
+            Sample {
+                time_ns: u64::MAX,
+                thread: 5,
+                cpu: 1,
+                weight: 3,
+                stack: Some(StackId(0)),
+                kind: SampleKind::OffCpu,
+            },
+            Sample {
+                time_ns: 0,
+                thread: 0,
+                cpu: 0,
+                weight: 1,
+                stack: None,
+                kind: SampleKind::OnCpu,
+            },
+        ] {
+            let mut b = Vec::new();
+            s.put(&mut b);
+            assert_eq!(b.len(), Sample::SIZE);
+            assert_eq!(Sample::get(&b), Some(s));
+        }
+    }
 
     /// A profile of one process with the stack `main;f` (n samples) and `main;g` (m).
     fn profile(pid: u32, start: u64, n: u64, m: u64) -> Profile {

@@ -27,6 +27,20 @@ pub trait Spill: Copy {
     fn get(bytes: &[u8]) -> Option<Self>;
 }
 
+/// The little-endian u64 at byte `at` of `b` (for [`Spill::get`]).
+pub fn le_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// The little-endian u32 at byte `at` of `b` (for [`Spill::get`]).
+pub fn le_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
 /// Records kept in memory before a run goes to the file (about 8–10 MiB of samples).
 pub const DEFAULT_CAP: usize = 1 << 18;
 
@@ -400,10 +414,7 @@ mod tests {
             out.extend_from_slice(&self.1.to_le_bytes());
         }
         fn get(b: &[u8]) -> Option<R> {
-            Some(R(
-                u64::from_le_bytes(b.get(0..8)?.try_into().ok()?),
-                u32::from_le_bytes(b.get(8..12)?.try_into().ok()?),
-            ))
+            Some(R(le_u64(b, 0)?, le_u32(b, 8)?))
         }
     }
 

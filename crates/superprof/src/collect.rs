@@ -74,17 +74,16 @@ impl Spill for PendingSample {
         out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, 0, 0]);
     }
     fn get(b: &[u8]) -> Option<PendingSample> {
-        let u64_at = |at: usize| Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?));
-        let u32_at = |at: usize| Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        use superprof_profile::spill::{le_u32, le_u64};
         Some(PendingSample {
-            time: u64_at(0)?,
-            off_ns: u64_at(8)?,
-            periods: u64_at(16)?,
-            tid: u32_at(24)?,
-            cpu: u32_at(28)?,
+            time: le_u64(b, 0)?,
+            off_ns: le_u64(b, 8)?,
+            periods: le_u64(b, 16)?,
+            tid: le_u32(b, 24)?,
+            cpu: le_u32(b, 28)?,
             stack: match *b.get(36)? {
                 0 => None,
-                _ => Some(u32_at(32)?),
+                _ => Some(le_u32(b, 32)?),
             },
             kind: *SampleKind::ALL.get(*b.get(37)? as usize)?,
         })
@@ -1167,6 +1166,46 @@ fn is_anonymous(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a collector past its cap writes to its temporary file reads back as it was.
+    #[test]
+    fn pending_samples_come_back_from_the_spill_file_whole() {
+        let all = [
+            PendingSample {
+                time: u64::MAX - 1,
+                tid: 7,
+                cpu: 3,
+                stack: Some(u32::MAX),
+                kind: SampleKind::Preempted,
+                off_ns: 12_345,
+                periods: 2,
+            },
+            PendingSample {
+                time: 1,
+                tid: 0,
+                cpu: 0,
+                stack: None,
+                kind: SampleKind::OnCpu,
+                off_ns: 0,
+                periods: 1,
+            },
+        ];
+        for p in all {
+            let mut b = Vec::new();
+            p.put(&mut b);
+            assert_eq!(b.len(), PendingSample::SIZE);
+            let q = PendingSample::get(&b).unwrap();
+            assert_eq!(
+                (q.time, q.tid, q.cpu, q.stack, q.kind, q.off_ns, q.periods),
+                (p.time, p.tid, p.cpu, p.stack, p.kind, p.off_ns, p.periods)
+            );
+        }
+        // A kind byte out of range is no sample.
+        let mut b = Vec::new();
+        all[0].put(&mut b);
+        b[37] = 9;
+        assert!(PendingSample::get(&b).is_none());
+    }
 
     #[test]
     fn short_waits_add_up_to_whole_periods() {
