@@ -45,6 +45,15 @@ const BLOCKS: [(&str, &str); 4] = [
     ("decode", "in-process"),
 ];
 
+/// Workload sizes. Under TCG every breakpoint stop costs 10 to 20 ms of the host's time, so
+/// each is the least that still exercises every path (blocks_mt: x in 0..4N covers every
+/// combination of x % 5, x % 3 and x & 3 many times over).
+const BLOCKS_MT_CALLS: u64 = 60;
+const STRINGS_CALLS: u64 = 60;
+const O3_ROUNDS: u64 = 12;
+const PY_ROUNDS: u64 = 20;
+const EXIT_CALLS: u64 = 300;
+
 /// The samplers of `record`.
 const SAMPLERS: [&str; 2] = ["perf", "ptrace"];
 
@@ -70,7 +79,7 @@ fn commands() -> Vec<(String, String)> {
         for (prog, region) in [("tailjump", "via_pointer"), ("cold_return", "rare_exit")] {
             v.push((
                 format!("stat-{region}-{e}"),
-                format!("{on} -r {region} -e page-faults -- ./{prog} 1000"),
+                format!("{on} -r {region} -e page-faults -- ./{prog} {EXIT_CALLS}"),
             ));
         }
         v.push((
@@ -196,7 +205,7 @@ fn commands() -> Vec<(String, String)> {
             format!("blocks-o3-{analyzer}"),
             format!(
                 "superprof blocks --format json -o $J --engine ptrace --analyzer {analyzer} \
-                 -r run -r finish -r clamp -r mix -r rare_error -- ./learn_o3 40"
+                 -r run -r finish -r clamp -r mix -r rare_error -- ./learn_o3 {O3_ROUNDS}"
             ),
         ));
     }
@@ -208,7 +217,7 @@ fn commands() -> Vec<(String, String)> {
             format!(
                 "for f in __strlen_asimd __strlen_mte __strlen_generic; do \
                  superprof blocks --format json -o $J --engine ptrace --analyzer {analyzer} \
-                 -r $f -r strchr -- ./strings 300 && echo strlen=$f && break; done"
+                 -r $f -r strchr -- ./strings {STRINGS_CALLS} && echo strlen=$f && break; done"
             ),
         ));
     }
@@ -220,10 +229,12 @@ fn commands() -> Vec<(String, String)> {
     // The learner without a lab (the fallback), training, on glibc's string functions.
     v.push((
         "blocks-libc-train".into(),
-        "for f in __strlen_asimd __strlen_mte __strlen_generic; do \
-         SUPERPROF_TEST_NO_LAB=1 superprof blocks --format json -o $J \
-         --engine ptrace --analyzer learn -r $f -r strchr -- ./strings 300 && break; done"
-            .into(),
+        format!(
+            "for f in __strlen_asimd __strlen_mte __strlen_generic; do \
+             SUPERPROF_TEST_NO_LAB=1 superprof blocks --format json -o $J \
+             --engine ptrace --analyzer learn -r $f -r strchr -- ./strings {STRINGS_CALLS} \
+             && break; done"
+        ),
     ));
     // And on libpython's functions, as Debian builds them for arm64.
     for analyzer in ["decode", "learn"] {
@@ -245,13 +256,16 @@ fn commands() -> Vec<(String, String)> {
             .into(),
     ));
     // The fixture alone: what it prints under every engine too.
-    v.push(("plain-blocks_mt".into(), "./blocks_mt 250".into()));
+    v.push((
+        "plain-blocks_mt".into(),
+        format!("./blocks_mt {BLOCKS_MT_CALLS}"),
+    ));
     for (analyzer, engine) in BLOCKS {
         v.push((
             format!("blocks-{analyzer}-{engine}"),
             format!(
                 "superprof blocks --format json -o $J -r classify --analyzer {analyzer} \
-                 --engine {engine} -- ./blocks_mt 250"
+                 --engine {engine} -- ./blocks_mt {BLOCKS_MT_CALLS}"
             ),
         ));
     }
@@ -278,6 +292,7 @@ fn let_go(cmd: &str, sig: &str) -> String {
          sleep 0.2; n=$((n+1)); done\n\
          [ $k -ge 3 ] && echo patched=yes\n\
          kill -{sig} $S; wait $S; echo superprof-status=$?\n\
+         echo '<<superprof'; tail -c 2000 /tmp/sp.out; echo '>>superprof'\n\
          n=0; while [ \"$(code_sum $P /t/attach)\" != \"$B\" ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done\n\
          [ \"$(code_sum $P /t/attach)\" = \"$B\" ] && echo restored=yes\n\
          kill -0 $P 2>/dev/null && echo alive=yes\n\
@@ -391,7 +406,10 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
     install_debian_python(&debs, &pkg, &root);
     std::fs::write(
         root.join("t/loop.py"),
-        "s = ''\nfor i in range(100):\n    s = repr(float(i) * 1.5) + str(i)\nprint('python', s)\n",
+        format!(
+            "s = ''\nfor i in range({PY_ROUNDS}):\n    s = repr(float(i) * 1.5) + str(i)\n\
+             print('python', s)\n"
+        ),
     )
     .unwrap();
     std::fs::copy(
@@ -648,6 +666,21 @@ fn install_debian_python(debs: &Path, pkg: &Path, root: &Path) {
             .arg(py.join("usr/lib/python3.11"))
             .arg(root.join("usr/lib/python3.11")),
     );
+    // The byte code of the modules the interpreter imports at start (what Debian's postinst
+    // makes on a real system; byte code is the same on every architecture), so that the
+    // guest does not compile them from source under TCG on every start. Only a host
+    // Python 3.11 writes byte code that Python 3.11 reads; elsewhere the guest compiles.
+    let lib = root.join("usr/lib/python3.11");
+    let _ = Command::new("python3")
+        .args([
+            "-c",
+            "import compileall, sys\n\
+             if sys.version_info[:2] == (3, 11):\n\
+             \tfor d in sys.argv[1:]: compileall.compile_dir(d, maxlevels=0, quiet=2)",
+        ])
+        .arg(&lib)
+        .arg(lib.join("encodings"))
+        .status();
     for lib in ["libexpat.so.1", "libz.so.1"] {
         // (A link to the versioned file, which the copy follows.)
         let from = py.join("lib/aarch64-linux-gnu").join(lib);
@@ -800,7 +833,12 @@ fn stat_calls_that_end_in_a_tail_jump_or_a_cold_part() {
     for region in ["via_pointer", "rare_exit"] {
         for e in ENGINES {
             let (s, doc) = ok(&format!("stat-{region}-{e}"));
-            assert_eq!(regions(doc)[region].0, 1000, "{region} {e}: {}", s.output);
+            assert_eq!(
+                regions(doc)[region].0,
+                EXIT_CALLS,
+                "{region} {e}: {}",
+                s.output
+            );
         }
     }
 }
@@ -885,14 +923,14 @@ fn blocks_of_a_whole_program_in_process_equal_ptraces() {
     assert_eq!(a, b);
 }
 
-/// How many x in 0..1000 meet each combination of classify's conditions (x % 5 == 0 or not
+/// How many x in 0..4·BLOCKS_MT_CALLS meet each combination of classify's conditions (x % 5 == 0 or not
 /// or either, x % 3 == 0 or not or either, x & 3 in any subset of its values).
 fn blocks_mt_path_counts() -> std::collections::BTreeSet<u64> {
     let mut out = std::collections::BTreeSet::new();
     for five in [None, Some(true), Some(false)] {
         for three in [None, Some(true), Some(false)] {
             for low in 1u32..16 {
-                let n = (0u64..1000)
+                let n = (0u64..4 * BLOCKS_MT_CALLS)
                     .filter(|x| five.is_none_or(|f| (x % 5 == 0) == f))
                     .filter(|x| three.is_none_or(|t| (x % 3 == 0) == t))
                     .filter(|x| low & (1 << (x & 3)) != 0)
@@ -906,8 +944,8 @@ fn blocks_mt_path_counts() -> std::collections::BTreeSet<u64> {
 
 #[test]
 fn blocks_count_the_same_on_every_engine_and_analyzer() {
-    // block start -> count, per run; `classify` runs 1,000 times (4 threads, 250 calls), and
-    // x & 3 takes each value 250 times.
+    // block start -> count, per run; `classify` runs 4·BLOCKS_MT_CALLS times (4 threads), and
+    // x & 3 takes each value BLOCKS_MT_CALLS times.
     let mut runs = Vec::new();
     for (analyzer, engine) in BLOCKS {
         let (s, doc) = ok(&format!("blocks-{analyzer}-{engine}"));
@@ -929,10 +967,10 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
         let blocks = block_counts(doc);
         assert_eq!(
             blocks.values().max(),
-            Some(&1000),
+            Some(&(4 * BLOCKS_MT_CALLS)),
             "{analyzer} {engine}: {blocks:?}"
         );
-        // Each block runs for the x in 0..1000 (every x once) that take its path: x % 5,
+        // Each block runs for the x in 0..4N (every x once) that take its path: x % 5,
         // then x % 3, then x & 3 decide. Whatever blocks the compiler made, each count is the
         // number of x meeting some of those conditions.
         let possible = blocks_mt_path_counts();
@@ -957,9 +995,10 @@ fn blocks_count_the_same_on_every_engine_and_analyzer() {
     }
 }
 
-/// The learning analyzer on AArch64 code at -O3 (learn_o3.c, 40 rounds: every stop is slow
-/// under TCG): decode's blocks with decode's counts, each function's entry run as often as
-/// the fixture calls it (run, mix and finish 40 times, clamp 39, rare_error once), every
+/// The learning analyzer on AArch64 code at -O3 (learn_o3.c, O3_ROUNDS rounds: every stop is
+/// slow under TCG): decode's blocks with decode's counts, each function's entry run as often as
+/// the fixture calls it (run, mix and finish once a round, clamp one round less, rare_error
+/// once), every
 /// instruction's verdict from the lab, and no prediction off its path.
 #[test]
 fn learn_counts_what_decode_counts_on_o3_code() {
@@ -970,9 +1009,9 @@ fn learn_counts_what_decode_counts_on_o3_code() {
     let counts = block_counts(decode);
     for r in decode["regions"].as_array().unwrap() {
         let want = match r["name"].as_str().unwrap() {
-            "clamp" => 39,
+            "clamp" => O3_ROUNDS - 1,
             "rare_error" => 1,
-            _ => 40,
+            _ => O3_ROUNDS,
         };
         let start = r["start"].as_str().unwrap();
         assert_eq!(counts.get(start), Some(&want), "{}: {counts:?}", r["name"]);
@@ -999,26 +1038,29 @@ fn assert_learn_is_decode(what: &str, says: &str, least: impl Fn(&str) -> u64) {
 }
 
 /// The learning analyzer on Debian's arm64 glibc (strlen's implementation behind its ifunc,
-/// and strchr; strings.c calls each 300 times): decode's blocks with decode's counts, each
+/// and strchr; strings.c calls each STRINGS_CALLS times): decode's blocks with decode's counts, each
 /// function entered at least as often as the fixture calls it.
 #[test]
 fn learn_counts_what_decode_counts_on_glibcs_string_functions() {
-    assert_learn_is_decode("libc", "strlen=__strlen_", |_| 300);
+    assert_learn_is_decode("libc", "strlen=__strlen_", |_| STRINGS_CALLS);
 }
 
 /// The learning analyzer on libpython's functions as Debian builds them for arm64 (its
-/// python3.11 links libpython in; loop.py runs 100 rounds of float, repr, str and
+/// python3.11 links libpython in; loop.py runs PY_ROUNDS rounds of float, repr, str and
 /// concatenation, after the interpreter's start compiled its library from source): decode's
-/// blocks with decode's counts, every function run at least 100 times (PyObject_Repr a few
+/// blocks with decode's counts, every function run at least PY_ROUNDS times (PyObject_Repr a few
 /// times only: Debian's optimized build has inlined it into the builtin repr, and only its
 /// other callers enter it).
 #[test]
 fn learn_counts_what_decode_counts_on_libpython() {
-    assert_learn_is_decode("py", "python 148.599", |name| {
+    // loop.py's last line: repr(float(i) * 1.5) + str(i) for the last i.
+    let last = PY_ROUNDS - 1;
+    let says = format!("python {}{last}", last as f64 * 1.5);
+    assert_learn_is_decode("py", &says, |name| {
         if name == "PyObject_Repr" {
             1
         } else {
-            100
+            PY_ROUNDS
         }
     });
 }
