@@ -4,7 +4,8 @@ per block execution, and how they fall as the learner warms up.
 
 Runs `superprof blocks --engine ptrace` on tests/fixtures/learn_o3.c (built at -O3) for a
 growing number of rounds, with `--analyzer decode`, `--analyzer learn` (with its lab), and
-`--analyzer learn` without a lab (SUPERPROF_TEST_NO_LAB: the fallback that learns from single
+`--analyzer learn` without a lab (SUPERPROF_TEST_NO_LAB, read by a build with the
+`test-switches` feature, as scripts/test builds: the fallback that learns from single
 steps and training alone), and prints per run the block executions, the stops (breakpoint
 stops and single steps), learn's single steps inside the regions and outside them (training),
 the instructions it ran in the lab and the lab's runs, and, between successive round counts,
