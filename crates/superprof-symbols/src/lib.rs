@@ -23,7 +23,7 @@
 #![deny(missing_docs)]
 
 mod cfi;
-pub use cfi::function_ranges;
+pub use cfi::{function_ranges, landing_pads};
 mod debugfile;
 mod debuginfod;
 mod functions;

@@ -9,10 +9,12 @@
 //!   [`code_bytes`] of a running process, [`thread_cpu`];
 //! - tolerances from statistics: [`assert_share`] (4σ of a binomial share),
 //!   [`assert_sample_count`] (a count against the CPU time it stands for);
+//! - generated programs that count their own calls: [`exact_gen`];
 //! - processes: [`is_root`], [`require_root`], [`wait_exec`], [`assert_running_untraced`].
 
 #![deny(missing_docs)]
 
+pub mod exact_gen;
 mod folded;
 
 pub use folded::Folded;

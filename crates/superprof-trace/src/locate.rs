@@ -64,7 +64,13 @@ pub fn entry_point(pid: u32) -> Option<u64> {
 
 /// The function that starts exactly at runtime address `addr`, if any.
 pub fn function_at(pid: u32, addr: u64) -> std::io::Result<Option<FunctionAddress>> {
-    Ok(scan(pid, |_, _, a| a == addr)?.into_iter().next())
+    if let Some(f) = scan(pid, |_, _, a| a == addr)?.into_iter().next() {
+        return Ok(Some(f));
+    }
+    // A stripped file's function, named by its separate debug file.
+    Ok(scan_tables(pid, &|_, _, a| a == addr, true)?
+        .into_iter()
+        .next())
 }
 
 /// Functions for a user's region name: the exact matches in any file if there are any, else

@@ -71,6 +71,27 @@ pub struct ElfCode {
     pub is_64: bool,
 }
 
+/// The function symbols of `path`'s separate debug file, if one is installed.
+fn debug_file_functions(path: &Path) -> Vec<Function> {
+    let Some(debug) = superprof_symbols::find_debug_file(path) else {
+        return Vec::new();
+    };
+    let Ok(data) = superprof_unwind::map_file(&debug) else {
+        return Vec::new();
+    };
+    let Ok(obj) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    superprof_symbols::elf_functions(&obj)
+        .filter(|s| s.size > 0)
+        .map(|s| Function {
+            name: superprof_symbols::demangle(s.name),
+            addr: s.addr,
+            size: s.size,
+        })
+        .collect()
+}
+
 impl ElfCode {
     pub fn open(path: &Path) -> Option<ElfCode> {
         // Mapped, not read whole: only the executable sections are copied.
@@ -106,6 +127,12 @@ impl ElfCode {
                 size: s.size,
             })
             .collect();
+        // A stripped file's full symbol table is in its separate debug file when one is
+        // installed (found by build id, or by a debug link whose checksum matches): its
+        // symbols are as good as the file's own for knowing where functions start.
+        if obj.symbol_table().is_none() {
+            functions.extend(debug_file_functions(path));
+        }
         functions.sort_by_key(|f| (f.addr, std::cmp::Reverse(f.size)));
         functions.dedup_by_key(|f| f.addr);
         Some(ElfCode {
@@ -392,6 +419,40 @@ impl ElfCode {
             .filter(|&&(_, src)| !(lo..hi).contains(&src))
             .map(|&(t, _)| t)
             .collect();
+        out.dedup();
+        out
+    }
+
+    /// The blocks of [lo, hi) that nothing in the code flows into: after an instruction that
+    /// does not go on (a jump, a return) and no direct branch's target. They run only when
+    /// something from elsewhere jumps there: an exception's landing pad (the unwinder jumps
+    /// to it), a jump table's case, a pointer's target. (The block at `lo` is an entry of
+    /// its own.)
+    /// The landing pads the exception tables list (after a call that never returns, say a
+    /// `longjmp`'s, where the rule above cannot see them) come too.
+    pub fn unreached_starts(&self, lo: u64, hi: u64) -> Vec<u64> {
+        use superprof_analyze::Flow;
+        let targets = self.targets_in(lo, hi);
+        let blocks = self.static_blocks(lo, hi);
+        let mut out: Vec<u64> = blocks
+            .windows(2)
+            .filter(|w| {
+                matches!(
+                    w[0].flow,
+                    Flow::Return | Flow::Jump { .. } | Flow::IndirectJump
+                ) && w[1].start != lo
+                    && targets.binary_search(&w[1].start).is_err()
+            })
+            .map(|w| w[1].start)
+            .collect();
+        if let Ok(data) = superprof_unwind::map_file(&self.path) {
+            out.extend(
+                superprof_symbols::landing_pads(&data, lo, hi)
+                    .into_iter()
+                    .filter(|&p| p > lo && p < hi && self.is_instruction_start(p)),
+            );
+        }
+        out.sort_unstable();
         out.dedup();
         out
     }

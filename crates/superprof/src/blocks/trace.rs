@@ -400,11 +400,15 @@ impl Session<'_> {
         } else {
             self.counts.add_region(tracer, pid, p.lo, p.hi);
             // Code outside the region that jumps into it elsewhere than at its start (f.cold
-            // parts, another function's jump into its middle).
+            // parts, another function's jump into its middle), and blocks only something
+            // from elsewhere runs (exceptions' landing pads, where the unwinder jumps).
             if let Some(c) = code {
                 let (lo, hi) = (p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
-                for a in c
-                    .entries_from_outside(lo, hi)
+                let mut starts = c.entries_from_outside(lo, hi);
+                starts.extend(c.unreached_starts(lo, hi));
+                starts.sort_unstable();
+                starts.dedup();
+                for a in starts
                     .into_iter()
                     .filter(|&a| a != lo && c.is_instruction_start(a))
                 {

@@ -97,6 +97,12 @@ pub struct Results {
     /// Probe hits lost (a ring overwritten before superprof read it): the counts are then
     /// not exact.
     pub lost_hits: u64,
+    /// Per region: calls taken for inner (recursive) calls of an open call that was later
+    /// found left without a return (an exception, a longjmp, the thread's end), which may
+    /// have begun after it was left and then were outermost calls: the region's count may be
+    /// low by up to this many. (The ptrace engine on x86_64 checks the open call's return
+    /// address on the stack at each such entry, and knows.)
+    pub uncertain: Vec<u64>,
 }
 
 /// An engine's own cost per call, per event and last elapsed ns.
@@ -152,6 +158,12 @@ struct Frame {
     started: Instant,
     /// The entry hit's time (uprobe engine; CLOCK_MONOTONIC ns).
     start_ns: u64,
+    /// Entries of its region taken for recursive calls inside it, unchecked (see
+    /// [`Results::uncertain`]).
+    nested: u64,
+    /// ptrace engine: the function's tail calls, where the call ends when the thread reaches
+    /// one with the stack as at the entry (breakpoints, counted in `returns`).
+    tails: Vec<u64>,
 }
 
 /// What a hit of one uprobe means.
@@ -351,6 +363,12 @@ pub fn run(args: &StatArgs) -> Result<i32> {
         );
     }
     let mut results = session.results.take().expect("results");
+    for (i, &n) in results.uncertain.iter().enumerate() {
+        if n > 0 {
+            let name = results.regions.get(i).map_or("?", |s| s.as_str());
+            superprof_unwind::say!("superprof: region {name}: {}", output::uncertain_why(n));
+        }
+    }
     results.engine = session.engine.name();
     results.lost_hits = session.lost_hits;
     tally(&mut results, &costs);
@@ -577,6 +595,10 @@ struct Session {
     returns: HashMap<u64, usize>,
     /// tid -> frames (outermost calls only)
     frames: HashMap<u32, Vec<Frame>>,
+    /// tid -> the figures and time of its latest probe hit (in-process and uprobe engines).
+    last_hit: HashMap<u32, (Vec<Reading>, u64)>,
+    /// ptrace engine: function entry -> its tail calls.
+    tails: HashMap<u64, Vec<u64>>,
     results: Option<Results>,
     specs: Vec<RegionSpec>,
     /// Regions not found yet, with the error to give if they never are.
@@ -638,6 +660,8 @@ impl Session {
             entries: HashMap::new(),
             returns: HashMap::new(),
             frames: HashMap::new(),
+            last_hit: HashMap::new(),
+            tails: HashMap::new(),
             results: None,
             specs,
             missing: HashMap::new(),
@@ -900,6 +924,7 @@ impl Session {
         self.entries.clear();
         self.returns.clear();
         self.frames.clear();
+        self.tails.clear();
         self.new_sites.clear();
         self.kinds.clear();
         self.missing.clear();
@@ -957,7 +982,7 @@ impl Session {
             // finds no caller and terminates the program.
             let exits: Vec<u64> = if site.ends_at_return {
                 match function_exits(tracer, pid, at, &mut self.codes) {
-                    Some(exits) => exits.into_iter().map(|(x, _)| x).collect(),
+                    Some(exits) => exits.into_iter().map(|(x, _, _)| x).collect(),
                     None => {
                         let why = format!(
                             "cannot find where region '{name}' returns (no size in its symbol, \
@@ -1300,7 +1325,7 @@ impl Session {
         patched.push(first);
         // The blocks of the function's parts placed elsewhere (f.cold), as they come.
         let mut parts: HashMap<(u64, u64), Vec<superprof_analyze::Block>> = HashMap::new();
-        for (x, (plo, phi)) in exits {
+        for (x, (plo, phi), _) in exits {
             if (first..first_end).contains(&x) {
                 // The exit moved with the entry's instructions: the entry block ends in it, so
                 // every call ends as it starts (where nothing between can fault: a call that
@@ -1528,12 +1553,26 @@ impl Session {
         self.events.clone()
     }
 
-    /// A thread that exited: its calls still open are not counted (the return breakpoints
-    /// they held are released).
+    /// A thread that ended (or the process): its calls still open were left by its end and
+    /// count, with the figures of its last hit (the return breakpoints they held are
+    /// released).
     fn forget_thread(&mut self, tid: u32) {
+        let last = self.last_hit.remove(&tid);
         if let Some(frames) = self.frames.remove(&tid) {
+            // Calls left by the thread's end (pthread_exit, the process's exit or death): still
+            // calls, with the thread's figures at its last hit (ptrace: its counters now).
+            let (end, end_ns) = match last {
+                Some((values, time)) => (values, Some(time)),
+                None => (self.read(tid), None),
+            };
             for f in frames {
-                for (exit, _) in f.exits {
+                self.results.as_mut().expect("results").uncertain[f.region] += f.nested;
+                let elapsed = match end_ns {
+                    Some(t) if f.start_ns > 0 => t.saturating_sub(f.start_ns) as f64,
+                    _ => f.started.elapsed().as_nanos() as f64,
+                };
+                self.record(tid, &f, &end, elapsed);
+                for exit in f.exits.iter().map(|e| e.0).chain(f.tails.iter().copied()) {
                     if let Some(n) = self.returns.get_mut(&exit) {
                         *n = n.saturating_sub(1);
                     }
@@ -1621,6 +1660,16 @@ impl Session {
     }
 
     fn on_hit(&mut self, role: Role, h: &superprof_sample::ProbeHit) {
+        // The thread's latest figures: those of a call it leaves by ending.
+        match self.last_hit.get_mut(&h.tid) {
+            Some((values, time)) => {
+                values.clone_from(&h.values);
+                *time = h.time;
+            }
+            None => {
+                self.last_hit.insert(h.tid, (h.values.clone(), h.time));
+            }
+        }
         let frames = self.frames.entry(h.tid).or_default();
         // A call found left without a return (an exception, a longjmp): still a call, with
         // its events up to this hit, the first to show it was left.
@@ -1634,6 +1683,8 @@ impl Session {
                     start: h.values.clone(),
                     started: Instant::now(),
                     start_ns: h.time,
+                    nested: 0,
+                    tails: Vec::new(),
                 };
                 self.record(h.tid, &frame, &h.values, 0.0);
                 return;
@@ -1641,7 +1692,12 @@ impl Session {
             Role::Entry(region, site) => {
                 if let Some(p) = frames.iter().position(|f| f.region == region) {
                     if !site.ends_at_return || h.sp < frames[p].sp {
-                        return; // recursion: the outermost call counts
+                        // Recursion: the outermost call counts. (Or the open call was left
+                        // and this one begins deeper: told only if it turns out left.)
+                        if site.ends_at_return {
+                            frames[p].nested += 1;
+                        }
+                        return;
                     }
                     // Entered again at the same depth or above: the open call was left without
                     // a return (an exception, a longjmp).
@@ -1662,6 +1718,8 @@ impl Session {
                         start: h.values.clone(),
                         started: Instant::now(),
                         start_ns: h.time,
+                        nested: 0,
+                        tails: Vec::new(),
                     });
                 }
                 None
@@ -1686,6 +1744,9 @@ impl Session {
             }
         };
         let closed = closed.map(|pos| frames.remove(pos));
+        if let Some(f) = &left {
+            self.results.as_mut().expect("results").uncertain[f.region] += f.nested;
+        }
         for frame in left.iter().chain(closed.iter()) {
             let elapsed = h.time.saturating_sub(frame.start_ns) as f64;
             self.record(h.tid, frame, &h.values, elapsed);
@@ -1773,6 +1834,7 @@ impl Session {
                     f.exits
                         .iter()
                         .any(|&(a, is_return)| a == addr && (!is_return || popped(sp, f.sp)))
+                        || (sp == f.sp && f.tails.contains(&addr))
                 }) else {
                     break;
                 };
@@ -1781,6 +1843,9 @@ impl Session {
                 self.record(tid, &frame, &end, elapsed);
                 for &(exit, _) in &frame.exits {
                     self.release_exit(tracer, pid, exit);
+                }
+                for &tail in &frame.tails {
+                    self.release_exit(tracer, pid, tail);
                 }
             }
         }
@@ -1797,13 +1862,38 @@ impl Session {
                 .get(&tid)
                 .and_then(|f| f.iter().position(|f| f.region == region));
             if let Some(p) = open {
-                let frame_sp = self.frames[&tid][p].sp;
-                if !site.ends_at_return || regs.sp < frame_sp {
+                let frame = &self.frames[&tid][p];
+                if !site.ends_at_return {
                     continue;
                 }
+                if regs.sp < frame.sp {
+                    // Deeper: a recursive call, if the open one is still on the stack. On
+                    // x86_64 its return address is at its entry's stack pointer for as long
+                    // as it runs; gone or overwritten, it was left (an exception, a longjmp)
+                    // and this call is an outermost one. (AArch64 keeps it in a register.)
+                    // (Still there, it may also be a later call's from the same call site,
+                    // one whose callee tail-jumped here: then uncertain, as on the others.)
+                    let ret = frame.exits.iter().find(|e| e.1).map(|e| e.0);
+                    let gone = match ret {
+                        Some(ret) if cfg!(target_arch = "x86_64") => {
+                            let mut buf = [0u8; 8];
+                            tracer.read_memory(pid, frame.sp, &mut buf) == 8
+                                && u64::from_ne_bytes(buf) != ret
+                        }
+                        _ => false,
+                    };
+                    if !gone {
+                        self.frames.get_mut(&tid).expect("open")[p].nested += 1;
+                        continue;
+                    }
+                }
                 let frame = self.frames.get_mut(&tid).expect("open").remove(p);
+                self.results.as_mut().expect("results").uncertain[frame.region] += frame.nested;
                 for &(exit, _) in &frame.exits {
                     self.release_exit(tracer, pid, exit);
+                }
+                for &tail in &frame.tails {
+                    self.release_exit(tracer, pid, tail);
                 }
                 let now = self.read(tid);
                 let elapsed = frame.started.elapsed().as_nanos() as f64;
@@ -1831,6 +1921,16 @@ impl Session {
                     placed.push((exit, is_return));
                 }
             }
+            // A function's tail calls end its calls too, as on the other engines.
+            let mut tails = Vec::new();
+            if site.ends_at_return && placed.iter().any(|p| p.1) {
+                for t in self.tail_calls(tracer, pid, addr) {
+                    if tracer.set_breakpoint(pid, t).is_ok() {
+                        *self.returns.entry(t).or_default() += 1;
+                        tails.push(t);
+                    }
+                }
+            }
             if !placed.is_empty() {
                 self.frames.entry(tid).or_default().push(Frame {
                     region,
@@ -1839,9 +1939,26 @@ impl Session {
                     start,
                     started: Instant::now(),
                     start_ns: 0,
+                    nested: 0,
+                    tails,
                 });
             }
         }
+    }
+
+    /// The tail calls of the function that starts at `at` (ptrace engine; found once).
+    fn tail_calls(&mut self, tracer: &Tracer, pid: u32, at: u64) -> Vec<u64> {
+        if let Some(t) = self.tails.get(&at) {
+            return t.clone();
+        }
+        let t: Vec<u64> = function_exits(tracer, pid, at, &mut self.codes)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&(_, _, is_return)| !is_return)
+            .map(|(x, _, _)| x)
+            .collect();
+        self.tails.insert(at, t.clone());
+        t
     }
 
     /// One frame less waits at `exit`; the last one out removes the breakpoint (unless a region
@@ -1927,6 +2044,7 @@ impl Session {
             stats: vec![vec![Stats::default(); names.len()]; self.specs.len()],
             per_call: Vec::new(),
             lost_hits: 0,
+            uncertain: vec![0; self.specs.len()],
         });
         let mut placement = Placement::default();
         let in_process = matches!(self.engine, Engine::InProcess);
@@ -2070,7 +2188,6 @@ impl Session {
                 }
                 TraceEvent::ThreadExited { tid, .. } => {
                     self.disarm_thread(root, tid);
-                    self.counters.remove(&tid);
                     // Its records may still wait in the in-process ring behind another
                     // thread's record being written: its open calls go once those are read
                     // (dropped now, the rest of its records would open calls of their own).
@@ -2080,6 +2197,7 @@ impl Session {
                         }
                         _ => self.forget_thread(tid),
                     }
+                    self.counters.remove(&tid);
                 }
                 TraceEvent::ProcessExited { pid, status } if pid == root => {
                     died_inside = matches!(status, ExitStatus::Signal(_))
@@ -2106,6 +2224,11 @@ impl Session {
         self.drain_hits(root);
         if let Some(ip) = &self.inproc {
             ip.release();
+        }
+        // Calls left by the process's end (exit inside a region, a crash): still calls.
+        let open: Vec<u32> = self.frames.keys().copied().collect();
+        for tid in open {
+            self.forget_thread(tid);
         }
         if !self.missing.is_empty() {
             match exit.or(killed) {
@@ -2136,17 +2259,22 @@ impl Session {
     }
 }
 
+/// An exit of a function: its address, the code range it lies in (the function or one of its
+/// parts), and whether it is a return (else a tail call).
+type FunctionExit = (u64, (u64, u64), bool);
+
 /// Where the function that starts at `at` in process `pid` leaves: its returns, its jumps out
 /// of itself to other functions (tail calls) and through memory (`jmp *slot(%rip)`), from its
 /// code (its size from the symbol table); and those of its parts placed elsewhere (gcc's
 /// `f.cold`, with a symbol of that name or none), which it jumps to. Each exit with the code
-/// range it lies in. None when that cannot be told.
+/// range it lies in, and whether it is a return (else a tail call). None when that cannot be
+/// told.
 fn function_exits(
     tracer: &Tracer,
     pid: u32,
     at: u64,
     codes: &mut HashMap<std::path::PathBuf, Option<crate::blocks::ElfCode>>,
-) -> Option<Vec<(u64, (u64, u64))>> {
+) -> Option<Vec<FunctionExit>> {
     use superprof_analyze::Flow;
     let f = superprof_trace::function_at(pid, at).ok()??;
     let end = at.checked_add(f.size)?;
@@ -2185,11 +2313,11 @@ fn function_exits(
         for i in superprof_analyze::decode_all(&code, lo) {
             let inside = |t: u64| parts.iter().any(|&(a, b)| (a..b).contains(&t));
             match i.flow {
-                Flow::Return => exits.push((i.addr, (lo, hi))),
+                Flow::Return => exits.push((i.addr, (lo, hi), true)),
                 Flow::IndirectJump => {
                     let off = (i.addr - lo) as usize;
                     if crate::inprocess::patch::jumps_through_slot(&code[off..], i.addr) {
-                        exits.push((i.addr, (lo, hi)));
+                        exits.push((i.addr, (lo, hi), false));
                     }
                 }
                 Flow::Jump { target } | Flow::Conditional { target } if !inside(target) => {
@@ -2206,7 +2334,7 @@ fn function_exits(
                             parts.push((target, part_end));
                         }
                     } else if matches!(i.flow, Flow::Jump { .. }) {
-                        exits.push((i.addr, (lo, hi)));
+                        exits.push((i.addr, (lo, hi), false));
                     }
                 }
                 _ => {}
@@ -2218,7 +2346,7 @@ fn function_exits(
     // starts another; Debian's python3.11 PyFloat_FromDouble), and a second probe there would
     // find the first's bytes.
     exits.sort_unstable();
-    exits.dedup_by_key(|(x, _)| *x);
+    exits.dedup_by_key(|(x, _, _)| *x);
     (!exits.is_empty()).then_some(exits)
 }
 

@@ -9,6 +9,15 @@ use superprof_profile::escape;
 use super::Results;
 use crate::cli::StatFormat;
 
+/// Why a region's count may be low by `n` (see [`Results::uncertain`]).
+pub fn uncertain_why(n: u64) -> String {
+    format!(
+        "up to {n} of its calls were taken for recursive calls of a call that was left without \
+         returning (an exception, a longjmp, the thread's end), and may have begun after it was \
+         left: the count may be low by that many"
+    )
+}
+
 pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String> {
     let mut out = String::new();
     match (format, per_call) {
@@ -32,7 +41,12 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                             )
                         })
                         .collect();
-                    let mut v = json!({"region": name, "calls": n, "events": events});
+                    let mut v = json!({
+                        "region": name,
+                        "calls": n,
+                        "uncertain_calls": r.uncertain.get(i).copied().unwrap_or(0),
+                        "events": events,
+                    });
                     if per_call {
                         v["invocations"] = r
                             .per_call
@@ -64,7 +78,7 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                     "engine": r.engine,
                     "engines": engines,
                     "regions": regions,
-                    "exact": r.lost_hits == 0,
+                    "exact": r.lost_hits == 0 && r.uncertain.iter().all(|&n| n == 0),
                     "lost_hits": r.lost_hits,
                 })
             )?;
@@ -158,6 +172,16 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                     "Counts not exact: {} probe hits were lost\n",
                     r.lost_hits
                 )?;
+            }
+            for (name, &n) in r.regions.iter().zip(&r.uncertain) {
+                if n > 0 {
+                    writeln!(
+                        out,
+                        "Count not exact: {}: {}\n",
+                        escape(name),
+                        uncertain_why(n)
+                    )?;
+                }
             }
             for (i, name) in r.regions.iter().enumerate() {
                 let n = r.calls[i];

@@ -7,6 +7,7 @@
 pub mod guest;
 pub mod pprof;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -161,4 +162,105 @@ pub fn wait_sampling(pid: u32) {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+}
+
+/// Executions of each instruction of `exe` (ELF addresses), from a callgrind output file:
+/// the Ir cost of each instruction is how many times it ran. (`exe` may be a library the
+/// program maps.)
+pub fn callgrind_counts(out_file: &Path, exe: &Path) -> BTreeMap<u64, u64> {
+    let text = std::fs::read_to_string(out_file).unwrap();
+    let exe = exe.canonicalize().unwrap_or(exe.to_owned());
+    let exe = exe.to_string_lossy();
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    let mut current_object = String::new();
+    let mut last = 0u64;
+    // The line after calls= carries the call's inclusive cost; after jump=/jcnd=, none.
+    let mut skip_cost = false;
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        for (prefix, is_ob) in [("ob=", true), ("cob=", false)] {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let (id, name) = match rest.split_once(") ") {
+                    Some((id, name)) if rest.starts_with('(') => (id.to_owned() + ")", name),
+                    _ if rest.starts_with('(') => (rest.to_owned(), ""),
+                    _ => (String::new(), rest),
+                };
+                if !name.is_empty() {
+                    names.insert(id.clone(), name.to_owned());
+                }
+                if is_ob {
+                    current_object = names.get(&id).cloned().unwrap_or(name.to_owned());
+                }
+            }
+        }
+        if line.starts_with("calls=") || line.starts_with("jump=") || line.starts_with("jcnd=") {
+            skip_cost = true;
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let Some(pos) = parts.next() else { continue };
+        let addr = if pos == "*" {
+            last
+        } else if let Some(hex) = pos.strip_prefix("0x") {
+            u64::from_str_radix(hex, 16).unwrap()
+        } else if pos.starts_with('+') || pos.starts_with('-') {
+            match pos.parse::<i64>() {
+                Ok(d) => last.wrapping_add(d as u64),
+                Err(_) => continue,
+            }
+        } else {
+            continue;
+        };
+        last = addr;
+        if std::mem::take(&mut skip_cost) {
+            continue;
+        }
+        let _line = parts.next();
+        if let (true, Some(ir)) = (current_object == exe, parts.next()) {
+            *counts.entry(addr).or_insert(0) += ir.parse::<u64>().unwrap();
+        }
+    }
+    assert!(
+        !counts.is_empty(),
+        "no costs for {exe} in {}",
+        out_file.display()
+    );
+    counts
+}
+
+/// callgrind's counts for the instructions of `object` (the program or a library), the
+/// program run with the environment `env`.
+pub fn callgrind_of(
+    dir: &TempDir,
+    exe: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    object: &Path,
+) -> BTreeMap<u64, u64> {
+    // (One file per process: a fork child writes its own.)
+    let pattern = dir.path("callgrind.out.%p");
+    let child = Command::new("valgrind")
+        .args([
+            "--tool=callgrind",
+            "--dump-instr=yes",
+            "--collect-jumps=yes",
+            // PLT stubs counted as their own code, not added to the calling instruction.
+            "--skip-plt=no",
+        ])
+        .arg(format!("--callgrind-out-file={}", pattern.display()))
+        .arg(exe)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("valgrind runs (scripts/test installs it)");
+    let out_file = dir.path(&format!("callgrind.out.{}", child.id()));
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    callgrind_counts(&out_file, object)
 }
