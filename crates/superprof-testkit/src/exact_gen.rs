@@ -86,8 +86,14 @@ pub struct Program {
     pub tail_calls: Vec<(usize, usize)>,
 }
 
-/// The program of `seed`.
+/// The program of `seed`, at most [`CALL_BUDGET`] calls a run.
 pub fn generate(seed: u64) -> Program {
+    generate_within(seed, CALL_BUDGET)
+}
+
+/// The program of `seed`, at most about `budget` calls a run (an emulated machine, where a
+/// breakpoint stop costs milliseconds, takes fewer).
+pub fn generate_within(seed: u64, budget: u64) -> Program {
     let mut rng = Rng::new(seed);
     let n = rng.range(4, 7) as usize;
     let last = n - 1;
@@ -166,10 +172,10 @@ pub fn generate(seed: u64) -> Program {
             .fold(0u64, u64::saturating_add)
             .saturating_mul(runners)
     };
-    while depth > 0 && per_round(depth).saturating_mul(iterations) > CALL_BUDGET {
+    while depth > 0 && per_round(depth).saturating_mul(iterations) > budget {
         depth -= 1;
     }
-    iterations = iterations.min((CALL_BUDGET / per_round(depth).max(1)).max(1));
+    iterations = iterations.min((budget / per_round(depth).max(1)).max(1));
     let vfork = rng.chance(0.25);
     let level = ["-O0", "-O1", "-O2", "-O2", "-O3", "-Os"][rng.range(0, 5) as usize];
     let mut flags = vec![level.to_owned(), "-g".to_owned(), "-pthread".to_owned()];
@@ -445,6 +451,40 @@ fn function_source(
         None => s.push_str(&format!("    LEAVE({i});\n    return r;\n}}\n\n")),
     }
     s
+}
+
+/// The functions i of `tails` (i, j) whose code, as `objdump` (an objdump of the program's
+/// architecture) shows it, has no jump to `gen_fJ`: the compiler made their tail call a call,
+/// and the program must be built again with `-DCALL_TAIL_I` for each.
+pub fn tail_calls_made_calls(
+    objdump: &str,
+    exe: &std::path::Path,
+    tails: &[(usize, usize)],
+) -> Vec<usize> {
+    let out = std::process::Command::new(objdump)
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(exe)
+        .output()
+        .unwrap_or_else(|e| panic!("{objdump}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut made_calls = Vec::new();
+    for &(i, j) in tails {
+        let head = format!("<gen_f{i}>:");
+        let body = text
+            .split_once(&head)
+            .map(|(_, rest)| rest.split("\n\n").next().unwrap_or(""))
+            .unwrap_or("");
+        let target = format!("<gen_f{j}>");
+        // x86_64's jmp, AArch64's b.
+        let jumps = body.lines().any(|l| {
+            let mnemonic = l.split('\t').nth(1).unwrap_or("").split_whitespace().next();
+            l.contains(&target) && matches!(mnemonic, Some("jmp" | "b"))
+        });
+        if !jumps {
+            made_calls.push(i);
+        }
+    }
+    made_calls
 }
 
 /// A generated program's own counts, from its output: function -> (outer, total).

@@ -54,6 +54,11 @@ const O3_ROUNDS: u64 = 12;
 const PY_ROUNDS: u64 = 20;
 const EXIT_CALLS: u64 = 300;
 
+/// The differential test's generated programs run in the guest (tests/exact.rs), each at
+/// most about EXACT_BUDGET calls (every ptrace stop costs milliseconds under TCG).
+const EXACT_SEEDS: [u64; 2] = [1, 27];
+const EXACT_BUDGET: u64 = 400;
+
 /// The samplers of `record`.
 const SAMPLERS: [&str; 2] = ["perf", "ptrace"];
 
@@ -193,6 +198,21 @@ fn commands() -> Vec<(String, String)> {
         "stat-instructions".into(),
         "superprof stat --engine uprobe -e instructions -r sum -- ./perforator".into(),
     ));
+    // The differential test's programs, on every stat engine.
+    for seed in EXACT_SEEDS {
+        let p = superprof_testkit::exact_gen::generate_within(seed, EXACT_BUDGET);
+        v.push((format!("exact-{seed}-alone"), format!("./gen{seed}")));
+        let regions: String = p.functions.iter().map(|f| format!(" -r {f}")).collect();
+        for e in ENGINES {
+            v.push((
+                format!("exact-{seed}-{e}"),
+                format!(
+                    "superprof stat --format json -o $J -e task-clock --engine {e}{regions} \
+                     -- ./gen{seed}"
+                ),
+            ));
+        }
+    }
     // Which hardware events TCG's PMU gives.
     v.push((
         "list-hardware".into(),
@@ -500,6 +520,37 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
                 .arg(root.join("t").join(out))
                 .arg(fx.join(src)),
         );
+    }
+    // The differential test's programs, cross-built (C++'s libraries linked in: the guest
+    // has Debian's C library only), each tail call the compiler made a call said so.
+    for seed in EXACT_SEEDS {
+        let p = superprof_testkit::exact_gen::generate_within(seed, EXACT_BUDGET);
+        let src = dir.path(&format!("gen{seed}.cc"));
+        std::fs::write(&src, &p.source).unwrap();
+        let exe = root.join("t").join(format!("gen{seed}"));
+        let build = |defines: &[String]| {
+            run_ok(
+                Command::new("aarch64-linux-gnu-g++")
+                    .args(&p.flags)
+                    .args(["-static-libstdc++", "-static-libgcc"])
+                    .args(defines)
+                    .arg("-o")
+                    .arg(&exe)
+                    .arg(&src),
+            )
+        };
+        build(&[]);
+        let calls: Vec<String> = superprof_testkit::exact_gen::tail_calls_made_calls(
+            "aarch64-linux-gnu-objdump",
+            &exe,
+            &p.tail_calls,
+        )
+        .into_iter()
+        .map(|i| format!("-DCALL_TAIL_{i}"))
+        .collect();
+        if !calls.is_empty() {
+            build(&calls);
+        }
     }
     (dir, root, pkg)
 }
@@ -1114,6 +1165,41 @@ fn the_learner_trains_through_lds_system_calls_unharmed() {
         .and_then(|n| n.parse::<u64>().ok());
     assert!(trained > Some(0), "{}", s.output);
     assert!(!s.output.contains("killed"), "{}", s.output);
+}
+
+/// The differential test of exact counts (tests/exact.rs) on AArch64: generated programs
+/// (threads, recursion, longjmp, exceptions, tail calls...) count their own calls; every stat
+/// engine gives each function's outermost calls, or refuses in one line, or says by how many
+/// its count may be low, never a wrong count silently.
+#[test]
+fn generated_programs_count_exactly_on_every_engine() {
+    for seed in EXACT_SEEDS {
+        let alone = section(&format!("exact-{seed}-alone"));
+        assert_eq!(alone.rc, 0, "{}", alone.output);
+        let own = superprof_testkit::exact_gen::parse_counts(&alone.output);
+        assert!(own.len() >= 4, "{}", alone.output);
+        for e in ENGINES {
+            let s = section(&format!("exact-{seed}-{e}"));
+            if s.rc == 1 && s.output.contains("use --engine") {
+                continue; // refused, in one line that says why
+            }
+            let (s, doc) = succeeded(s, &format!("exact-{seed}-{e}"));
+            for (f, &(outer, _)) in &own {
+                let r = doc["regions"]
+                    .as_array()
+                    .and_then(|rs| rs.iter().find(|r| r["region"] == f.as_str()))
+                    .unwrap_or_else(|| panic!("seed {seed} {e}: no {f}: {doc}"));
+                let calls = r["calls"].as_u64().unwrap();
+                let uncertain = r["uncertain_calls"].as_u64().unwrap_or(0);
+                assert!(
+                    calls == outer
+                        || (doc["exact"] == false && calls < outer && outer <= calls + uncertain),
+                    "seed {seed} {e}: {f}: {calls} calls ({uncertain} uncertain) for {outer}: {}",
+                    s.output
+                );
+            }
+        }
+    }
 }
 
 /// Killed (SIGKILL: the janitor puts the code back) or stopped (SIGTERM: superprof lets go

@@ -19,7 +19,7 @@ use std::process::{Command, Output};
 
 use common::*;
 use serde_json::Value;
-use superprof_testkit::exact_gen::{generate, parse_counts, Program};
+use superprof_testkit::exact_gen::{generate, parse_counts, tail_calls_made_calls, Program};
 
 /// Seeds every run checks.
 const DEFAULT_SEEDS: std::ops::Range<u64> = 0..6;
@@ -87,7 +87,7 @@ fn build(dir: &TempDir, p: &Program) -> Result<Built, String> {
     };
     compile(&[])?;
     // Tail calls the compiler made calls: the program must count them as calls.
-    let calls: Vec<String> = tail_calls_made_calls(&exe, &p.tail_calls)
+    let calls: Vec<String> = tail_calls_made_calls("objdump", &exe, &p.tail_calls)
         .into_iter()
         .map(|i| format!("-DCALL_TAIL_{i}"))
         .collect();
@@ -112,34 +112,6 @@ fn build(dir: &TempDir, p: &Program) -> Result<Built, String> {
         stdout,
         counts,
     })
-}
-
-/// The functions i of `tails` (i, j) whose code has no jump to `gen_fJ`: the compiler made
-/// their tail call a call.
-fn tail_calls_made_calls(exe: &Path, tails: &[(usize, usize)]) -> Vec<usize> {
-    let out = run_ok(
-        Command::new("objdump")
-            .args(["-d", "--no-show-raw-insn"])
-            .arg(exe),
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut made_calls = Vec::new();
-    for &(i, j) in tails {
-        let head = format!("<gen_f{i}>:");
-        let body = text
-            .split_once(&head)
-            .map(|(_, rest)| rest.split("\n\n").next().unwrap_or(""))
-            .unwrap_or("");
-        let target = format!("<gen_f{j}>");
-        let jumps = body.lines().any(|l| {
-            let mnemonic = l.split('\t').nth(1).unwrap_or("").split_whitespace().next();
-            l.contains(&target) && matches!(mnemonic, Some("jmp" | "b"))
-        });
-        if !jumps {
-            made_calls.push(i);
-        }
-    }
-    made_calls
 }
 
 /// The generated functions' [start, end) from `nm -S` (not from superprof).
