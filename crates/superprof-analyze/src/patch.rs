@@ -328,11 +328,22 @@ pub fn sp_at(code: &[u8], from: u64, to: u64) -> Option<SpAt> {
     (d.ip() == to).then_some(at)
 }
 
+/// Whether instruction `i`'s memory operand is one that a running thread always has mapped:
+/// its module's own data (RIP-relative) or its thread-local storage (`%fs:`/`%gs:` with no
+/// base or index register: `decl %fs:-8`, a counter of the thread's own).
+fn module_or_thread_memory(i: &Instruction) -> bool {
+    i.memory_base() == Register::RIP
+        || (matches!(i.segment_prefix(), Register::FS | Register::GS)
+            && i.memory_base() == Register::None
+            && i.memory_index() == Register::None)
+}
+
 /// Where a probe may stand before the instruction at `to` (a function's return) and still see
 /// the call as it ends: the starts of the instructions of `code` (the bytes from `from` on,
 /// straight code) after which nothing can fault up to `to` (no memory access but the stack's
-/// pushes and pops, no division), latest first; `to` itself first of all. A probe there does
-/// not record a call as ended that a fault in its last instructions would end otherwise.
+/// pushes and pops, the module's data and the thread's own storage; no division), latest
+/// first; `to` itself first of all. A probe there does not record a call as ended that a
+/// fault in its last instructions would end otherwise.
 pub fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
     use iced_x86::{Mnemonic, OpKind};
     let mut insns = Vec::new();
@@ -354,7 +365,8 @@ pub fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
         ) && (0..i.op_count()).all(|k| i.op_kind(k) != OpKind::Memory);
         let touches = (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory)
             && i.mnemonic() != Mnemonic::Lea
-            && i.mnemonic() != Mnemonic::Nop;
+            && i.mnemonic() != Mnemonic::Nop
+            && !module_or_thread_memory(i);
         let divides = matches!(i.mnemonic(), Mnemonic::Div | Mnemonic::Idiv);
         stack || (!touches && !divides && i.flow_control() == FlowControl::Next)
     };
@@ -371,9 +383,9 @@ pub fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
 /// Where a probe may stand after the instruction at `from` (a function's entry) and still see
 /// every call as it starts, with the same stack pointer: `from`, then the starts of the
 /// instructions of `code` (the bytes from `from` on) after which none before can fault (no
-/// memory access but a RIP-relative read, which a module's own data always satisfies; no
-/// division), change rsp or branch, up to `most` instructions. The caller checks that
-/// nothing jumps in between.
+/// memory access but a RIP-relative one, to the module's own data, locked or not: a
+/// function's count of its own calls; no division), change rsp or branch, up to `most`
+/// instructions. The caller checks that nothing jumps in between.
 pub fn quiet_head(code: &[u8], from: u64, most: usize) -> Vec<u64> {
     use iced_x86::{InstructionInfoFactory, Mnemonic, OpAccess, OpKind};
     let mut out = vec![from];
@@ -385,12 +397,9 @@ pub fn quiet_head(code: &[u8], from: u64, most: usize) -> Vec<u64> {
             break;
         }
         let memory = (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory);
-        let rip_read = memory
-            && i.memory_base() == Register::RIP
-            && i.op_count() > 0
-            && i.op_kind(0) != OpKind::Memory;
-        let harmless_memory =
-            !memory || rip_read || matches!(i.mnemonic(), Mnemonic::Lea | Mnemonic::Nop);
+        let harmless_memory = !memory
+            || module_or_thread_memory(&i)
+            || matches!(i.mnemonic(), Mnemonic::Lea | Mnemonic::Nop);
         let divides = matches!(i.mnemonic(), Mnemonic::Div | Mnemonic::Idiv);
         let moves_rsp = info.info(&i).used_registers().iter().any(|u| {
             u.register().full_register() == Register::RSP
@@ -399,12 +408,21 @@ pub fn quiet_head(code: &[u8], from: u64, most: usize) -> Vec<u64> {
                     OpAccess::Write | OpAccess::ReadWrite | OpAccess::CondWrite
                 )
         });
-        if !harmless_memory || divides || moves_rsp || i.has_lock_prefix() {
+        if !harmless_memory || divides || moves_rsp {
             break;
         }
         out.push(i.next_ip());
     }
     out
+}
+
+/// Whether the instruction at the start of `code` (at `addr`) has a lock prefix.
+pub fn has_lock_prefix(code: &[u8], addr: u64) -> bool {
+    let mut d = Decoder::with_ip(64, code, addr, DecoderOptions::NONE);
+    d.can_decode() && {
+        let i = d.decode();
+        !i.is_invalid() && i.has_lock_prefix()
+    }
 }
 
 /// Whether the instruction at the start of `code` is an indirect jump through a RIP-relative
@@ -687,6 +705,11 @@ mod quiet_head_tests {
         // test %rdi,%rdi; je: the jcc may be the probe point, nothing after it.
         let code = [0x48, 0x85, 0xff, 0x74, 0x05, 0x53];
         assert_eq!(quiet_head(&code, 0x1000, 8), vec![0x1000, 0x1003]);
+        // lock addq $1,0x2bf3(%rip) (a function counting its own calls); lock incl (%rdi).
+        let code = [
+            0xf0, 0x48, 0x83, 0x05, 0xf3, 0x2b, 0, 0, 0x01, 0xf0, 0xff, 0x07, 0x53,
+        ];
+        assert_eq!(quiet_head(&code, 0x1000, 8), vec![0x1000, 0x1009]);
     }
 }
 
@@ -952,8 +975,16 @@ mod tests {
             0x48, 0x8b, 0x05, 0x99, 0x2e, 0x00, 0x00, 0x48, 0x01, 0xf8, 0x48, 0x89, 0x05, 0x8f,
             0x2e, 0x00, 0x00, 0x48, 0x8d, 0x47, 0x01, 0x5b, 0xc3,
         ];
-        // The ret, the pop, the lea; not the store before them.
-        assert_eq!(quiet_tail(&code, 0x1180, 0x1196), [0x1196, 0x1195, 0x1191]);
+        // The ret, the pop, the lea, the store to the module's data, the add, the load.
+        assert_eq!(
+            quiet_tail(&code, 0x1180, 0x1196),
+            [0x1196, 0x1195, 0x1191, 0x118a, 0x1187, 0x1180]
+        );
+        // decl %fs:-8 (a thread-local counter); ret: before it too. mov (%rdi),%rax: not.
+        let code = [0x64, 0xff, 0x0c, 0x25, 0xf8, 0xff, 0xff, 0xff, 0xc3];
+        assert_eq!(quiet_tail(&code, 0x1330, 0x1338), [0x1338, 0x1330]);
+        let code = [0x48, 0x8b, 0x07, 0xc3];
+        assert_eq!(quiet_tail(&code, 0x1000, 0x1003), [0x1003]);
         // A division may fault.
         let code = [0x48, 0xf7, 0xf1, 0xc3]; // div %rcx; ret
         assert_eq!(quiet_tail(&code, 0x1000, 0x1003), [0x1003]);

@@ -562,9 +562,11 @@ fn in_process_hands_a_function_it_cannot_patch_to_uprobes() {
     }
 }
 
-/// A region whose first instruction uprobes cannot probe (lock-prefixed, on x86): that region
-/// goes on with ptrace, and superprof says so, while the others stay on uprobes; asked for
-/// uprobes, it refuses in one line.
+/// A region whose first instruction uprobes cannot probe (lock-prefixed, on x86, through a
+/// pointer: `bumped`) goes on with ptrace, and superprof says so, while the others stay on
+/// uprobes; asked for uprobes, it refuses in one line. One whose first instruction is a
+/// locked add to its module's own data (`counted`) has its entry probe on the instruction
+/// after it, and stays on uprobes.
 #[test]
 fn a_region_uprobes_refuse_falls_back_to_ptrace() {
     let _cpu = cpu_share();
@@ -577,15 +579,26 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
             .arg(&out_file)
             // (cpu-migrations: an event the in-process engine cannot read, so that the
             // default engine is uprobe.)
-            .args(["-r", "counted", "-r", "plain", "-e", "cpu-migrations", "--"])
+            .args([
+                "-r",
+                "counted",
+                "-r",
+                "plain",
+                "-r",
+                "bumped",
+                "-e",
+                "cpu-migrations",
+            ])
+            .arg("--")
             .arg(&exe)
             .args(["200", "2"]),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("region 'counted' is probed with ptrace"),
+        stderr.contains("region 'bumped' is probed with ptrace"),
         "{stderr}"
     );
+    assert!(!stderr.contains("region 'counted'"), "{stderr}");
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
     let calls = |name: &str| {
@@ -598,7 +611,11 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
             .as_u64()
             .unwrap()
     };
-    assert_eq!((calls("counted"), calls("plain")), (600, 600), "{doc}");
+    assert_eq!(
+        (calls("counted"), calls("plain"), calls("bumped")),
+        (600, 600, 600),
+        "{doc}"
+    );
     // Both engines measured, each with its own cost taken off; the run is named by uprobe.
     assert_eq!(doc["engine"], "uprobe");
     let engines: Vec<&str> = doc["engines"]
@@ -617,7 +634,7 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
             "--engine",
             "uprobe",
             "-r",
-            "counted",
+            "bumped",
             "-e",
             "page-faults",
             "--",
@@ -628,7 +645,7 @@ fn a_region_uprobes_refuse_falls_back_to_ptrace() {
         .unwrap();
     assert_one_line_error(
         &out,
-        "cannot put a uprobe on the first instruction of region 'counted'",
+        "cannot put a uprobe on the first instruction of region 'bumped'",
     );
 }
 

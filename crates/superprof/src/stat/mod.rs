@@ -894,12 +894,17 @@ impl Session {
     /// allows (only register moves before it: every call passes it with the entry's stack
     /// pointer), where no direct branch of the file lands between; else `at`.
     /// Never onto one of its `exits` (a function that is a register move and a tail jump).
+    /// A function whose first instruction is lock-prefixed (which uprobes refuse: a function
+    /// counting its own calls in a global) has its probe on the first allowed instruction
+    /// after it, whatever its kind.
     fn emulated_entry(&mut self, tracer: &Tracer, pid: u32, at: u64, exits: &[u64]) -> u64 {
         let mut code = [0u8; 96];
         let n = tracer.read_code(pid, at, &mut code);
         let Ok((elf, bias)) = code_at(&mut self.codes, pid, at) else {
             return at;
         };
+        let locked = superprof_analyze::patch::has_lock_prefix(&code[..n], at);
+        let mut past_lock = None;
         for q in superprof_analyze::patch::quiet_head(&code[..n], at, 8) {
             let off = (q - at) as usize;
             if off + 15 > n {
@@ -914,8 +919,11 @@ impl Session {
             if EntryKind::of(&code[off..n]) == EntryKind::Emulated {
                 return q;
             }
+            if locked && q > at && past_lock.is_none() {
+                past_lock = Some(q);
+            }
         }
-        at
+        past_lock.unwrap_or(at)
     }
 
     /// Forgets every region placed in an image that exec replaced (the calls counted stay).
