@@ -67,8 +67,16 @@ pub fn function_at(pid: u32, addr: u64) -> std::io::Result<Option<FunctionAddres
     if let Some(f) = scan(pid, |_, _, a| a == addr)?.into_iter().next() {
         return Ok(Some(f));
     }
-    // A stripped file's function, named by its separate debug file.
-    Ok(scan_tables(pid, &|_, _, a| a == addr, true)?
+    // A stripped file's function, named by its separate debug file: only the debug file of
+    // the file that maps `addr` is read.
+    let holder = superprof_unwind::maps::executable_mappings(pid)?
+        .into_iter()
+        .find(|m| (m.start..m.end).contains(&addr))
+        .map(|m| m.path);
+    let Some(holder) = holder else {
+        return Ok(None);
+    };
+    Ok(scan_tables(pid, &|_, _, a| a == addr, true, Some(&holder))?
         .into_iter()
         .next())
 }
@@ -84,7 +92,7 @@ pub fn find_functions_matching(pid: u32, pattern: &str) -> std::io::Result<Vec<F
     // A local function that only a separate debug file names (libc6-dbg's __strlen_avx2),
     // looked for once the libraries are mapped and none of their own tables has the name
     // (at exec, ld.so's debug file would give its private copy of strchr for `strchr`).
-    let in_debug_files = scan_tables(pid, &|raw, _, _| raw == pattern, true)?;
+    let in_debug_files = scan_tables(pid, &|raw, _, _| raw == pattern, true, None)?;
     if !in_debug_files.is_empty() {
         return Ok(in_debug_files);
     }
@@ -166,16 +174,20 @@ fn scan(
     pid: u32,
     want: impl Fn(&str, &dyn Fn() -> String, u64) -> bool,
 ) -> std::io::Result<Vec<FunctionAddress>> {
-    scan_tables(pid, &want, false)
+    scan_tables(pid, &want, false, None)
 }
 
 fn scan_tables(
     pid: u32,
     want: &impl Fn(&str, &dyn Fn() -> String, u64) -> bool,
     debug_files: bool,
+    only: Option<&Path>,
 ) -> std::io::Result<Vec<FunctionAddress>> {
     let mut found = Vec::new();
     for file in mapped_files(pid)? {
+        if only.is_some_and(|o| o != file.path) {
+            continue;
+        }
         // Mapped, not read: a program built with debug info is mostly DWARF this never
         // touches (superprof's own is 126 MB; reading it took 1.5 s a lookup).
         let Ok(data) = superprof_symbols::map_file(&file.open_path) else {

@@ -175,33 +175,42 @@ fn refused(out: &Output) -> bool {
     out.status.code() == Some(1) && stderr.contains("use --engine")
 }
 
-/// `stat --engine ENGINE`: each function's calls are its outermost calls, or fewer by no more
-/// than the calls it says are uncertain.
-fn stat_on(dir: &TempDir, p: &Program, b: &Built, engine: &str) -> Result<Outcome, String> {
-    let json = dir.path(&format!("stat{}-{engine}.json", p.seed));
+/// Runs `superprof SUBCOMMAND ARGS --format json -o FILE -r gen_f0 ... -- PROGRAM` (`what`
+/// names it in messages): None when it refused the program in one line, else its document,
+/// the program's output and status being those of the program alone.
+fn run_json(
+    dir: &TempDir,
+    p: &Program,
+    b: &Built,
+    what: &str,
+    args: &[&str],
+) -> Result<Option<(Value, Output)>, String> {
+    let json = dir.path(&format!("{}{}.json", what.replace(' ', "_"), p.seed));
     let out = superprof()
-        .args([
-            "stat",
-            "--format",
-            "json",
-            "-e",
-            "task-clock",
-            "--engine",
-            engine,
-            "-o",
-        ])
+        .args(args)
+        .args(["--format", "json", "-o"])
         .arg(&json)
         .args(regions(p))
         .arg("--")
         .arg(&b.exe)
         .output()
         .unwrap();
-    let what = format!("stat --engine {engine}");
     if refused(&out) {
-        return Ok(Outcome::Refused);
+        return Ok(None);
     }
-    unharmed(&what, b, &out)?;
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    unharmed(what, b, &out)?;
+    let doc = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    Ok(Some((doc, out)))
+}
+
+/// `stat --engine ENGINE`: each function's calls are its outermost calls, or fewer by no more
+/// than the calls it says are uncertain.
+fn stat_on(p: &Program, b: &Built, dir: &TempDir, engine: &str) -> Result<Outcome, String> {
+    let what = format!("stat --engine {engine}");
+    let args = ["stat", "-e", "task-clock", "--engine", engine];
+    let Some((doc, out)) = run_json(dir, p, b, &what, &args)? else {
+        return Ok(Outcome::Refused);
+    };
     if doc["engine"] != engine {
         return Err(format!("{what}: ran on {}", doc["engine"]));
     }
@@ -247,22 +256,11 @@ fn blocks_on(
     engine: &str,
     analyzer: &str,
 ) -> Result<Outcome, String> {
-    let json = dir.path(&format!("blocks{}-{engine}-{analyzer}.json", p.seed));
-    let out = superprof()
-        .args(["blocks", "--format", "json", "--engine", engine])
-        .args(["--analyzer", analyzer, "-o"])
-        .arg(&json)
-        .args(regions(p))
-        .arg("--")
-        .arg(&b.exe)
-        .output()
-        .unwrap();
     let what = format!("blocks --engine {engine} --analyzer {analyzer}");
-    if refused(&out) {
+    let args = ["blocks", "--engine", engine, "--analyzer", analyzer];
+    let Some((doc, _)) = run_json(dir, p, b, &what, &args)? else {
         return Ok(Outcome::Refused);
-    }
-    unharmed(&what, b, &out)?;
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    };
     let hex = |v: &Value| u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16);
     // Instruction -> executions, from the blocks (each instruction of a block ran as often as
     // the block).
@@ -292,9 +290,8 @@ fn blocks_on(
 
 /// callgrind's count of each instruction of the program, whose count at each function's
 /// entry must be the program's own count of entries.
-fn callgrind_truth(dir: &TempDir, p: &Program, b: &Built) -> Result<BTreeMap<u64, u64>, String> {
+fn callgrind_truth(p: &Program, b: &Built) -> Result<BTreeMap<u64, u64>, String> {
     let sub = TempDir::new(&format!("exact-cg{}", p.seed));
-    let _ = dir;
     let truth = callgrind_of(&sub, &b.exe, &[], &[], &b.exe);
     let mut wrong = Vec::new();
     for (f, &(lo, _)) in &b.ranges {
@@ -332,9 +329,9 @@ fn check(dir: &TempDir, p: &Program, t: &mut Tally) {
         Err(e) => t.errors.push(format!("seed {} ({}): {e}", p.seed, p.shape)),
     };
     for engine in ["in-process", "uprobe", "ptrace"] {
-        note(&format!("stat {engine}"), stat_on(dir, p, &b, engine));
+        note(&format!("stat {engine}"), stat_on(p, &b, dir, engine));
     }
-    match callgrind_truth(dir, p, &b) {
+    match callgrind_truth(p, &b) {
         Ok(truth) => {
             note("callgrind", Ok(Outcome::Agreed));
             for (engine, analyzer) in [

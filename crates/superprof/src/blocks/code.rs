@@ -62,6 +62,9 @@ pub struct ElfCode {
     /// symbol table says. Read at the first proof (`path`): parsing every FDE of a large file
     /// costs seconds under emulation, and most uses of an ElfCode prove nothing.
     fdes: std::sync::OnceLock<Vec<(u64, u64)>>,
+    /// The landing pads the file's exception tables list, sorted: read at the first need
+    /// (`blocks --engine ptrace`), once for every region.
+    landing_pads: std::sync::OnceLock<Vec<u64>>,
     /// The file, for `fdes`.
     path: std::path::PathBuf,
     /// Sorted by address.
@@ -138,6 +141,7 @@ impl ElfCode {
         Some(ElfCode {
             sections,
             fdes: std::sync::OnceLock::new(),
+            landing_pads: std::sync::OnceLock::new(),
             path: path.to_owned(),
             plt,
             targets: std::sync::OnceLock::new(),
@@ -445,13 +449,19 @@ impl ElfCode {
             })
             .map(|w| w[1].start)
             .collect();
-        if let Ok(data) = superprof_unwind::map_file(&self.path) {
-            out.extend(
-                superprof_symbols::landing_pads(&data, lo, hi)
-                    .into_iter()
-                    .filter(|&p| p > lo && p < hi && self.is_instruction_start(p)),
-            );
-        }
+        let pads = self.landing_pads.get_or_init(|| {
+            superprof_unwind::map_file(&self.path)
+                .map(|data| superprof_symbols::landing_pads(&data, 0, u64::MAX))
+                .unwrap_or_default()
+        });
+        let from = pads.partition_point(|&p| p <= lo);
+        out.extend(
+            pads[from..]
+                .iter()
+                .copied()
+                .take_while(|&p| p < hi)
+                .filter(|&p| self.is_instruction_start(p)),
+        );
         out.sort_unstable();
         out.dedup();
         out
