@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 mod counter;
+mod pump;
 mod record;
 mod sampler;
 mod sys;

@@ -7,9 +7,11 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
 
 use superprof_unwind::UserRegs;
 
+use crate::pump::{Pump, Rings};
 use crate::record::Layout;
 use crate::sys::{self, PerfEventAttr, RingMap};
 
@@ -94,8 +96,13 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> SampleError {
 pub struct PerfSampler {
     attr: PerfEventAttr,
     cpus: Vec<u32>,
-    /// One ring buffer per CPU, with the fd that owns it.
-    rings: Vec<(OwnedFd, RingMap)>,
+    /// The fds that own the ring buffers, one per CPU (their maps are in `buffers`, in the
+    /// same order).
+    rings: Vec<OwnedFd>,
+    /// The ring buffers' maps, shared with the pump that empties them.
+    buffers: Arc<Mutex<Rings>>,
+    /// Started at the first wait or drain.
+    pump: Option<Pump>,
     /// Every other event, redirected into the ring of its CPU.
     others: Vec<OwnedFd>,
     threads: BTreeSet<u32>,
@@ -164,6 +171,8 @@ impl PerfSampler {
             attr: PerfEventAttr::default(),
             cpus,
             rings: Vec::new(),
+            buffers: Arc::new(Mutex::new(Rings::new())),
+            pump: None,
             others: Vec::new(),
             threads: BTreeSet::new(),
             // A sample at every context switch comes far faster than the clock's: four times
@@ -219,8 +228,7 @@ impl PerfSampler {
                 io_err(format!("perf_event_open for the cgroup on CPU {cpu}")),
             )?;
             let ring = sampler.map_ring(&fd)?;
-            sampler.rings.push((fd, ring));
-            sampler.hung_up.push(false);
+            sampler.add_ring(fd, ring);
         }
         sampler.threads.insert(pid);
         Ok(sampler)
@@ -259,8 +267,7 @@ impl PerfSampler {
             let fd = sys::perf_event_open(&sampler.attr, -1, cpu as i32)
                 .map_err(io_err(format!("perf_event_open on CPU {cpu}")))?;
             let ring = sampler.map_ring(&fd)?;
-            sampler.rings.push((fd, ring));
-            sampler.hung_up.push(false);
+            sampler.add_ring(fd, ring);
         }
         Ok(sampler)
     }
@@ -460,13 +467,12 @@ impl PerfSampler {
                         },
                     }
                 })?;
-            if let Some((leader, _)) = self.rings.get(i) {
+            if let Some(leader) = self.rings.get(i) {
                 sys::set_output(&fd, leader).map_err(io_err("redirecting a perf event"))?;
                 self.others.push(fd);
             } else {
                 let ring = self.map_ring(&fd)?;
-                self.rings.push((fd, ring));
-                self.hung_up.push(false);
+                self.add_ring(fd, ring);
             }
             if let Some((attr, _)) = &self.switch {
                 let fd = sys::perf_event_open(attr, tid as i32, cpu as i32).map_err(|e| match e
@@ -482,8 +488,7 @@ impl PerfSampler {
                 })?;
                 let id = sys::event_id(&fd).map_err(io_err("reading a perf event's id"))?;
                 self.switch_ids.insert(id);
-                sys::set_output(&fd, &self.rings[i].0)
-                    .map_err(io_err("redirecting a perf event"))?;
+                sys::set_output(&fd, &self.rings[i]).map_err(io_err("redirecting a perf event"))?;
                 self.others.push(fd);
             }
         }
@@ -536,7 +541,7 @@ impl PerfSampler {
 
     /// Starts sampling (attached targets; launched ones start at exec by themselves).
     pub fn enable(&self) -> Result<(), SampleError> {
-        for fd in self.rings.iter().map(|(fd, _)| fd).chain(&self.others) {
+        for fd in self.rings.iter().chain(&self.others) {
             sys::enable(fd).map_err(io_err("enabling a perf event"))?;
         }
         Ok(())
@@ -544,7 +549,7 @@ impl PerfSampler {
 
     /// Stops sampling; records already in the buffers can still be drained.
     pub fn disable(&self) {
-        for fd in self.rings.iter().map(|(fd, _)| fd).chain(&self.others) {
+        for fd in self.rings.iter().chain(&self.others) {
             let _ = sys::disable(fd);
         }
     }
@@ -552,13 +557,11 @@ impl PerfSampler {
     /// Waits up to `timeout_ms` for data, or for one of `extra` (e.g. a pidfd) to become
     /// readable.
     pub fn wait(&mut self, extra: &[RawFd], timeout_ms: i32) {
+        self.start_pump();
         let polled: Vec<usize> = (0..self.rings.len())
             .filter(|&i| !self.hung_up[i])
             .collect();
-        let mut fds: Vec<RawFd> = polled
-            .iter()
-            .map(|&i| self.rings[i].0.as_raw_fd())
-            .collect();
+        let mut fds: Vec<RawFd> = polled.iter().map(|&i| self.rings[i].as_raw_fd()).collect();
         fds.extend_from_slice(extra);
         // A ring whose owner exited may still receive other threads' records; the poll
         // timeout drains it from then on.
@@ -600,12 +603,36 @@ impl PerfSampler {
 
     /// Appends the records of every ring buffer to `buf`, one buffer after the other, each
     /// sample's stack copy cut to the bytes the thread used ([`crate::stack_cut`]).
+    ///
+    /// A thread of the sampler's own empties the rings into memory every few milliseconds
+    /// from the first wait or drain on, so that records keep coming while the caller is busy
+    /// (see the `pump` module); this takes those first. Returns the bytes appended.
     pub fn drain(&mut self, buf: &mut Vec<u8>) -> usize {
+        self.start_pump();
         let layout = self.layout();
-        self.rings
-            .iter_mut()
-            .map(|(_, ring)| ring.drain_cut(buf, layout))
-            .sum()
+        match self.buffers.lock() {
+            Ok(mut rings) => rings.take(buf, layout),
+            Err(_) => 0, // (the pump panicked: nothing to read)
+        }
+    }
+
+    /// A ring buffer and the fd that owns it.
+    fn add_ring(&mut self, fd: OwnedFd, ring: RingMap) {
+        if let Ok(mut rings) = self.buffers.lock() {
+            rings.maps.push(ring);
+            self.rings.push(fd);
+            self.hung_up.push(false);
+        }
+    }
+
+    fn start_pump(&mut self) {
+        if self.pump.is_some() || self.rings.is_empty() {
+            return;
+        }
+        let ring_bytes = self.data_pages * sys::page_size();
+        let sample_bytes = self.attr.sample_stack_user as usize + 1024;
+        let every = Pump::period(ring_bytes, sample_bytes, self.frequency);
+        self.pump = Pump::start(self.buffers.clone(), self.layout(), every);
     }
 
     /// How this sampler's records are laid out, for [`crate::parse_record`].

@@ -113,6 +113,15 @@ fn main() -> ExitCode {
 /// After an error or a panic: a launched command that superprof let go runs to its end, with
 /// Ctrl-C its own to take (as a shell waits for a command) and SIGTERM or SIGHUP sent to
 /// superprof passed on to it, before superprof exits.
+/// The value of the tests' switch `name`, when set: only in a build with the `test-switches`
+/// feature (scripts/test's); a build people run ignores it.
+pub(crate) fn test_switch(name: &str) -> Option<String> {
+    if !cfg!(feature = "test-switches") {
+        return None;
+    }
+    std::env::var(name).ok()
+}
+
 fn after_failure() -> Option<superprof_trace::ExitStatus> {
     let _ignore = sys::IgnoreInterrupts::new();
     superprof_trace::wait_launched(sys::pass_stop_signal_on)

@@ -227,7 +227,7 @@ impl Counts {
             return false;
         }
         if self.lab.is_none() {
-            if test_switch("SUPERPROF_TEST_NO_LAB") {
+            if crate::test_switch("SUPERPROF_TEST_NO_LAB").is_some() {
                 self.lab_failed = true;
                 return false;
             }
@@ -669,7 +669,7 @@ impl Counts {
             steps: HashMap::new(),
             learn_steps: 0,
             train_steps: 0,
-            train: !test_switch("SUPERPROF_TEST_NO_TRAINING"),
+            train: crate::test_switch("SUPERPROF_TEST_NO_TRAINING").is_none(),
             runs: HashMap::new(),
             mispredicted: 0,
             segments: HashMap::new(),
@@ -708,10 +708,4 @@ impl Counts {
         stats.lab_runs = self.lab.as_ref().map_or(0, |l| l.runs);
         (self.analyzer.name(), stats)
     }
-}
-
-/// Whether the tests' switch `name` is set: only in a build with the `test-switches` feature
-/// (scripts/test's); a build people run ignores it.
-fn test_switch(name: &str) -> bool {
-    cfg!(feature = "test-switches") && std::env::var_os(name).is_some()
 }

@@ -19,6 +19,9 @@ pub(crate) struct Drainer {
     buf: Vec<u8>,
     /// Records kept for the next round (raw, header and body).
     held: Vec<u8>,
+    /// A test's stall after the first sample (SUPERPROF_TEST_STALL_MS): a consumer busy
+    /// reading a large debug file.
+    stall: Option<Duration>,
 }
 
 impl Drainer {
@@ -27,6 +30,9 @@ impl Drainer {
             layout: sampler.layout(),
             buf: Vec::with_capacity(1 << 20),
             held: Vec::new(),
+            stall: crate::test_switch("SUPERPROF_TEST_STALL_MS")
+                .and_then(|ms| ms.parse().ok())
+                .map(Duration::from_millis),
         }
     }
 
@@ -77,6 +83,11 @@ impl Drainer {
             match r {
                 Record::Sample(s) if sampler.is_switch(s) => collector.off_cpu_begin(s),
                 r => collector.handle(r),
+            }
+            if matches!(r, Record::Sample(_)) {
+                if let Some(stall) = self.stall.take() {
+                    std::thread::sleep(stall);
+                }
             }
         }
     }
