@@ -115,8 +115,8 @@ impl EntryKind {
     /// The empty function of superprof's own whose first instruction is of this kind.
     pub fn calibration_region(self) -> &'static str {
         match self {
-            EntryKind::Emulated => "superprof_calibration_emulated",
-            EntryKind::Stepped => "superprof_calibration_stepped",
+            EntryKind::Emulated => CALIBRATION_REGIONS[1],
+            EntryKind::Stepped => CALIBRATION_REGIONS[2],
         }
     }
 
@@ -132,12 +132,16 @@ impl EntryKind {
 /// instruction of 5 bytes (room for a jump) and a `ret` followed by filler.
 pub const IN_PROCESS_CALIBRATION: &str = "superprof_calibration_in_process";
 
+/// Every calibration region (superprof's own functions, only ever called).
+pub const CALIBRATION_REGIONS: [&str; 3] = [
+    IN_PROCESS_CALIBRATION,
+    "superprof_calibration_emulated",
+    "superprof_calibration_stepped",
+];
+
 /// Whether `name` is one of the calibration regions.
 pub fn is_calibration_region(name: &str) -> bool {
-    name == IN_PROCESS_CALIBRATION
-        || [EntryKind::Emulated, EntryKind::Stepped]
-            .iter()
-            .any(|k| k.calibration_region() == name)
+    CALIBRATION_REGIONS.contains(&name)
 }
 
 /// `superprof __stat-calibration N KIND GAP_US`: calls the calibration region of that kind N
@@ -226,13 +230,30 @@ mod calibration {
 /// The mean of `v` without its highest 0.1% (a call the scheduler preempted measures that, not
 /// the engine); 0 when empty. A mean, not a median: what is subtracted from each call must
 /// average to what the engine adds, for totals and means to come out right.
-pub fn trimmed_mean(mut v: Vec<f64>) -> f64 {
+///
+/// With it, its standard error (the spread of the values kept over the square root of their
+/// number): how far the mean may be from the engine's true cost.
+pub fn trimmed_mean_and_error(mut v: Vec<f64>) -> (f64, f64) {
     if v.is_empty() {
-        return 0.0;
+        return (0.0, 0.0);
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let keep = v.len() - v.len() / 1000;
-    v[..keep].iter().sum::<f64>() / keep as f64
+    let kept = &v[..keep];
+    let mean = kept.iter().sum::<f64>() / keep as f64;
+    (mean, standard_error(kept.iter().copied()))
+}
+
+/// The standard error of the mean of `values`: their sample standard deviation over the square
+/// root of their number (0 for fewer than two).
+pub fn standard_error(values: impl Iterator<Item = f64> + Clone) -> f64 {
+    let n = values.clone().count();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = values.clone().sum::<f64>() / n as f64;
+    let var = values.map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64;
+    (var / n as f64).sqrt()
 }
 
 /// Where the uprobe engine gets its kernel events: uprobes defined in tracefs where it can be
@@ -279,7 +300,11 @@ pub fn probe_at(pid: u32, addr: u64) -> Option<ProbeSpec> {
 
 #[cfg(test)]
 mod tests {
-    use super::{trimmed_mean, EntryKind};
+    use super::{standard_error, trimmed_mean_and_error, EntryKind};
+
+    fn trimmed_mean(v: Vec<f64>) -> f64 {
+        trimmed_mean_and_error(v).0
+    }
 
     #[test]
     fn entry_kinds() {
@@ -309,5 +334,16 @@ mod tests {
         let mut v = vec![2.0; 999];
         v.push(1e9);
         assert_eq!(trimmed_mean(v), 2.0);
+        // The error of the mean of the values kept: 1, 3 (and 1e9 left out of 1,000).
+        let mut v = vec![1.0; 500];
+        v.extend(vec![3.0; 499]);
+        v.push(1e9);
+        let (mean, error) = trimmed_mean_and_error(v);
+        assert!((mean - 1997.0 / 999.0).abs() < 1e-9, "{mean}");
+        assert!((error - (1.0f64 / 999.0).sqrt()).abs() < 1e-3, "{error}");
+        assert_eq!(standard_error([5.0].into_iter()), 0.0);
+        // Sample standard deviation 1 (n - 1 in the divisor), over √4.
+        let e = standard_error([1.0, 2.0, 3.0, 2.0].into_iter());
+        assert!((e - (2.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-12, "{e}");
     }
 }

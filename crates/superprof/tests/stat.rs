@@ -952,7 +952,7 @@ fn per_call_figures_are_the_functions_own() {
         let doc: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
         assert_eq!(doc["engine"], engine);
-        let mean = |region: &str, event: &str| -> f64 {
+        let figures = |region: &str, event: &str| -> serde_json::Value {
             let r = doc["regions"]
                 .as_array()
                 .unwrap()
@@ -967,13 +967,20 @@ fn per_call_figures_are_the_functions_own() {
                     calls.parse().unwrap()
                 }
             );
-            r["events"][event]["mean"].as_f64().unwrap()
+            r["events"][event].clone()
         };
+        let mean = |region: &str, event: &str| figures(region, event)["mean"].as_f64().unwrap();
         for (event, theirs) in [
             ("time-elapsed-ns", own["work_elapsed_ns"]),
             ("task-clock", own["work_cpu_ns"]),
         ] {
             let ours = mean("work", event);
+            // Resolved, with a standard error that says how far the mean may be off: small
+            // beside a 200 µs function (the calls vary by a few µs, and there are 200).
+            let f = figures("work", event);
+            let error = f["mean_error"].as_f64().unwrap();
+            assert_eq!(f["below_resolution"], false, "{engine}: {f}");
+            assert!(error > 0.0 && error < 0.02 * ours, "{engine}: {f}");
             // ptrace's elapsed time also holds the program stopped while superprof gets a CPU
             // to answer each stop: on two busy cores that adds what no calibration foresees,
             // so only its lower side is checked there.
@@ -993,6 +1000,19 @@ fn per_call_figures_are_the_functions_own() {
         for event in ["time-elapsed-ns", "task-clock"] {
             let ours = mean("tiny", event);
             assert!(ours < most, "{engine}: tiny's {event} {ours:.0} ns: {doc}");
+            // A mean said to be resolved is more than twice its error away from zero; one
+            // that is not says so instead of a bare zero.
+            let f = figures("tiny", event);
+            let error = f["mean_error"].as_f64().unwrap();
+            assert!(error > 0.0, "{engine}: {f}");
+            assert_eq!(f["below_resolution"], ours <= 2.0 * error, "{engine}: {f}");
+        }
+        // Never less time elapsed than the CPU time within it.
+        for region in ["tiny", "work"] {
+            assert!(
+                mean(region, "time-elapsed-ns") >= mean(region, "task-clock"),
+                "{engine}: {region}: {doc}"
+            );
         }
     }
 }

@@ -100,10 +100,6 @@ impl ElfCode {
         // Mapped, not read whole: only the executable sections are copied.
         let data = superprof_unwind::map_file(path).ok()?;
         let obj = object::File::parse(&*data).ok()?;
-        let arch = match obj.architecture() {
-            object::Architecture::Aarch64 => Arch::Aarch64,
-            _ => Arch::X86_64,
-        };
         let sections = obj
             .sections()
             .filter(|s| s.kind() == SectionKind::Text)
@@ -138,7 +134,51 @@ impl ElfCode {
         }
         functions.sort_by_key(|f| (f.addr, std::cmp::Reverse(f.size)));
         functions.dedup_by_key(|f| f.addr);
-        Some(ElfCode {
+        Some(ElfCode::of(path, &obj, sections, plt, functions))
+    }
+
+    /// The code of `path` reduced to the functions of these raw symbol names, as if nothing
+    /// else were in the file: no branch from elsewhere into them is looked for, and no name
+    /// is demangled. For superprof's own calibration functions, which only calls reach
+    /// (naked functions with no symbol inside): each run measures its engine on one, and a
+    /// whole-file scan of superprof's 10 MB binary was most of a short run's fixed cost.
+    pub fn open_only(path: &Path, names: &[&str]) -> Option<ElfCode> {
+        let data = superprof_unwind::map_file(path).ok()?;
+        let obj = object::File::parse(&*data).ok()?;
+        let functions: Vec<Function> = superprof_symbols::elf_functions(&obj)
+            .filter(|s| s.size > 0 && names.contains(&s.name))
+            .map(|s| Function {
+                name: s.name.to_owned(),
+                addr: s.addr,
+                size: s.size,
+            })
+            .collect();
+        let sections = functions
+            .iter()
+            .map(|f| {
+                let section = obj.sections().find(|s| {
+                    s.kind() == SectionKind::Text
+                        && s.address() <= f.addr
+                        && f.addr + f.size <= s.address().saturating_add(s.size())
+                })?;
+                let from = usize::try_from(f.addr - section.address()).ok()?;
+                let to = from.checked_add(usize::try_from(f.size).ok()?)?;
+                Some((f.addr, section.data().ok()?.get(from..to)?.to_vec()))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let mut code = ElfCode::of(path, &obj, sections, Vec::new(), functions);
+        code.functions.sort_by_key(|f| f.addr);
+        Some(code)
+    }
+
+    fn of(
+        path: &Path,
+        obj: &object::File,
+        sections: Vec<(u64, Vec<u8>)>,
+        plt: Vec<(u64, u64)>,
+        functions: Vec<Function>,
+    ) -> ElfCode {
+        ElfCode {
             sections,
             fdes: std::sync::OnceLock::new(),
             landing_pads: std::sync::OnceLock::new(),
@@ -146,9 +186,12 @@ impl ElfCode {
             plt,
             targets: std::sync::OnceLock::new(),
             functions,
-            arch,
+            arch: match obj.architecture() {
+                object::Architecture::Aarch64 => Arch::Aarch64,
+                _ => Arch::X86_64,
+            },
             is_64: obj.is_64(),
-        })
+        }
     }
 
     /// Whether ELF address `addr` is in a PLT stub (a jump there is a call to another function).
@@ -674,5 +717,37 @@ mod tests {
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// superprof's own calibration functions, read alone from its file: each one whole, with
+    /// its bytes, its instructions proven, and no other function or branch of the file.
+    #[test]
+    fn the_calibration_functions_alone() {
+        // (Called, so that this test's binary has them.)
+        for kind in ["in-process", "emulated", "stepped"] {
+            assert_eq!(crate::engine::calibration_workload(1, kind, 0), 0);
+        }
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let names = crate::engine::CALIBRATION_REGIONS;
+        let only = ElfCode::open_only(&exe, &names).unwrap();
+        let all = ElfCode::open(&exe).unwrap();
+        assert_eq!(only.functions.len(), names.len());
+        for f in &only.functions {
+            assert!(names.contains(&f.name.as_str()), "{}", f.name);
+            let whole = all.function_at(f.addr).unwrap();
+            assert_eq!((whole.addr, whole.size), (f.addr, f.size));
+            assert_eq!(only.bytes(f.addr, f.size), all.bytes(f.addr, f.size));
+            only.prove_function(f.addr, f.size, &f.name).unwrap();
+            // Only called: no branch anywhere in the file lands inside one.
+            assert!(
+                all.targets_in(f.addr, f.addr + f.size).is_empty(),
+                "{}",
+                f.name
+            );
+            assert!(only.targets_in(f.addr, f.addr + f.size).is_empty());
+        }
+        // Nothing else: another function's bytes are not there.
+        let main = all.functions.iter().find(|f| f.name == "main").unwrap();
+        assert!(only.bytes(main.addr, 1).is_none());
     }
 }

@@ -38,6 +38,13 @@ pub struct Stats {
     pub min: f64,
     pub max: f64,
     pub scaled: bool,
+    /// The standard error of the mean per call: the calls' own spread and the error of the
+    /// engine's cost taken off them.
+    pub error: f64,
+    /// The engine's cost was taken off and what is left of the mean is within two standard
+    /// errors of zero: the call's own figure is below what this run can resolve (under
+    /// `mean + 2 × error`), not a measured zero.
+    pub below_resolution: bool,
 }
 
 impl Stats {
@@ -111,6 +118,8 @@ pub struct EngineCost {
     pub engine: &'static str,
     pub kind: EntryKind,
     pub cost: Vec<f64>,
+    /// The standard error of each event's cost (see [`crate::engine::trimmed_mean_and_error`]).
+    pub error: Vec<f64>,
 }
 
 /// A counter's count between two readings, scaled as perf stat scales a multiplexed counter:
@@ -343,10 +352,11 @@ pub fn run(args: &StatArgs) -> Result<i32> {
             continue;
         }
         match engine_cost(e, kind, &session.events, &session.groups, session.user_only) {
-            Ok(cost) => costs.push(EngineCost {
+            Ok((cost, error)) => costs.push(EngineCost {
                 engine: e.name(),
                 kind,
                 cost,
+                error,
             }),
             Err(why) => superprof_unwind::say!(
                 "superprof: {why:#}; the figures include what the {} engine itself costs",
@@ -468,25 +478,76 @@ fn choose_engine(
 }
 
 /// Takes each engine's cost (`costs`, by engine name) off every call it measured, and sums the
-/// calls into the regions' figures.
+/// calls into the regions' figures, each mean with its standard error.
 fn tally(res: &mut Results, costs: &[EngineCost]) {
     let events = res.events.len();
-    res.stats = vec![vec![Stats::default(); events]; res.regions.len().max(res.calls.len())];
-    let mut seen = vec![0u64; res.stats.len()];
+    let regions = res.regions.len().max(res.calls.len());
+    res.stats = vec![vec![Stats::default(); events]; regions];
+    let mut seen = vec![0u64; regions];
+    // Per region and event: the sum of the squares of the calls' values (their spread), and
+    // for each engine cost (by index in `costs`) how many calls it was taken off.
+    let mut squares = vec![vec![0.0f64; events]; regions];
+    let mut charged = vec![vec![0u64; costs.len()]; regions];
     for c in &mut res.per_call {
-        let cost = costs
+        let k = costs
             .iter()
-            .find(|k| k.engine == c.engine && k.kind == c.kind)
-            .map(|k| &k.cost);
+            .position(|k| k.engine == c.engine && k.kind == c.kind);
+        if let Some(k) = k {
+            charged[c.region][k] += 1;
+        }
         let n = seen[c.region];
         for (i, v) in c.values.iter_mut().enumerate() {
-            *v -= cost.and_then(|k| k.get(i)).copied().unwrap_or(0.0);
+            *v -= k.and_then(|k| costs[k].cost.get(i)).copied().unwrap_or(0.0);
             let scaled = i < 64 && c.scaled & (1 << i) != 0;
             res.stats[c.region][i].add(*v, n, scaled);
+            squares[c.region][i] += *v * *v;
             // A call's own figures are never below zero.
             *v = v.max(0.0);
         }
         seen[c.region] += 1;
+    }
+    let cpu = res
+        .events
+        .iter()
+        .position(|e| e == "task-clock" || e == "cpu-clock");
+    let elapsed = res.events.iter().position(|e| e == "time-elapsed-ns");
+    for (r, stats) in res.stats.iter_mut().enumerate() {
+        let n = seen[r];
+        for (i, s) in stats.iter_mut().enumerate() {
+            // The spread of the calls (sample variance over n), and each engine cost's own
+            // error, the same for every call it was taken off: those add up, not average out.
+            let spread = if n > 1 {
+                let mean = s.total / n as f64;
+                ((squares[r][i] - n as f64 * mean * mean).max(0.0) / (n - 1) as f64) / n as f64
+            } else {
+                0.0
+            };
+            let cost_error: f64 = costs
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let e = c.error.get(i).copied().unwrap_or(0.0) * charged[r][k] as f64;
+                    e * e
+                })
+                .sum::<f64>()
+                .sqrt()
+                / n.max(1) as f64;
+            s.error = (spread + cost_error * cost_error).sqrt();
+            let taken_off = costs
+                .iter()
+                .enumerate()
+                .any(|(k, c)| charged[r][k] > 0 && c.cost.get(i).is_some_and(|&v| v >= 0.5));
+            s.below_resolution = n > 0 && taken_off && s.total / n as f64 <= 2.0 * s.error;
+        }
+        // A call's elapsed time holds its CPU time: where the two costs taken off leave the
+        // elapsed mean below the CPU mean (the engine's elapsed cost varies more from run to
+        // run), the elapsed figure is the CPU one.
+        if let (Some(c), Some(e)) = (cpu, elapsed) {
+            if stats[e].total < stats[c].total {
+                stats[e].total = stats[c].total;
+                stats[e].below_resolution = stats[c].below_resolution;
+            }
+        }
     }
     res.engines = costs.to_vec();
 }
@@ -513,7 +574,7 @@ fn engine_cost(
     events: &[EventSpec],
     groups: &[(usize, usize)],
     user_only: bool,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let exe = std::fs::read_link("/proc/self/exe").context("cannot find superprof's own file")?;
     let (calls, gap_us) = calibration_calls(engine);
     let (region, kind_arg) = match engine {
@@ -529,13 +590,18 @@ fn engine_cost(
         vec![spec],
     );
     let command: [std::ffi::OsString; 5] = [
-        exe.into(),
+        exe.clone().into(),
         "__stat-calibration".into(),
         calls.to_string().into(),
         kind_arg.into(),
         gap_us.to_string().into(),
     ];
     s.calibrating = true;
+    // Superprof's own file, reduced to its calibration functions: nothing else of it is probed.
+    if let Some(code) = crate::blocks::ElfCode::open_only(&exe, &crate::engine::CALIBRATION_REGIONS)
+    {
+        s.codes.insert(exe.clone(), Some(code));
+    }
     let (exit, _) = s
         .trace(None, &command, Some(Duration::from_secs(60)))
         .context("cannot measure the probe engine's own cost")?;
@@ -547,8 +613,12 @@ fn engine_cost(
         );
     }
     Ok((0..res.events.len())
-        .map(|e| crate::engine::trimmed_mean(res.per_call.iter().map(|c| c.values[e]).collect()))
-        .collect())
+        .map(|e| {
+            crate::engine::trimmed_mean_and_error(
+                res.per_call.iter().map(|c| c.values[e]).collect(),
+            )
+        })
+        .unzip())
 }
 
 struct Session {

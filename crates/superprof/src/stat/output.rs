@@ -37,7 +37,15 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                             let mean = if n > 0 { s.total() / n as f64 } else { 0.0 };
                             (
                                 ev.clone(),
-                                json!({"total": s.total(), "mean": mean, "min": s.min, "max": s.max, "scaled": s.scaled}),
+                                json!({
+                                    "total": s.total(),
+                                    "mean": mean,
+                                    "mean_error": s.error,
+                                    "below_resolution": s.below_resolution,
+                                    "min": s.min,
+                                    "max": s.max,
+                                    "scaled": s.scaled,
+                                }),
                             )
                         })
                         .collect();
@@ -84,7 +92,10 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
             )?;
         }
         (StatFormat::Csv, false) => {
-            writeln!(out, "region,calls,event,total,mean,min,max,scaled")?;
+            writeln!(
+                out,
+                "region,calls,event,total,mean,min,max,scaled,mean_error,below_resolution"
+            )?;
             for (i, name) in r.regions.iter().enumerate() {
                 let n = r.calls[i];
                 for (e, ev) in r.events.iter().enumerate() {
@@ -92,12 +103,14 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                     let mean = if n > 0 { s.total() / n as f64 } else { 0.0 };
                     writeln!(
                         out,
-                        "{},{n},{ev},{:.0},{mean:.1},{:.0},{:.0},{}",
+                        "{},{n},{ev},{:.0},{mean:.1},{:.0},{:.0},{},{:.1},{}",
                         csv(name),
                         s.total(),
                         s.min,
                         s.max,
-                        s.scaled
+                        s.scaled,
+                        s.error,
+                        s.below_resolution
                     )?;
                 }
             }
@@ -188,21 +201,36 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 writeln!(out, "Region {}: {n} calls", escape(name))?;
                 writeln!(
                     out,
-                    "  {:<24} {:>16} {:>16} {:>16} {:>16}",
-                    "event", "total", "mean", "min", "max"
+                    "  {:<24} {:>16} {:>16} {:>10} {:>16} {:>16}",
+                    "event", "total", "mean", "± error", "min", "max"
                 )?;
+                let mut unresolved = false;
                 for (e, ev) in r.events.iter().enumerate() {
                     let s = &r.stats[i][e];
                     let mean = if n > 0 { s.total() / n as f64 } else { 0.0 };
                     let mark = if s.scaled { " (scaled)" } else { "" };
+                    // Below resolution: the bound it is under, not a measured zero.
+                    let shown = if s.below_resolution {
+                        unresolved = true;
+                        format!("< {:.1}", mean + 2.0 * s.error)
+                    } else {
+                        format!("{mean:.1}")
+                    };
                     writeln!(
                         out,
-                        "  {:<24} {:>16.0} {:>16.1} {:>16.0} {:>16.0}{mark}",
+                        "  {:<24} {:>16.0} {shown:>16} {:>10.1} {:>16.0} {:>16.0}{mark}",
                         escape(ev),
                         s.total(),
-                        mean,
+                        s.error,
                         s.min,
                         s.max
+                    )?;
+                }
+                if unresolved {
+                    writeln!(
+                        out,
+                        "  (< X: below resolution: what is left of the mean once the engine's \
+                         own cost is taken off is within two standard errors of zero)"
                     )?;
                 }
                 writeln!(out)?;
