@@ -70,14 +70,70 @@ fn blocks_of(doc: &Value) -> Vec<Blk> {
     v
 }
 
-/// The regions' [start, end) from the JSON document.
+/// The regions' [start, end), not as superprof says but as asked (an address range) or as
+/// `nm -S` gives the function (its file's symbols, else its dynamic ones); superprof's own
+/// must be the same.
 fn region_ranges(doc: &Value) -> Vec<(u64, u64)> {
     doc["regions"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (hex(&r["start"]), hex(&r["end"])))
+        .map(|r| {
+            let name = r["name"].as_str().unwrap();
+            let truth = match name.split_once('-') {
+                Some((lo, hi)) if lo.starts_with("0x") => {
+                    let h = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap();
+                    (h(lo), h(hi))
+                }
+                _ => {
+                    let module = std::path::Path::new(r["module"].as_str().unwrap());
+                    symbol_range(module, name)
+                        .unwrap_or_else(|| panic!("nm knows no {name} in {}", module.display()))
+                }
+            };
+            assert_eq!(
+                (hex(&r["start"]), hex(&r["end"])),
+                truth,
+                "region {name}: superprof's range is not nm's (or the one asked)"
+            );
+            truth
+        })
         .collect()
+}
+
+/// [start, end) of function `name` in `file` from `nm -S` (then `nm -D -S`, then `nm -S` of
+/// its debug file under /usr/lib/debug/.build-id, by the build id `readelf -n` shows).
+fn symbol_range(file: &std::path::Path, name: &str) -> Option<(u64, u64)> {
+    let notes = Command::new("readelf").arg("-n").arg(file).output().unwrap();
+    let debug = String::from_utf8_lossy(&notes.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_owned))
+        .filter(|id| id.len() > 2)
+        .map(|id| format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]));
+    let tries = [
+        (file.to_owned(), false),
+        (file.to_owned(), true),
+        (debug.map(Into::into).unwrap_or_default(), false),
+    ];
+    for (file, dynamic) in tries {
+        let mut nm = Command::new("nm");
+        nm.args(["-S", "--defined-only"]);
+        if dynamic {
+            nm.arg("-D");
+        }
+        let out = nm.arg(&file).output().unwrap();
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if let [addr, size, kind, sym] = w[..] {
+                let sym = sym.split('@').next().unwrap_or(sym);
+                if sym == name && matches!(kind, "T" | "t" | "W" | "i") {
+                    let a = u64::from_str_radix(addr, 16).ok()?;
+                    return Some((a, a + u64::from_str_radix(size, 16).ok()?));
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Each block's count is the execution count of its first instruction, every instruction of
