@@ -1063,7 +1063,11 @@ impl Collector {
 
 /// Off-CPU time turned into whole sampling periods per place (thread, stack, kind): what is
 /// short of a period is carried to the next stretch of time in the same place, so that many
-/// short waits add up (a pipe ping-pong's waits are microseconds each).
+/// short waits add up (a pipe ping-pong's waits are microseconds each). What a place has left
+/// at the end is one period with the probability of its share of a period, as a clock would
+/// have sampled it: the short waits of short threads (a thread per request, 250 µs each) add up
+/// to the right time over many threads instead of none, and each of them appears as often as
+/// its time allows.
 struct Carry<K> {
     period_ns: u64,
     /// Per place: nanoseconds carried, time of the last stretch.
@@ -1088,14 +1092,22 @@ impl<K: std::hash::Hash + Eq + Copy> Carry<K> {
         (periods > 0).then_some(periods)
     }
 
-    /// The places left with half a period or more (each one period), at their last time,
-    /// in time order.
+    /// The places whose time left is drawn as one more period (with probability ns / period,
+    /// from a hash of the place and its time: the same profile from the same records), at
+    /// their last time, in time order.
     fn rest(self) -> Vec<(K, u64)> {
-        let half = self.period_ns.div_ceil(2);
+        use std::hash::{Hash, Hasher};
+        let period = self.period_ns as f64;
         let mut v: Vec<(K, u64)> = self
             .left
             .into_iter()
-            .filter(|(_, (ns, _))| *ns >= half)
+            .filter(|(k, (ns, time))| {
+                let mut h = std::hash::DefaultHasher::new();
+                (k, ns, time).hash(&mut h);
+                // A uniform draw in [0, 1) from the hash's top 53 bits.
+                let u = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+                u < *ns as f64 / period
+            })
             .map(|(k, (_, time))| (k, time))
             .collect();
         v.sort_by_key(|(_, time)| *time);
@@ -1215,9 +1227,36 @@ mod tests {
         assert_eq!(c.add(1, 400, 3), Some(1)); // 1200: one period, 200 carried
         assert_eq!(c.add(1, 2850, 4), Some(3)); // 3050
         assert_eq!(c.add(2, 600, 5), None);
-        assert_eq!(c.add(3, 499, 6), None);
-        // Left: place 1 with 50 (dropped), 2 with 600 (a period), 3 with 499 (dropped).
-        assert_eq!(c.rest(), vec![(2, 5)]);
+        assert_eq!(c.add(3, 1000, 6), Some(1));
+        // Left: place 1 with 50, 2 with 600, 3 with none (never drawn).
+        assert!(c.rest().iter().all(|&(k, _)| k != 3));
+    }
+
+    /// 10,000 places (short threads) with a quarter of a period each: about 2,500 periods,
+    /// within 4σ (binomial, p = 1/4); before, none (under half a period each was dropped).
+    /// Places with a whole number of periods carried nothing, and are never drawn.
+    #[test]
+    fn time_left_short_of_a_period_is_drawn_as_a_clock_would() {
+        let mut c: Carry<u32> = Carry::new(1000);
+        for k in 0..10_000 {
+            assert_eq!(c.add(k, 250, u64::from(k)), None);
+        }
+        let drawn = c.rest();
+        let (n, p) = (10_000.0f64, 0.25);
+        let sigma = (n * p * (1.0 - p)).sqrt();
+        assert!(
+            (drawn.len() as f64 - n * p).abs() < 4.0 * sigma,
+            "{} drawn",
+            drawn.len()
+        );
+        // In time order.
+        assert!(drawn.windows(2).all(|w| w[0].1 <= w[1].1));
+        // The same records, the same draws.
+        let mut again: Carry<u32> = Carry::new(1000);
+        for k in 0..10_000 {
+            again.add(k, 250, u64::from(k));
+        }
+        assert_eq!(again.rest(), drawn);
     }
 
     /// A thread's wait, its records in the order given: (kind, ns) of each wait counted.

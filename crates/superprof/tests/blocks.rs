@@ -104,7 +104,11 @@ fn region_ranges(doc: &Value) -> Vec<(u64, u64)> {
 /// [start, end) of function `name` in `file` from `nm -S` (then `nm -D -S`, then `nm -S` of
 /// its debug file under /usr/lib/debug/.build-id, by the build id `readelf -n` shows).
 fn symbol_range(file: &std::path::Path, name: &str) -> Option<(u64, u64)> {
-    let notes = Command::new("readelf").arg("-n").arg(file).output().unwrap();
+    let notes = Command::new("readelf")
+        .arg("-n")
+        .arg(file)
+        .output()
+        .unwrap();
     let debug = String::from_utf8_lossy(&notes.stdout)
         .lines()
         .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_owned))

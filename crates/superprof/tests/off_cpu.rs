@@ -175,6 +175,43 @@ fn root_records_waits_with_sched_switch() {
     assert!(top.contains("[off-cpu: clock_nanosleep]"), "{top}");
 }
 
+/// 400 short threads one after another (a thread per request), each asleep 0.2 ms once: a
+/// quarter of a sampling period each. Their time asleep adds up to what they measured of
+/// themselves (each thread's time short of a period drawn as a clock would draw it: binomial,
+/// within 4σ); before, a wait under half a period was dropped and none of them was seen.
+#[test]
+fn short_threads_waits_add_up() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("offcpu-short");
+    let exe = fixture(&dir);
+    let threads = 400.0;
+    let r = record(
+        superprof(),
+        &dir,
+        &[],
+        &[exe.as_os_str(), "short".as_ref(), "400".as_ref()],
+    );
+    let periods: u64 = r
+        .folded
+        .0
+        .iter()
+        .filter(|(s, _)| s.iter().any(|f| f == "short_wait"))
+        .filter(|(s, _)| s.last().is_some_and(|l| l.starts_with("[off-cpu")))
+        .map(|(_, n)| n)
+        .sum();
+    let expected = r.truth["short_waited"] * r.frequency;
+    // Each thread: one draw with p = its time over a period.
+    let p = expected / threads;
+    let sigma = (threads * p * (1.0 - p)).sqrt();
+    assert!(
+        (periods as f64 - expected).abs() <= 4.0 * sigma,
+        "{periods} periods asleep in short_wait, the threads measured {expected:.1} \
+         (4σ = {:.1})\n{}",
+        4.0 * sigma,
+        r.stderr
+    );
+}
+
 #[test]
 fn unprivileged_user_at_paranoid_2_gets_the_ptrace_wall_clock_mode() {
     let _cpu = cpu_lock();
