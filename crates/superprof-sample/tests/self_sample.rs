@@ -49,13 +49,14 @@ fn samples_this_process_with_registers_and_stack() {
             samples += 1;
         }
     }
-    // Whatever rate this machine delivers (here about half the 999 Hz asked), never more
-    // than asked (no sample twice) and never fewer than the slowest scheduler tick, 100 Hz
-    // (a timer that fires at all fires at least each tick), with 4σ of Poisson noise.
-    let (low, high) = (100.0 * cpu, 999.0 * cpu);
-    assert!(
-        samples as f64 >= low - 4.0 * low.sqrt() && samples as f64 <= high + 4.0 * high.sqrt(),
-        "{samples} samples in {cpu:.3} s of CPU time: not between 100 and 999 Hz"
+    // At the rate perf delivers on this machine now (within 25% below, 15% above), never
+    // more than asked.
+    superprof_testkit::assert_sample_count(
+        "self",
+        samples,
+        cpu,
+        999.0,
+        superprof_testkit::perf_cpu_clock_rate(999),
     );
     black_box(x);
 }

@@ -242,6 +242,7 @@ fn a_target_that_handles_sigterm_itself_keeps_its_exit_status() {
             Folded::read(&dir.path("t.folded")).total(),
             cpu,
             999.0,
+            perf_cpu_clock_rate(999),
         );
     }
 }
@@ -287,7 +288,13 @@ fn a_target_that_blocks_sigint_is_neither_hung_nor_harmed() {
         assert_eq!(status.code(), Some(0), "{sampler}");
         assert_eq!(rest, vec!["done".to_string()], "{sampler}");
         // It burnt 1.5 s of CPU time.
-        assert_sample_count(sampler, Folded::read(&folded).total(), 1.5, 999.0);
+        assert_sample_count(
+            sampler,
+            Folded::read(&folded).total(),
+            1.5,
+            999.0,
+            perf_cpu_clock_rate(999),
+        );
     }
 }
 
