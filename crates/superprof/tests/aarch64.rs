@@ -22,7 +22,7 @@ fn root_dir() -> PathBuf {
 }
 
 /// The newest modification time of the workspace's Rust sources and manifests (its crates'
-/// code, not their tests).
+/// code, not their tests), its lock file and the cross-build's recipe.
 fn newest_source() -> std::time::SystemTime {
     fn walk(dir: &Path, newest: &mut std::time::SystemTime) {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -43,6 +43,12 @@ fn newest_source() -> std::time::SystemTime {
     }
     let mut newest = std::time::SystemTime::UNIX_EPOCH;
     walk(&root_dir().join("crates"), &mut newest);
+    // The workspace's manifest and lock file, and the recipe itself.
+    for file in ["Cargo.toml", "Cargo.lock", "scripts/aarch64-build"] {
+        if let Ok(m) = std::fs::metadata(root_dir().join(file)).and_then(|m| m.modified()) {
+            newest = newest.max(m);
+        }
+    }
     newest
 }
 
