@@ -4,7 +4,9 @@
 //! [`Profiler`] (Rust). Between them each thread has a POSIX timer on its own CPU-time clock
 //! that sends it SIGPROF after every 1/hz s of CPU time it used (a watcher thread gives one to
 //! threads started later), so every thread gets its own share of samples, and a thread that
-//! sleeps gets none. Nothing of it outlives the program image:
+//! sleeps gets none. The kernel checks those clocks at its ticks only and sends one signal for
+//! every period run out since (`si_overrun` counts the others): each sample weighs that many
+//! periods. Nothing of it outlives the program image:
 //! exec deletes the timers and resets the handler, fork children get no timer (a preloaded
 //! child starts its own), and stop puts SIGPROF's disposition back. The handler reads the
 //! interrupted pc, sp and frame pointer from the ucontext, unwinds with framehop over the CFI
@@ -46,8 +48,8 @@ use superprof_profile::{OutputFormat, Profile};
 const MAX_DEPTH: usize = 128;
 /// Buffer size in words (256 MiB of address space; only the pages written are used).
 const BUFFER_WORDS: usize = 32 << 20;
-/// Header words of a sample: thread id, depth.
-const HEADER: usize = 2;
+/// Header words of a sample: thread id, depth, weight (the sampling periods it stands for).
+const HEADER: usize = 3;
 
 static BUFFER: sys::Buffer = sys::Buffer::new();
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -162,7 +164,7 @@ struct Session {
 
 static SESSION: Mutex<Option<Session>> = Mutex::new(None);
 
-extern "C" fn on_sigprof(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_sigprof(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let errno = sys::errno();
     // SeqCst with stop's store of ACTIVE and load of IN_HANDLER: either stop sees this
     // handler running, or this handler sees sampling off.
@@ -198,6 +200,11 @@ extern "C" fn on_sigprof(_: libc::c_int, _: *mut libc::siginfo_t, ctx: *mut libc
             n
         };
         words[1] = n as u64;
+        // The kernel checks a thread's CPU timer at its clock ticks only, and sends one signal
+        // for all the periods that ran out since (at 999 Hz and 250 ticks a second, four): a
+        // sample stands for each of them, or threads checked less often (an emulated CPU, a
+        // busy host) would weigh less than their CPU time.
+        words[2] = 1 + u64::from(sys::timer_overrun(info));
         if !BUFFER.push(&words[..HEADER + n]) {
             DROPPED.fetch_add(1, Ordering::Relaxed);
         }
@@ -424,8 +431,8 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
     let mut i = 0;
     let mut k = 0u64;
     while i + HEADER <= words.len() {
-        let (tid, n) = (words[i] as u32, words[i + 1] as usize);
-        if n == 0 || n > MAX_DEPTH || i + HEADER + n > words.len() {
+        let (tid, n, weight) = (words[i] as u32, words[i + 1] as usize, words[i + 2]);
+        if n == 0 || n > MAX_DEPTH || i + HEADER + n > words.len() || weight == 0 {
             break;
         }
         let stack = &words[i + HEADER..i + HEADER + n];
@@ -447,8 +454,8 @@ fn build_profile(words: &[u64], session: &Session) -> Profile {
                 parent = Some(p.intern_stack(parent, f));
             }
         }
-        p.add_sample(k * period, thread, 0, 1, parent);
-        k += 1;
+        p.add_sample(k * period, thread, 0, weight, parent);
+        k += weight;
     }
     p
 }
@@ -516,9 +523,10 @@ fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), E
     if table {
         let stderr = std::io::stderr();
         let mut w = stderr.lock();
+        let periods: u64 = profile.samples.iter().map(|s| s.weight).sum();
         let _ = writeln!(
             w,
-            "superprof: {} samples ({} dropped)",
+            "superprof: {} samples standing for {periods} periods ({} dropped)",
             profile.samples.len(),
             profile.meta.lost_samples
         );

@@ -355,6 +355,25 @@ pub fn read_pair(addr: u64) -> Option<[u64; 2]> {
     (n == 16).then_some(out)
 }
 
+/// The periods of a POSIX timer that ran out without a signal of their own before the one
+/// `info` describes (`si_overrun`; 0 for a signal of another origin, such as a `tgkill`).
+pub fn timer_overrun(info: *const libc::siginfo_t) -> u32 {
+    if info.is_null() {
+        return 0;
+    }
+    // SAFETY: the kernel passes a valid siginfo_t to a SA_SIGINFO handler; for a timer's
+    // signal (si_code SI_TIMER) the union after the three ints and their padding starts with
+    // the timer's si_tid and si_overrun (Linux's layout on 64-bit targets: offset 20).
+    unsafe {
+        if (*info).si_code != libc::SI_TIMER {
+            return 0;
+        }
+        let overrun = std::ptr::read_unaligned((info as *const u8).add(20) as *const i32);
+        // (A bound: one signal never stands for more than a million periods.)
+        overrun.clamp(0, 1_000_000) as u32
+    }
+}
+
 /// pc, sp and frame pointer of the interrupted context of a SA_SIGINFO handler.
 pub fn context_regs(ctx: *mut libc::c_void) -> (u64, u64, u64) {
     if ctx.is_null() {

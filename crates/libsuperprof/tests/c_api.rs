@@ -55,14 +55,17 @@ fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
     let f = Folded::read(&folded);
     let (m, total) = (f.leaves(), f.total());
-    assert!(total > 150, "{total} samples: {m:?}");
+    // (Counts are periods: a sample weighs each its signal stood for; σ counts samples.)
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let n = samples_behind(total, total, &stderr);
+    assert!(n > 150, "{n} samples ({total} periods): {m:?}");
     assert!(
         !m.contains_key("before_start"),
         "work before perf_start was sampled: {m:?}"
     );
     for f in ["inside_alpha", "inside_beta", "late_thread_work"] {
         let share = *m.get(f).unwrap_or(&0) as f64 / total as f64;
-        assert_share(f, share, truth[f], total);
+        assert_share(f, share, truth[f], n);
     }
     // Full stacks for 95% of each function's samples: main calls inside_alpha; the late
     // thread's work comes from its thread's entry (under the thread's name).
@@ -74,7 +77,6 @@ fn profiles_only_between_start_and_stop_with_the_split_and_a_late_thread() {
         assert!(whole >= 0.95, "{leaf}: {:.1}% whole stacks", whole * 100.0);
     }
     // The table on stderr.
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("inside_alpha") && stderr.contains("Self%"),
         "{stderr}"
@@ -104,14 +106,11 @@ fn fork_inside_the_profiled_part() {
     // The parent's work: 0.6 s alpha, 0.3 s beta (the child's 0.3 s of beta is its own).
     let alpha = m.get("inside_alpha").copied().unwrap_or(0) as f64;
     let beta = m.get("inside_beta").copied().unwrap_or(0) as f64;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let n = samples_behind((alpha + beta) as u64, total, &stderr);
     assert!(total > 50, "{m:?}");
     // (The fixture burns CPU time by its own clock: 2/3 of it in alpha.)
-    assert_share(
-        "inside_alpha",
-        alpha / (alpha + beta),
-        2.0 / 3.0,
-        (alpha + beta) as u64,
-    );
+    assert_share("inside_alpha", alpha / (alpha + beta), 2.0 / 3.0, n);
 }
 
 #[test]

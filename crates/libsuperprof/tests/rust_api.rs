@@ -39,23 +39,26 @@ fn guard_samples_a_rust_program() {
     std::hint::black_box((a, b));
     // Two threads: 0.6 s of CPU time in this one, 0.3 s in the other (gone by now, so known by
     // its thread id).
+    // (Shares of the periods the samples weigh; σ counts the samples.)
     let mut light = 0;
     let mut total = 0;
+    let mut n = 0;
     for s in &profile.samples {
-        total += 1;
+        total += s.weight;
+        n += 1;
         // SAFETY: gettid has no arguments.
         let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
         if profile.threads[s.thread as usize].tid != me {
-            light += 1;
+            light += s.weight;
         }
         let leaf = s.stack.and_then(|st| profile.stack_frames(Some(st)).next());
         let name = leaf.map(|f| profile.str(profile.frame(f).function).to_owned());
         assert!(name.is_some(), "a sample without a frame");
     }
-    assert!(total > 40, "{total} samples");
+    assert!(n > 40, "{n} samples");
     let share = 1.0 - light as f64 / total as f64;
     // Each thread is sampled on its own CPU clock: the main thread's share is 2/3 within 4σ.
-    let sigma = (2.0 / 9.0 / total as f64).sqrt();
+    let sigma = (2.0 / 9.0 / n as f64).sqrt();
     assert!(
         (share - 2.0 / 3.0).abs() < 4.0 * sigma,
         "light {light} of {total}"
@@ -63,7 +66,7 @@ fn guard_samples_a_rust_program() {
     // The leaf address's frames: inlined std functions inside burn, demangled.
     // Full stacks (from the CFI: Rust code has no frame pointers here): each function under
     // its caller.
-    let through = |f: &str| {
+    let through = |f: &str| -> u64 {
         profile
             .samples
             .iter()
@@ -72,7 +75,8 @@ fn guard_samples_a_rust_program() {
                     .stack_frames(s.stack)
                     .any(|x| profile.str(profile.frame(x).function).ends_with(f))
             })
-            .count()
+            .map(|s| s.weight)
+            .sum()
     };
     let (heavy, light_fn) = (
         through("rust_api::rust_heavy"),
@@ -87,7 +91,7 @@ fn guard_samples_a_rust_program() {
         "rust_heavy",
         heavy as f64 / (heavy + light_fn) as f64,
         2.0 / 3.0,
-        (heavy + light_fn) as u64,
+        (n as u64 * (heavy + light_fn) / total).max(1),
     );
     let burn = profile
         .samples
@@ -99,10 +103,11 @@ fn guard_samples_a_rust_program() {
                     .ends_with("superprof_testkit::burn")
             })
         })
-        .count();
+        .map(|s| s.weight)
+        .sum::<u64>();
     assert!(
         burn * 10 >= total * 8,
-        "{burn} of {total} samples in burn (demangled)"
+        "{burn} of {total} periods in burn (demangled)"
     );
     // The guard writes its output when dropped.
     let out =

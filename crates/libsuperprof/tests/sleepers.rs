@@ -54,20 +54,22 @@ fn sleeping_threads_are_neither_woken_nor_sampled() {
     let profile = p.stop().unwrap();
     assert!(sleeps > 100, "{sleeps} sleeps");
     assert_eq!(eintr, 0, "sleeps interrupted, of {sleeps}");
-    let of = |tid: u32| {
+    // A thread's samples, and the periods they weigh.
+    let of = |tid: u32| -> (u64, u64) {
         profile
             .samples
             .iter()
             .filter(|s| profile.threads[s.thread as usize].tid == tid)
-            .count()
+            .fold((0, 0), |(n, w), s| (n + 1, w + s.weight))
     };
     let me = gettid();
-    let (s, w, m) = (of(sleeper), of(worker), of(me));
+    let ((s, _), (wn, w), (mn, m)) = (of(sleeper), of(worker), of(me));
     // The sleeper used a few milliseconds of CPU time at most (two syscalls per 4 ms).
     assert!(s <= 2, "sleeper {s}, worker {w}, main {m}");
-    // Worker and main thread used the same CPU time: half each within 4σ.
-    let n = (w + m) as f64;
-    let share = w as f64 / n;
+    // Worker and main thread used the same CPU time: half each (of the periods) within 4σ
+    // (of the samples).
+    let n = (wn + mn) as f64;
+    let share = w as f64 / (w + m) as f64;
     assert!(n > 40.0, "worker {w}, main {m}");
     assert!(
         (share - 0.5).abs() < 4.0 * (0.25 / n).sqrt(),

@@ -9,7 +9,8 @@
 //!   [`code_bytes`] of a running process, [`thread_cpu`];
 //! - tolerances from statistics: [`assert_share`] (4σ of a binomial share),
 //!   [`assert_sample_count`] (a count against the CPU time it stands for, at the rate
-//!   [`perf_cpu_clock_rate`] measures);
+//!   [`perf_cpu_clock_rate`] measures), [`samples_behind`] (the samples a weighted share
+//!   stands on);
 //! - generated programs that count their own calls: [`exact_gen`];
 //! - processes: [`is_root`], [`require_root`], [`wait_exec`], [`assert_running_untraced`].
 
@@ -266,6 +267,26 @@ pub fn perf_cpu_clock_rate(asked_hz: u32) -> f64 {
     rate
 }
 
+/// How many samples stand behind `part` of a profile's `total` periods, when superprof's
+/// summary on `stderr` ("superprof: N samples ...") says how many samples the whole profile
+/// came from: a sample of libsuperprof weighs every period its signal stood for, and a share's
+/// σ counts samples, not periods. Without such a line, `part` itself.
+pub fn samples_behind(part: u64, total: u64, stderr: &str) -> u64 {
+    // N of the "superprof: N samples ..." line (the largest: preload's merged profile's
+    // line beside any of its processes').
+    let said: u64 = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("superprof: ")?.split_once(' '))
+        .filter(|(_, rest)| rest.starts_with("samples"))
+        .filter_map(|(n, _)| n.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    if said == 0 || total == 0 {
+        return part;
+    }
+    ((part as f64 * said as f64 / total as f64).round() as u64).max(1)
+}
+
 /// A share against a figure with a tolerance in points that is not statistical (a peer's
 /// rounding, a clock's granularity): say why where it is used.
 pub fn assert_close(what: &str, measured: f64, truth: f64, points: f64) {
@@ -380,6 +401,16 @@ mod tests {
         assert_share("in", 0.524, 0.5, 10_000);
         assert_sample_count("in", 500, 1.0, 999.0, 500.0);
         assert_sample_count("all", 990, 1.0, 999.0, 999.0);
+    }
+
+    #[test]
+    fn samples_behind_periods_come_from_the_summary() {
+        let stderr = "x\nsuperprof: 250 samples standing for 1000 periods (0 dropped)\n";
+        assert_eq!(samples_behind(400, 1000, stderr), 100);
+        assert_eq!(samples_behind(400, 1000, "no summary"), 400);
+        // preload: the merged profile's line.
+        let merged = "superprof: 300 samples from 2 processes (3 threads) in 1.00 s; 0 dropped";
+        assert_eq!(samples_behind(1200, 1200, merged), 300);
     }
 
     #[test]

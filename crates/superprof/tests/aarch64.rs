@@ -1373,14 +1373,20 @@ fn assert_split(what: &str, output: &str, f: &Folded, funcs: [&str; 3]) {
             .sum()
     };
     let n: u64 = funcs.iter().map(|x| of(x)).sum();
-    assert!(n > 100, "{what}: {n} samples in {funcs:?}: {output}");
+    // (Counts are periods; libsuperprof's samples weigh each its signal stood for, and σ
+    // counts samples.)
+    let samples = samples_behind(n, f.total(), output);
+    assert!(
+        samples > 100,
+        "{what}: {samples} samples in {funcs:?}: {output}"
+    );
     let spent: f64 = funcs.iter().map(|x| truth[*x]).sum();
     for func in funcs {
         assert_share(
             &format!("{what}: {func}"),
             of(func) as f64 / n as f64,
             truth[func] / spent,
-            n,
+            samples,
         );
     }
     let whole: u64 =

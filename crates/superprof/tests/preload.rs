@@ -39,9 +39,11 @@ fn preload_matches_the_known_split() {
     );
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
     let f = Folded::read(&folded);
-    assert!(f.total() > 200, "{} samples", f.total());
+    // (Counts are periods: a sample weighs each its signal stood for; σ counts samples.)
+    let n = samples_behind(f.total(), f.total(), &String::from_utf8_lossy(&out.stderr));
+    assert!(n > 200, "{n} samples");
     for func in ["work_alpha", "work_beta", "work_gamma"] {
-        assert_share(func, f.share_leaf(func), truth[func], f.total());
+        assert_share(func, f.share_leaf(func), truth[func], n);
         // Full stacks from main: at least 95% of the function's samples.
         let whole = f.complete_share(func, "main");
         assert!(
@@ -91,7 +93,8 @@ fn preload_follows_the_programs_a_shell_runs_and_keeps_the_exit_status() {
         .collect();
     assert_eq!(runs.len(), 2, "{stdout}");
     let truth = runs.iter().sum::<f64>() / 2.0;
-    assert_share("work_alpha", f.share_leaf("work_alpha"), truth, f.total());
+    let n = samples_behind(f.total(), f.total(), &stderr);
+    assert_share("work_alpha", f.share_leaf("work_alpha"), truth, n);
 }
 
 #[test]

@@ -8,8 +8,8 @@ use std::process::Command;
 
 #[allow(unused_imports)] // each test file uses some
 pub use superprof_testkit::{
-    assert_share, burn, cpu_lock, fixture_values, thread_cpu, workspace_dir as root, Folded,
-    TempDir,
+    assert_share, burn, cpu_lock, fixture_values, samples_behind, thread_cpu,
+    workspace_dir as root, Folded, TempDir,
 };
 
 /// target/release (or debug), where libsuperprof.so is.
