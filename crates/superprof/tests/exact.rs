@@ -107,7 +107,7 @@ fn build(dir: &TempDir, p: &Program) -> Result<Built, String> {
         return Err(format!("the program's counts are incomplete: {stdout}"));
     }
     Ok(Built {
-        ranges: function_ranges(&exe),
+        ranges: function_ranges(&exe, p.functions.len()),
         exe,
         stdout,
         counts,
@@ -115,20 +115,13 @@ fn build(dir: &TempDir, p: &Program) -> Result<Built, String> {
 }
 
 /// The generated functions' [start, end) from `nm -S` (not from superprof).
-fn function_ranges(exe: &Path) -> BTreeMap<String, (u64, u64)> {
-    let out = run_ok(Command::new("nm").args(["-S", "--defined-only"]).arg(exe));
-    let mut m = BTreeMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        if let [addr, size, _, name] = w[..] {
-            if name.starts_with("gen_f") && name[5..].bytes().all(|b| b.is_ascii_digit()) {
-                let a = u64::from_str_radix(addr, 16).unwrap();
-                let s = u64::from_str_radix(size, 16).unwrap();
-                m.insert(name.to_owned(), (a, a + s));
-            }
-        }
-    }
-    m
+fn function_ranges(exe: &Path, functions: usize) -> BTreeMap<String, (u64, u64)> {
+    (0..functions)
+        .filter_map(|i| {
+            let name = format!("gen_f{i}");
+            Some((name.clone(), symbol_range(exe, &name)?))
+        })
+        .collect()
 }
 
 /// The program's output under superprof must be its output alone (superprof's own goes to

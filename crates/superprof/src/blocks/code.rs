@@ -167,7 +167,11 @@ impl ElfCode {
             })
             .collect::<Option<Vec<_>>>()?;
         let mut code = ElfCode::of(path, &obj, sections, Vec::new(), functions);
+        // (A symbol in both .symtab and .dynsym is one function.)
         code.functions.sort_by_key(|f| f.addr);
+        code.functions.dedup_by_key(|f| f.addr);
+        code.sections.sort_by_key(|s| s.0);
+        code.sections.dedup_by_key(|s| s.0);
         Some(code)
     }
 

@@ -264,3 +264,42 @@ pub fn callgrind_of(
     );
     callgrind_counts(&out_file, object)
 }
+
+/// [start, end) of function `name` in `file` from `nm -S` (then `nm -D -S`, then `nm -S` of
+/// its debug file under /usr/lib/debug/.build-id, by the build id `readelf -n` shows).
+pub fn symbol_range(file: &std::path::Path, name: &str) -> Option<(u64, u64)> {
+    let notes = std::process::Command::new("readelf")
+        .arg("-n")
+        .arg(file)
+        .output()
+        .unwrap();
+    let debug = String::from_utf8_lossy(&notes.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: ").map(str::to_owned))
+        .filter(|id| id.len() > 2)
+        .map(|id| format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]));
+    let tries = [
+        (file.to_owned(), false),
+        (file.to_owned(), true),
+        (debug.map(Into::into).unwrap_or_default(), false),
+    ];
+    for (file, dynamic) in tries {
+        let mut nm = std::process::Command::new("nm");
+        nm.args(["-S", "--defined-only"]);
+        if dynamic {
+            nm.arg("-D");
+        }
+        let out = nm.arg(&file).output().unwrap();
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if let [addr, size, kind, sym] = w[..] {
+                let sym = sym.split('@').next().unwrap_or(sym);
+                if sym == name && matches!(kind, "T" | "t" | "W" | "i") {
+                    let a = u64::from_str_radix(addr, 16).ok()?;
+                    return Some((a, a + u64::from_str_radix(size, 16).ok()?));
+                }
+            }
+        }
+    }
+    None
+}
