@@ -22,7 +22,7 @@ pub struct TraceOptions {
     /// report it ([`TraceEvent::ThreadReady`]); resume it with [`Tracer::resume`].
     pub hold_new_threads: bool,
     /// Keep the program's own SIGTRAP state (ignored, blocked) through the tracer's traps
-    /// ([`crate::sigtrap`]): from the first breakpoint or step, threads also stop at each
+    /// (the crate's `sigtrap` module): from the first breakpoint or step, threads also stop at each
     /// system call. For owners whose program stops at every probe anyway: the stops would
     /// distort per-call figures.
     pub guard_sigtrap: bool,
@@ -101,6 +101,13 @@ impl Thread {
 /// next trap sets it ignored again (each time costs two system calls run in the program,
 /// its other threads held): the window in which superprof's death would leave it reset.
 const TRAP_RESET_GRACE: Duration = Duration::from_millis(10);
+
+/// How long a thread resumed into an injected system call may take to reach its stops. It
+/// only has to be scheduled (the call is its next instruction, or the stub's), but a loaded or
+/// emulated machine may not run it for seconds (in the arm64 guest under TCG, with a second
+/// guest beside it, a thread once took more than 5 s). What never runs (a frozen cgroup) is
+/// given up after this, the program left as it was.
+const INJECTED_CALL_DEADLINE: Duration = Duration::from_secs(20);
 
 /// The longest patch [`Tracer::patch_code`] takes (what the janitor's table holds).
 pub const MAX_PATCH: usize = 8;
@@ -640,7 +647,7 @@ impl Tracer {
         stubbed: bool,
     ) -> io::Result<i64> {
         let after = at + sys::SYSCALL_INSN.len() as u64;
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + INJECTED_CALL_DEADLINE;
         let mut entered = false;
         loop {
             if std::time::Instant::now() > deadline {
@@ -677,7 +684,7 @@ impl Tracer {
     fn syscall_stop(&mut self, tid: u32) -> io::Result<()> {
         let space = self.threads.get(&tid).map_or(tid, |t| t.space());
         sys::cont_syscall(tid, 0)?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + INJECTED_CALL_DEADLINE;
         while std::time::Instant::now() < deadline {
             match sys::wait_any_nohang() {
                 Ok(Some((t2, st))) if t2 == tid => {

@@ -378,22 +378,104 @@ struct Section {
 
 /// Boots the guest once, runs every command, and returns the sections by name.
 fn guest() -> &'static BTreeMap<String, Section> {
-    &run().1
+    &boots().main.1
 }
 
 /// The guest's console, and its sections by name.
 type Console = (String, BTreeMap<String, Section>);
 
-/// The main boot's console and sections (see [`Console`]).
-fn run() -> &'static Console {
-    static RUN: OnceLock<Result<Console, String>> = OnceLock::new();
+/// What the boots printed: the main commands' consoles (both halves) and sections, and the
+/// sections of the -icount boot.
+struct Boots {
+    main: Console,
+    icount: BTreeMap<String, Section>,
+}
+
+/// Boots the guest three times, two at once: the main commands in two halves on two QEMUs
+/// (each runs its guest on one host thread, so the two use this machine's two cores; the
+/// sections are independent, each with its own /tmp), and the -icount boot after the half
+/// planned lighter. About half the guest's wall time of one boot doing everything.
+fn boots() -> &'static Boots {
+    static RUN: OnceLock<Result<Boots, String>> = OnceLock::new();
     once(&RUN, || {
         let _cpu = cpu_lock();
-        let console = boot(&commands(), &[]);
-        let sections = parse_sections(&console);
-        write_times(&sections);
-        (console, sections)
+        let (a, b) = halves(commands(), ICOUNT_BOOT_SECS);
+        let timed = |tag: &str, cmds: &[(String, String)], qemu_args: &[&str]| {
+            let t0 = Instant::now();
+            let console = boot(tag, cmds, qemu_args);
+            (
+                console,
+                format!("boot {tag}: {:.1} s", t0.elapsed().as_secs_f64()),
+            )
+        };
+        let t0 = Instant::now();
+        let ((ca, ta), ((cb, tb), (ci, ti))) = std::thread::scope(|s| {
+            let first = s.spawn(|| timed("a", &a, &[]));
+            let second = timed("b", &b, &[]);
+            let icount = timed(
+                "icount",
+                &icount_commands(),
+                &["-icount", "shift=0,sleep=off"],
+            );
+            let first = first
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            (first, (second, icount))
+        });
+        let mut sections = parse_sections(&ca);
+        sections.extend(parse_sections(&cb));
+        let wall = format!("all three: {:.1} s", t0.elapsed().as_secs_f64());
+        write_times(&sections, &[ta, tb, ti, wall]);
+        Boots {
+            main: (format!("{ca}{cb}"), sections),
+            icount: parse_sections(&ci),
+        }
     })
+}
+
+/// Guest commands: (section name, shell lines).
+type Commands = Vec<(String, String)>;
+
+/// The -icount boot's guest seconds, about (its three commands and the boot).
+const ICOUNT_BOOT_SECS: f64 = 60.0;
+
+/// Splits the main commands in two halves of about equal guest time, the second carrying
+/// `extra` seconds more (the boot after it): each command weighs its seconds in the last run's
+/// target/aarch64-guest-times.txt, the longest placed first on the lighter half; without that
+/// file (a clean clone) every command weighs the same, and the list's neighbours (an engine's
+/// twin sections, of about equal cost) go to different halves.
+fn halves(commands: Commands, extra: f64) -> (Commands, Commands) {
+    let last: BTreeMap<String, f64> = std::fs::read_to_string(root_dir().join(TIMES))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (secs, name) = l.trim().split_once(' ')?;
+            Some((name.trim().to_owned(), secs.parse().ok()?))
+        })
+        .collect();
+    let mut order: Vec<(f64, usize)> = commands
+        .iter()
+        .enumerate()
+        .map(|(i, (n, _))| (last.get(n).copied().unwrap_or(15.0), i))
+        .collect();
+    // (Stable: equal weights keep the list's order.)
+    order.sort_by(|x, y| y.0.total_cmp(&x.0));
+    let mut load = [0.0, extra];
+    let mut side = vec![0usize; commands.len()];
+    for (w, i) in order {
+        let h = usize::from(load[1] < load[0]);
+        load[h] += w;
+        side[i] = h;
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (c, h) in commands.into_iter().zip(side) {
+        if h == 0 {
+            a.push(c)
+        } else {
+            b.push(c)
+        }
+    }
+    (a, b)
 }
 
 /// `make`'s value, made once: a failure (a boot that stopped early, a missing cross-built
@@ -414,19 +496,25 @@ fn once<T>(cell: &'static OnceLock<Result<T, String>>, make: impl FnOnce() -> T)
 }
 
 /// Writes target/aarch64-guest-times.txt: each section's guest seconds, the slowest first
-/// (where the guest's time goes, for whoever sets its deadline).
-fn write_times(sections: &BTreeMap<String, Section>) {
+/// (where the guest's time goes, for whoever sets its deadline), after each boot's wall time.
+fn write_times(sections: &BTreeMap<String, Section>, walls: &[String]) {
     let mut v: Vec<(f64, &str)> = sections
         .iter()
         .filter_map(|(n, s)| Some((s.secs?, n.as_str())))
         .collect();
     v.sort_by(|a, b| b.0.total_cmp(&a.0));
     let total: f64 = v.iter().map(|x| x.0).sum();
-    let mut text = format!("{total:8.1} s in all\n");
+    let mut text = String::new();
+    for w in walls {
+        text.push_str(&format!("# {w}\n"));
+    }
+    text.push_str(&format!(
+        "{total:8.1} s in all (the halves' sections, one after the other)\n"
+    ));
     for (secs, name) in v {
         text.push_str(&format!("{secs:8.1} {name}\n"));
     }
-    let _ = std::fs::write(root_dir().join("target/aarch64-guest-times.txt"), text);
+    let _ = std::fs::write(root_dir().join(TIMES), text);
 }
 
 /// The commands of the second boot, under `-icount shift=0` (TCG's PMU counts instructions
@@ -454,16 +542,15 @@ fn icount_commands() -> Vec<(String, String)> {
 
 /// The sections of the -icount boot.
 fn icount_guest() -> &'static BTreeMap<String, Section> {
-    static RUN: OnceLock<Result<BTreeMap<String, Section>, String>> = OnceLock::new();
-    once(&RUN, || {
-        let _cpu = cpu_lock();
-        parse_sections(&boot(&icount_commands(), &["-icount", "shift=0,sleep=off"]))
-    })
+    &boots().icount
 }
+
+/// Where each section's guest seconds are written (and read back by [`halves`]).
+const TIMES: &str = "target/aarch64-guest-times.txt";
 
 /// The end of the guest's console, for a message.
 fn console_tail() -> String {
-    let c = &run().0;
+    let c = &boots().main.0;
     c[c.len().saturating_sub(3000)..].to_owned()
 }
 
@@ -622,14 +709,19 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
 }
 
 /// Boots the guest with `commands` (under the extra QEMU arguments `qemu_args`) and returns
-/// its console once it powered off.
-fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
+/// its console once it powered off; `tag` names its files (boots run at once).
+fn boot(tag: &str, commands: &[(String, String)], qemu_args: &[&str]) -> String {
     let (dir, root, pkg) = prepared();
     let mut script = format!("cd /t\n{CODE_SUM}");
-    // (SUPERPROF_GUEST_ONLY=PREFIX,PREFIX... runs only the sections named so: for debugging.)
+    // (SUPERPROF_GUEST_ONLY=PREFIX,PREFIX... runs only the sections named so: for debugging.
+    // A boot left with none is not made.)
     let only = std::env::var("SUPERPROF_GUEST_ONLY").unwrap_or_default();
     let wanted = |n: &str| only.split(',').any(|p| n.starts_with(p));
-    for (name, cmd) in commands.iter().filter(|(n, _)| wanted(n)) {
+    let commands: Vec<_> = commands.iter().filter(|(n, _)| wanted(n)).collect();
+    if commands.is_empty() {
+        return String::new();
+    }
+    for (name, cmd) in commands {
         script.push_str(&format!(
             "J=/tmp/{name}.json\necho '<<< {name}'\nT0=$(cut -d' ' -f1 /proc/uptime)\n\
              {{\n{cmd}\n}} >/tmp/out 2>&1\nR=$?\n\
@@ -637,6 +729,10 @@ fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
              cat /tmp/out\necho '<<json'\n[ -f $J ] && cat $J\necho\necho '>>> {name}'\n"
         ));
     }
+    // (The script and init are written into the one root folder and packed under a lock:
+    // each boot gets its own archive.)
+    static PACKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let packing = PACKING.lock().unwrap_or_else(|e| e.into_inner());
     std::fs::write(root.join("t/run.sh"), script).unwrap();
     let init = "#!/bin/busybox sh\n/bin/busybox --install -s /bin\n\
                 mount -t proc proc /proc\nmount -t sysfs sys /sys\nmount -t devtmpfs dev /dev\n\
@@ -645,9 +741,10 @@ fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
     std::fs::write(root.join("init"), init).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let initrd = dir.path("initrd.gz");
+    let initrd = dir.path(&format!("initrd-{tag}.gz"));
     initramfs(root, "cpio", &initrd);
-    let console = dir.path("console.txt");
+    drop(packing);
+    let console = dir.path(&format!("console-{tag}.txt"));
     let _ = std::fs::remove_file(&console);
     let mut guest = Guest {
         child: Command::new("qemu-system-aarch64")
@@ -693,8 +790,11 @@ fn boot(commands: &[(String, String)], qemu_args: &[&str]) -> String {
         std::thread::sleep(Duration::from_millis(200));
     }
     let text = std::fs::read_to_string(&console).unwrap();
-    // (SUPERPROF_GUEST_CONSOLE=FILE keeps a copy of the console: for debugging.)
+    // (SUPERPROF_GUEST_CONSOLE=FILE keeps a copy of each boot's console, in FILE.a, FILE.b
+    // and FILE.icount: for debugging.)
     if let Some(keep) = std::env::var_os("SUPERPROF_GUEST_CONSOLE") {
+        let mut keep = keep;
+        keep.push(format!(".{tag}"));
         std::fs::write(keep, &text).unwrap();
     }
     assert!(
