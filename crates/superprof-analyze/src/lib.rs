@@ -29,7 +29,7 @@
 //!            vec![(0x1000, 0x1004), (0x1004, 0x1006), (0x1006, 0x1007)]);
 //! assert_eq!(b[0].flow, Flow::Conditional { target: 0x1006 });
 //! ```
-
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 mod aarch64;

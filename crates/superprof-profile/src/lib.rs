@@ -26,7 +26,7 @@
 //! superprof_profile::folded::write(&p, &mut out).unwrap();
 //! assert_eq!(String::from_utf8(out).unwrap(), "demo;main;hot 1\n");
 //! ```
-
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod diff;

@@ -24,7 +24,7 @@
 //! g.read(regs.sp, &mut stack).unwrap();
 //! g.resume().unwrap();
 //! ```
-
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 mod gdb;

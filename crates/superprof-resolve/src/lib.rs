@@ -11,7 +11,7 @@
 //!   by extension, writable), and each file written whole (a temporary file renamed).
 //! - [`Console`], [`check_text_output`] and [`write_text`]: where text results (tables, JSON,
 //!   CSV) go without `-o`, and the same whole-file writing for them.
-
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 use std::collections::HashMap;

@@ -19,7 +19,7 @@
 //!     println!("{:?} {:?}:{:?}", frame.function, frame.file, frame.line);
 //! }
 //! ```
-
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 mod cfi;

@@ -13,7 +13,7 @@
 //!   stands on);
 //! - generated programs that count their own calls: [`exact_gen`];
 //! - processes: [`is_root`], [`require_root`], [`wait_exec`], [`assert_running_untraced`].
-
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod exact_gen;

@@ -106,7 +106,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Where the profiles go: pyroscope:URL, parca:URL, otlp:URL (gRPC) or otlp-http:URL,
-    /// URL being http[s]://HOST:PORT
+    /// URL being http://HOST:PORT or https://HOST:PORT
     #[arg(long, value_name = "DEST")]
     pub push: String,
     /// How long each profile covers: 15s, 1m, 500ms...
@@ -170,7 +170,7 @@ pub struct RecordArgs {
     /// After the recording, send the profile to a server (the local outputs are written
     /// too): pyroscope:URL (Pyroscope's HTTP ingest), parca:URL (Parca's gRPC WriteRaw),
     /// otlp:URL (OTLP profiles over gRPC) or otlp-http:URL (OTLP over HTTP); URL is
-    /// http[s]://HOST:PORT
+    /// http://HOST:PORT or https://HOST:PORT
     #[arg(long, value_name = "DEST")]
     pub push: Option<String>,
     /// The application the pushed profile belongs to (default: the command's name)
