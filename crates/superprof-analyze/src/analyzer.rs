@@ -1,6 +1,6 @@
 //! The analyzers' common interface, and the `decode` analyzer.
 
-use crate::{Arch, Flow};
+use crate::{Arch, Flow, Isa};
 
 /// Where a block that runs from some pc ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

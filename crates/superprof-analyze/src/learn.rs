@@ -1,7 +1,7 @@
 //! The learning analyzer: it learns which encodings are branches by watching single steps.
 //!
 //! Each single-stepped instruction is an observation: its encoding key (opcode bits, see
-//! [`Arch::encoding_key`]) and whether the pc went straight on or somewhere else. Keys seen
+//! `Keys::encoding_key`) and whether the pc went straight on or somewhere else. Keys seen
 //! going elsewhere are branches; two branch keys are generalized into one pattern (value and
 //! mask: the bits they share) when the pattern keeps enough of the opcode and covers no opcode
 //! seen only going straight on. A key is predicted straight once its opcode has gone straight
@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::analyzer::{CodeWindow, ReadCode};
-use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode, Probed};
+use crate::{Analyzer, AnalyzerStats, Arch, BlockEnd, Decode, Isa, Keys, Probed};
 
 /// An instruction's exact bytes (its length, then up to 15 bytes): the lab's verdicts are
 /// kept per encoding, which behaves the same at every address.

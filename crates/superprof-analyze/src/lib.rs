@@ -44,64 +44,67 @@ pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode, Probed};
 pub use emulate::{x86_branch, Taken, X86Regs};
 pub use learn::Learn;
 
-/// An instruction set the analyzers know.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// x86-64: instructions of 1 to 15 bytes.
-    X86_64,
-    /// AArch64 (A64): instructions of 4 bytes.
-    Aarch64,
+pub use superprof_unwind::Arch;
+
+/// What the analyzers know of an instruction set ([`Arch`], whose home is superprof-unwind):
+/// its instructions' lengths, kinds and text.
+pub trait Isa: Copy {
+    /// The longest instruction: how many bytes to read to decode one.
+    fn max_insn_len(self) -> usize;
+    /// Decodes the instruction at the start of `code` (at address `addr`); None if invalid.
+    fn classify(self, code: &[u8], addr: u64) -> Option<Insn>;
+    /// The instruction at the start of `code` as assembly text, and its length.
+    fn disassemble(self, code: &[u8], addr: u64) -> Option<(String, u32)>;
+    /// The length of the instruction at the start of `code` (the length decoder on x86_64;
+    /// 4 on AArch64, decodable or not).
+    fn insn_len(self, code: &[u8], addr: u64) -> Option<u32>;
 }
 
-impl Arch {
-    /// The architecture superprof runs on.
-    pub const HOST: Arch = if cfg!(target_arch = "aarch64") {
-        Arch::Aarch64
-    } else {
-        Arch::X86_64
-    };
-
-    /// The longest instruction: how many bytes to read to decode one.
-    pub fn max_insn_len(self) -> usize {
+impl Isa for Arch {
+    fn max_insn_len(self) -> usize {
         match self {
             Arch::X86_64 => 15,
             Arch::Aarch64 => 4,
         }
     }
 
-    /// Decodes the instruction at the start of `code` (at address `addr`); None if invalid.
-    pub fn classify(self, code: &[u8], addr: u64) -> Option<Insn> {
+    fn classify(self, code: &[u8], addr: u64) -> Option<Insn> {
         match self {
             Arch::X86_64 => x86::classify(code, addr),
             Arch::Aarch64 => aarch64::classify(code, addr),
         }
     }
 
-    /// The instruction at the start of `code` as assembly text, and its length.
-    pub fn disassemble(self, code: &[u8], addr: u64) -> Option<(String, u32)> {
+    fn disassemble(self, code: &[u8], addr: u64) -> Option<(String, u32)> {
         match self {
             Arch::X86_64 => x86::disassemble(code, addr),
             Arch::Aarch64 => aarch64::disassemble(code, addr),
         }
     }
 
-    /// The length of the instruction at the start of `code` (the length decoder on x86_64;
-    /// 4 on AArch64, decodable or not).
-    pub fn insn_len(self, code: &[u8], addr: u64) -> Option<u32> {
+    fn insn_len(self, code: &[u8], addr: u64) -> Option<u32> {
         self.encoding_key(code, addr).map(|(_, len)| len)
     }
+}
 
+/// The learning analyzer's view of an instruction set: keys of instructions.
+pub(crate) trait Keys {
     /// The learning analyzer's key for an instruction (its opcode bits, prefixes left out),
     /// and the instruction's length.
-    pub(crate) fn encoding_key(self, code: &[u8], addr: u64) -> Option<(u32, u32)> {
+    fn encoding_key(self, code: &[u8], addr: u64) -> Option<(u32, u32)>;
+    /// Where the opcode part of a key starts (the bits above are the "head").
+    fn key_head_shift(self) -> u32;
+}
+
+impl Keys for Arch {
+    fn encoding_key(self, code: &[u8], addr: u64) -> Option<(u32, u32)> {
         match self {
             Arch::X86_64 => x86::encoding_key(code, addr),
             Arch::Aarch64 => aarch64::encoding_key(code),
         }
     }
 
-    /// Where the opcode part of a key starts (the bits above are the "head").
-    pub(crate) fn key_head_shift(self) -> u32 {
+    fn key_head_shift(self) -> u32 {
         match self {
             Arch::X86_64 => x86::KEY_HEAD_SHIFT,
             Arch::Aarch64 => aarch64::KEY_HEAD_SHIFT,
@@ -109,7 +112,7 @@ impl Arch {
     }
 }
 
-/// Classifies one instruction of the host architecture (see [`Arch::classify`]).
+/// Classifies one instruction of the host architecture (see [`Isa::classify`]).
 pub fn classify(code: &[u8], addr: u64) -> Option<Insn> {
     Arch::HOST.classify(code, addr)
 }

@@ -551,7 +551,7 @@ pub const MAX_RECORD_TRAMPOLINE: usize = 384;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Arch;
+    use crate::{Arch, Isa};
 
     /// The instructions of `bytes` at `at`, disassembled (literals after them too).
     fn asm(bytes: &[u8], at: u64) -> Vec<String> {

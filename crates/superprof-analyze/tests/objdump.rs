@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use object::{Object, ObjectSection, ObjectSymbol};
-use superprof_analyze::{blocks, classify, decode_all, Arch, Flow};
+use superprof_analyze::{blocks, classify, decode_all, Arch, Flow, Isa};
 use superprof_testkit::{compile, compile_with, TempDir};
 
 /// (address, mnemonic, direct target) of each instruction of `func`, from objdump.

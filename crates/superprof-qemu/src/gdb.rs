@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{shown, Backend, Cancel, Conn, GuestArch, GuestRegs, QemuError, Result, MAX_VCPUS};
+use crate::{shown, Arch, Backend, Cancel, Conn, GuestRegs, QemuError, Result, MAX_VCPUS};
 
 /// The longest packet taken from the stub, before and after its escapes and run-length
 /// encoding are undone (QEMU's packets are at most 4 KiB).
@@ -19,7 +19,7 @@ pub struct Gdb {
     scanned: usize,
     /// Bytes of memory one `m` reply can hold.
     max_read: usize,
-    arch: Option<GuestArch>,
+    arch: Option<Arch>,
     /// Resumed by us, and no stop asked for since.
     running: bool,
     no_ack: bool,
@@ -346,16 +346,16 @@ fn thread_ids(list: &[u8], ids: &mut Vec<String>) -> Result<()> {
 }
 
 impl Backend for Gdb {
-    fn arch(&mut self) -> Result<GuestArch> {
+    fn arch(&mut self) -> Result<Arch> {
         if let Some(a) = self.arch {
             return Ok(a);
         }
         let xml = self.request(b"qXfer:features:read:target.xml:0,ffb")?;
         let text = String::from_utf8_lossy(&xml);
         let a = if text.contains("aarch64") {
-            GuestArch::Aarch64
+            Arch::Aarch64
         } else if text.contains("x86-64") || text.contains("x86_64") {
-            GuestArch::X86_64
+            Arch::X86_64
         } else {
             return Err(QemuError::Protocol(format!(
                 "unsupported guest architecture: {}",
@@ -437,14 +437,14 @@ impl Backend for Gdb {
         };
         let regs = match arch {
             // rax rbx rcx rdx rsi rdi rbp rsp r8..r15 rip
-            GuestArch::X86_64 => GuestRegs {
+            Arch::X86_64 => GuestRegs {
                 pc: word(16)?,
                 sp: word(7)?,
                 fp: word(6)?,
                 lr: 0,
             },
             // x0..x30 sp pc
-            GuestArch::Aarch64 => GuestRegs {
+            Arch::Aarch64 => GuestRegs {
                 pc: word(32)?,
                 sp: word(31)?,
                 fp: word(29)?,

@@ -33,7 +33,7 @@ pub mod tdesc;
 
 pub use gdb::Gdb;
 pub use qmp::Qmp;
-pub use superprof_unwind::GuestArch;
+pub use superprof_unwind::Arch;
 
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -105,7 +105,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A guest controlled from outside.
 pub trait Backend {
     /// The guest's architecture, as QEMU reports it.
-    fn arch(&mut self) -> Result<GuestArch>;
+    fn arch(&mut self) -> Result<Arch>;
     /// Stops the guest (every vCPU).
     fn stop(&mut self) -> Result<()>;
     /// The guest's vCPUs (their number is their index for [`Backend::select`]).
@@ -135,20 +135,20 @@ pub trait Backend {
 
 /// The register that roots the address space of user code: `cr3` (x86_64) or `TTBR0_EL1`
 /// (AArch64), as gdbstubs name them.
-pub fn space_register(arch: GuestArch) -> &'static str {
+pub fn space_register(arch: Arch) -> &'static str {
     match arch {
-        GuestArch::X86_64 => "cr3",
-        GuestArch::Aarch64 => "TTBR0_EL1",
+        Arch::X86_64 => "cr3",
+        Arch::Aarch64 => "TTBR0_EL1",
     }
 }
 
 /// An address space's identity from the raw register: CR3 without its PCID and flag bits
 /// (0-11) and bit 63 (no-flush); TTBR0_EL1 without its ASID (48-63) and CnP (0). A process
 /// keeps it while it lives, whatever PCID or ASID the kernel gives it.
-pub fn space_root(arch: GuestArch, raw: u64) -> u64 {
+pub fn space_root(arch: Arch, raw: u64) -> u64 {
     match arch {
-        GuestArch::X86_64 => raw & 0x000f_ffff_ffff_f000,
-        GuestArch::Aarch64 => raw & 0x0000_ffff_ffff_fffe,
+        Arch::X86_64 => raw & 0x000f_ffff_ffff_f000,
+        Arch::Aarch64 => raw & 0x0000_ffff_ffff_fffe,
     }
 }
 

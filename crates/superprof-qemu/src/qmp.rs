@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::{shown, Backend, Cancel, Conn, GuestArch, GuestRegs, QemuError, Result, MAX_VCPUS};
+use crate::{shown, Arch, Backend, Cancel, Conn, GuestRegs, QemuError, Result, MAX_VCPUS};
 
 /// The longest QMP message (one line) taken from the peer.
 pub const MAX_LINE: usize = 4 << 20;
@@ -24,7 +24,7 @@ pub struct Qmp {
     scanned: usize,
     /// The id of the last command sent.
     id: u64,
-    arch: Option<GuestArch>,
+    arch: Option<Arch>,
     /// Read memory one 8-byte word per HMP `x` command (the original design; slow).
     pub word_reads: bool,
     scratch: PathBuf,
@@ -191,14 +191,14 @@ fn reg(text: &str, name: &str) -> Option<u64> {
 }
 
 impl Backend for Qmp {
-    fn arch(&mut self) -> Result<GuestArch> {
+    fn arch(&mut self) -> Result<Arch> {
         if let Some(a) = self.arch {
             return Ok(a);
         }
         let t = self.execute("query-target", json!({}))?;
         let a = match t.get("arch").and_then(Value::as_str) {
-            Some("aarch64") => GuestArch::Aarch64,
-            Some("x86_64") => GuestArch::X86_64,
+            Some("aarch64") => Arch::Aarch64,
+            Some("x86_64") => Arch::X86_64,
             other => {
                 return Err(QemuError::Protocol(format!(
                     "unsupported guest architecture {}",
@@ -250,19 +250,19 @@ impl Backend for Qmp {
         };
         let regs = match arch {
             // In long mode the 64-bit names; before it (at boot), the 32-bit ones.
-            GuestArch::X86_64 if reg(&text, "RIP").is_some() => GuestRegs {
+            Arch::X86_64 if reg(&text, "RIP").is_some() => GuestRegs {
                 pc: get("RIP")?,
                 sp: get("RSP")?,
                 fp: get("RBP")?,
                 lr: 0,
             },
-            GuestArch::X86_64 => GuestRegs {
+            Arch::X86_64 => GuestRegs {
                 pc: get("EIP")?,
                 sp: get("ESP")?,
                 fp: get("EBP")?,
                 lr: 0,
             },
-            GuestArch::Aarch64 => GuestRegs {
+            Arch::Aarch64 => GuestRegs {
                 pc: get("PC")?,
                 sp: get("SP")?,
                 fp: get("X29")?,
@@ -277,10 +277,8 @@ impl Backend for Qmp {
         let arch = self.arch()?;
         match arch {
             // From the `info registers` of the last regs().
-            GuestArch::X86_64 => {
-                Ok(reg(&self.last_info, "CR3").map(|v| crate::space_root(arch, v)))
-            }
-            GuestArch::Aarch64 => Ok(None),
+            Arch::X86_64 => Ok(reg(&self.last_info, "CR3").map(|v| crate::space_root(arch, v))),
+            Arch::Aarch64 => Ok(None),
         }
     }
 

@@ -1,23 +1,7 @@
 //! Syscall names per architecture (the tables in syscall_tables.rs): the syscall log's and
 //! the ptrace sampler's (a wait named after its call), in a module of their own.
 
-/// The architectures whose syscall numbers superprof knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// x86_64's 64-bit system calls (a 32-bit `int 0x80` call has other numbers).
-    X86_64,
-    /// AArch64's (the generic table of asm-generic/unistd.h).
-    Aarch64,
-}
-
-impl Arch {
-    /// The architecture superprof runs on.
-    pub const NATIVE: Arch = if cfg!(target_arch = "aarch64") {
-        Arch::Aarch64
-    } else {
-        Arch::X86_64
-    };
-}
+pub use superprof_unwind::Arch;
 
 /// The name of syscall `nr` of `arch`; `syscall_NR` for a number with no name.
 pub fn name_for(arch: Arch, nr: u64) -> String {
@@ -48,5 +32,5 @@ pub fn name_for_audit_arch(audit_arch: u32, nr: u64) -> String {
 
 /// The name of syscall `nr` on the architecture superprof runs on.
 pub fn name(nr: u64) -> String {
-    name_for(Arch::NATIVE, nr)
+    name_for(Arch::HOST, nr)
 }

@@ -150,7 +150,7 @@ fn catch_up(c: &mut Credit) -> bool {
 
 /// The name of system call `nr` on this machine (no allocation: called at every look).
 fn syscall_name(nr: u64) -> Option<&'static str> {
-    crate::names::known_name_for(crate::names::Arch::NATIVE, nr)
+    crate::names::known_name_for(crate::names::Arch::HOST, nr)
 }
 
 /// Whether `nr` is restart_syscall, which the kernel runs to go on with a call a stop

@@ -7,18 +7,10 @@ use std::sync::Arc;
 
 use framehop::{FrameAddress, Unwinder};
 
+use crate::arch::Arch;
 use crate::elf::{ElfImage, SectionBytes};
 use crate::process::{outcome, walk, UnwindOutcome};
 use crate::regs::UserRegs;
-
-/// A guest's instruction set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GuestArch {
-    /// x86-64: the return address is on the stack, rbp is the frame pointer.
-    X86_64,
-    /// AArch64: the return address is in x30 (lr), x29 is the frame pointer.
-    Aarch64,
-}
 
 enum Inner {
     X86_64(
@@ -41,13 +33,13 @@ pub struct GuestUnwinder {
 impl GuestUnwinder {
     /// An unwinder for a guest of `arch` that knows no module yet
     /// ([`GuestUnwinder::add_module`]).
-    pub fn new(arch: GuestArch) -> GuestUnwinder {
+    pub fn new(arch: Arch) -> GuestUnwinder {
         let inner = match arch {
-            GuestArch::X86_64 => Inner::X86_64(
+            Arch::X86_64 => Inner::X86_64(
                 framehop::x86_64::UnwinderX86_64::new(),
                 framehop::x86_64::CacheX86_64::new(),
             ),
-            GuestArch::Aarch64 => Inner::Aarch64(
+            Arch::Aarch64 => Inner::Aarch64(
                 framehop::aarch64::UnwinderAarch64::new(),
                 framehop::aarch64::CacheAarch64::new(),
             ),

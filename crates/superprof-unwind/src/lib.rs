@@ -25,6 +25,7 @@
 
 #![deny(missing_docs)]
 
+mod arch;
 mod elf;
 mod guest;
 pub mod maps;
@@ -32,9 +33,10 @@ mod process;
 mod regs;
 mod sys;
 
+pub use arch::Arch;
 pub use elf::{drop_omitted_lsda, jit_module, ElfCache, ElfImage, ModuleId, SectionBytes};
 pub use framehop::FrameAddress;
-pub use guest::{frame_parts, GuestArch, GuestUnwinder};
+pub use guest::{frame_parts, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, Truncation, UnwindOutcome};
 pub use regs::UserRegs;
 pub use sys::{clock_ns, map_file, monotonic_ns, open_input, page_size};

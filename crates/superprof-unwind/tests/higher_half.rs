@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use superprof_unwind::{
-    frame_parts, ElfImage, GuestArch, GuestUnwinder, Truncation, UnwindOutcome, UserRegs,
+    frame_parts, Arch, ElfImage, GuestUnwinder, Truncation, UnwindOutcome, UserRegs,
 };
 
 /// `_start` calls `g`, which calls `f`; the addresses of `f` and of the two return sites.
@@ -81,7 +81,7 @@ fn a_module_in_the_upper_half_unwinds_by_its_cfi() {
     let k = build(&dir);
     assert!(k.f >= 0xffff_ffff_8000_0000, "{:#x}", k.f);
     let image = Arc::new(ElfImage::open(&k.path).unwrap());
-    let mut u = GuestUnwinder::new(GuestArch::X86_64);
+    let mut u = GuestUnwinder::new(Arch::X86_64);
     for r in image.executable_ranges() {
         u.add_module(&image, "kernel", r.clone(), 0);
     }

@@ -215,7 +215,7 @@ fn mutated_elf_and_dwarf() {
         if let Some(image) = superprof_unwind::ElfImage::open(&path) {
             let image = Arc::new(image);
             let _ = image.has_unwind_info();
-            let mut u = superprof_unwind::GuestUnwinder::new(superprof_unwind::GuestArch::X86_64);
+            let mut u = superprof_unwind::GuestUnwinder::new(superprof_unwind::Arch::X86_64);
             for r in image.executable_ranges() {
                 u.add_module(&image, "mutated", r.clone(), 0);
             }

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use superprof_analyze::{Analyzer, Arch, BlockEnd};
+use superprof_analyze::{Analyzer, Arch, BlockEnd, Isa};
 use superprof_trace::{Lab, Tracer};
 
 /// Why a thread is being single-stepped.

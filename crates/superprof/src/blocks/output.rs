@@ -9,6 +9,7 @@ use superprof_profile::escape;
 
 use super::{BlockRow, ElfCode, Report};
 use crate::cli::{BlocksFormat, BlocksMode};
+use superprof_analyze::Isa;
 
 fn mode_name(m: BlocksMode) -> &'static str {
     match m {

@@ -16,18 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_profile::escape;
 use superprof_profile::Profile;
-use superprof_qemu::{Backend, Cancel, Gdb, GuestArch, QemuError, Qmp};
+use superprof_qemu::{Backend, Cancel, Gdb, QemuError, Qmp};
 
 use crate::cli::{QemuArgs, QemuBackendArg};
 use crate::sys;
 use sampler::{GuestElf, Owner, RawSample, Sampler};
-
-fn arch_name(a: GuestArch) -> &'static str {
-    match a {
-        GuestArch::X86_64 => "x86_64",
-        GuestArch::Aarch64 => "AArch64",
-    }
-}
 
 /// QEMU started by superprof (launch mode): ended when dropped.
 struct Launched {
@@ -215,8 +208,8 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         let _ = backend.resume();
         bail!(
             "the kernel ELF is for {} but the guest is {}: give the kernel this QEMU runs",
-            arch_name(arch),
-            arch_name(guest)
+            arch.name(),
+            guest.name()
         );
     }
     let mut sampler = Sampler::new(arch, kernel, users);
@@ -236,7 +229,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         // Printed once sampling starts: a script (or a test) may wait for this line.
         superprof_unwind::say!(
             "superprof: {} guest, {} backend: sampling",
-            arch_name(arch),
+            arch.name(),
             if args.qmp.is_some() || (args.gdb.is_none() && args.backend == QemuBackendArg::Qmp) {
                 "QMP"
             } else {

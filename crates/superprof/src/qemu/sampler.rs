@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use superprof_qemu::{Backend, GuestArch, QemuError};
+use superprof_qemu::{Arch, Backend, QemuError};
 use superprof_unwind::{frame_parts, ElfImage, GuestUnwinder, Truncation, UnwindOutcome, UserRegs};
 
 /// An ELF file of the guest: the kernel, or a program given with --user.
@@ -21,7 +21,7 @@ pub struct GuestElf {
     /// Linux's own unwind tables (`.orc_unwind`), which superprof does not read.
     pub has_orc: bool,
     /// The machine it is for (None: neither x86_64 nor AArch64).
-    pub arch: Option<GuestArch>,
+    pub arch: Option<Arch>,
 }
 
 /// The largest `.text` a guest ELF file may have (it is copied).
@@ -51,8 +51,8 @@ impl GuestElf {
         let has_symbols = obj.symbols().next().is_some() || obj.dynamic_symbols().next().is_some();
         let has_orc = obj.section_by_name(".orc_unwind").is_some();
         let arch = match obj.architecture() {
-            object::Architecture::X86_64 => Some(GuestArch::X86_64),
-            object::Architecture::Aarch64 => Some(GuestArch::Aarch64),
+            object::Architecture::X86_64 => Some(Arch::X86_64),
+            object::Architecture::Aarch64 => Some(Arch::Aarch64),
             _ => None,
         };
         Ok(GuestElf {
@@ -114,7 +114,7 @@ struct Space {
 pub const MAX_SPACES: usize = 4096;
 
 pub struct Sampler {
-    arch: GuestArch,
+    arch: Arch,
     pub kernel: GuestElf,
     /// Where the kernel's code is in the guest: its ELF's executable ranges, plus the slide.
     kernel_ranges: Vec<Range<u64>>,
@@ -201,7 +201,7 @@ impl MemCache<'_> {
 }
 
 impl Sampler {
-    pub fn new(arch: GuestArch, kernel: GuestElf, users: Vec<GuestElf>) -> Sampler {
+    pub fn new(arch: Arch, kernel: GuestElf, users: Vec<GuestElf>) -> Sampler {
         let kernel_ranges = kernel.image.executable_ranges();
         Sampler {
             arch,
