@@ -533,16 +533,8 @@ fn report(profile: &Profile, output: Option<&Path>, table: bool) -> Result<(), E
         let _ = superprof_profile::top::write(profile, 25, &mut w);
     }
     if let Some(path) = output {
-        let format = OutputFormat::from_path(path).ok_or_else(|| {
-            Error::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "cannot tell the format of '{}': use one of {}",
-                    path.display(),
-                    OutputFormat::extensions()
-                ),
-            ))
-        })?;
+        let format = OutputFormat::for_path(path)
+            .map_err(|e| Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
         superprof_resolve::write_output(profile, path, format).map_err(|e| Error::Write {
             path: e.path,
             source: e.source,

@@ -62,6 +62,36 @@ const EXTENSIONS: [(&str, OutputFormat); 7] = [
     (".html", OutputFormat::Html),
 ];
 
+/// The names of the formats on the command line (`--format NAME`).
+const NAMES: [(&str, OutputFormat); 9] = [
+    ("top", OutputFormat::Top),
+    ("tree", OutputFormat::Tree),
+    ("folded", OutputFormat::Folded),
+    ("svg", OutputFormat::Svg),
+    ("parquet", OutputFormat::Parquet),
+    ("pprof", OutputFormat::Pprof),
+    ("speedscope", OutputFormat::Speedscope),
+    ("firefox", OutputFormat::Firefox),
+    ("html", OutputFormat::Html),
+];
+
+/// An output path whose extension names no format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownExtension(pub PathBuf);
+
+impl std::fmt::Display for UnknownExtension {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot tell the format of output '{}': use one of the extensions {}",
+            self.0.display(),
+            OutputFormat::extensions()
+        )
+    }
+}
+
+impl std::error::Error for UnknownExtension {}
+
 impl OutputFormat {
     /// The format named by a file's extension.
     pub fn from_path(path: &Path) -> Option<OutputFormat> {
@@ -72,20 +102,22 @@ impl OutputFormat {
             .map(|&(_, f)| f)
     }
 
+    /// The format a file's extension names, or why there is none: the one check of an
+    /// output path's name (record, report, preload and libsuperprof give its message).
+    pub fn for_path(path: &Path) -> Result<OutputFormat, UnknownExtension> {
+        OutputFormat::from_path(path).ok_or_else(|| UnknownExtension(path.to_path_buf()))
+    }
+
     /// The format called `name` on the command line.
     pub fn from_name(name: &str) -> Option<OutputFormat> {
-        Some(match name {
-            "top" => OutputFormat::Top,
-            "tree" => OutputFormat::Tree,
-            "folded" => OutputFormat::Folded,
-            "svg" => OutputFormat::Svg,
-            "parquet" => OutputFormat::Parquet,
-            "pprof" => OutputFormat::Pprof,
-            "speedscope" => OutputFormat::Speedscope,
-            "firefox" => OutputFormat::Firefox,
-            "html" => OutputFormat::Html,
-            _ => return None,
-        })
+        NAMES.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
+    }
+
+    /// The names `--format` takes, for messages ("top, tree, ... or html").
+    pub fn names() -> String {
+        let all: Vec<&str> = NAMES.iter().map(|(n, _)| *n).collect();
+        let (last, rest) = all.split_last().expect("formats have names");
+        format!("{} or {last}", rest.join(", "))
     }
 
     /// The file extensions that select a format, for messages.
@@ -485,6 +517,26 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn formats_by_extension_and_by_name() {
+        let f = |p: &str| OutputFormat::for_path(Path::new(p));
+        assert_eq!(f("a/b.speedscope.json"), Ok(OutputFormat::Speedscope));
+        assert_eq!(f("x.pb.gz"), Ok(OutputFormat::Pprof));
+        assert_eq!(f("x.svg"), Ok(OutputFormat::Svg));
+        // A bare extension is no name; an unknown one is said with the known ones.
+        assert!(f(".svg").is_err());
+        let e = f("out.txt").unwrap_err().to_string();
+        assert!(e.contains("'out.txt'") && e.contains(".parquet"), "{e}");
+        for (name, format) in NAMES {
+            assert_eq!(OutputFormat::from_name(name), Some(format));
+        }
+        assert_eq!(OutputFormat::from_name("svgz"), None);
+        assert_eq!(
+            OutputFormat::names(),
+            "top, tree, folded, svg, parquet, pprof, speedscope, firefox or html"
+        );
     }
 
     #[test]

@@ -194,13 +194,7 @@ pub fn check_outputs(outputs: &[PathBuf]) -> Result<Vec<(PathBuf, OutputFormat)>
     paths
         .into_iter()
         .map(|path| {
-            let format = OutputFormat::from_path(&path).ok_or_else(|| {
-                OutputError(format!(
-                    "cannot tell the format of output '{}': use one of the extensions {}",
-                    path.display(),
-                    OutputFormat::extensions()
-                ))
-            })?;
+            let format = OutputFormat::for_path(&path).map_err(|e| OutputError(e.to_string()))?;
             superprof_profile::output::check_writable(&path).map_err(|e| {
                 OutputError(format!("cannot write output '{}': {e}", path.display()))
             })?;

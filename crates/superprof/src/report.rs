@@ -24,16 +24,11 @@ pub struct ReportConfig {
 impl ReportConfig {
     pub fn from_args(a: ReportArgs) -> Result<ReportConfig> {
         let format = match (&a.format, &a.output) {
-            (Some(name), _) => OutputFormat::from_name(name).ok_or_else(|| {
-                anyhow!("unknown format '{name}': use top, tree, folded, svg, parquet, pprof, speedscope, firefox or html")
-            })?,
-            (None, Some(out)) => OutputFormat::from_path(out).ok_or_else(|| {
-                anyhow!(
-                    "cannot tell the format of output '{}': use --format or one of the extensions {}",
-                    out.display(),
-                    OutputFormat::extensions()
-                )
-            })?,
+            (Some(name), _) => OutputFormat::from_name(name)
+                .ok_or_else(|| anyhow!("unknown format '{name}': use {}", OutputFormat::names()))?,
+            (None, Some(out)) => {
+                OutputFormat::for_path(out).map_err(|e| anyhow!("{e}, or --format"))?
+            }
             (None, None) => OutputFormat::Top,
         };
         let secs = |x: Option<f64>, what: &str| -> Result<Option<u64>> {
