@@ -46,7 +46,7 @@ struct Totals {
 }
 
 pub fn run(args: &AgentArgs) -> Result<i32> {
-    let (dest, opts) = push::parse(&crate::record::PushArgs {
+    let (dest, opts) = push::parse(&push::PushArgs {
         dest: args.push.clone(),
         app: args.app.clone(),
         labels: args.labels.clone(),

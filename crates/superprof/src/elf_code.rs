@@ -1,5 +1,6 @@
 //! The code of an ELF file, for decoding blocks without the process: function symbols, and
-//! the bytes at an ELF virtual address.
+//! the bytes at an ELF virtual address. Read by blocks, stat's placement and the in-process
+//! engine's patches.
 
 use std::path::Path;
 
@@ -620,7 +621,7 @@ impl ElfCode {
 }
 
 #[cfg(test)]
-#[path = "../../../../tests/fixtures/elf_patch.rs"]
+#[path = "../../../tests/fixtures/elf_patch.rs"]
 mod elf_patch;
 
 #[cfg(test)]

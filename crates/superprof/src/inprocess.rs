@@ -86,7 +86,7 @@ impl<'a> Site<'a> {
     /// next block starts at `next` (the filler between may be covered), displacing several
     /// instructions where `several`.
     pub fn of(
-        code: &'a crate::blocks::ElfCode,
+        code: &'a crate::elf_code::ElfCode,
         b: &superprof_analyze::Block,
         next: u64,
         bias: u64,
@@ -117,7 +117,12 @@ pub fn thread_pcs(tracer: &Tracer, pid: u32) -> Vec<u64> {
 /// (ELF addresses): the gaps between their blocks that hold only no-ops or int3, and the
 /// padding after each function's last one, as runtime addresses (`bias` added), 5 bytes or
 /// more: springboards for blocks too short for a jump of their own.
-pub fn springboards(code: &crate::blocks::ElfCode, lo: u64, hi: u64, bias: u64) -> Vec<(u64, u32)> {
+pub fn springboards(
+    code: &crate::elf_code::ElfCode,
+    lo: u64,
+    hi: u64,
+    bias: u64,
+) -> Vec<(u64, u32)> {
     let mut out = Vec::new();
     for f in code.functions_in(lo.saturating_sub(128), hi.saturating_add(128)) {
         let blocks = code.static_blocks(f.addr, f.addr + f.size);

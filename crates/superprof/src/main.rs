@@ -6,6 +6,7 @@ mod blocks;
 mod cli;
 mod collect;
 mod demo;
+mod elf_code;
 mod engine;
 mod inprocess;
 mod preload;

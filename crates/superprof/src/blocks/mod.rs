@@ -13,7 +13,6 @@
 //! - `sample` ([`sample`]): the perf sampler's instruction pointers, attributed to the
 //!   statically decoded blocks that contain them.
 
-mod code;
 mod count;
 mod output;
 mod sample;
@@ -25,7 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use superprof_analyze::AnalyzerStats;
 use superprof_trace::{ExitStatus, MappedFile};
 
-pub use code::ElfCode;
+pub use crate::elf_code::ElfCode;
 
 use crate::cli::{BlocksArgs, BlocksMode};
 use crate::region::{exe_bias, line_range, unique_function, RegionSpec};

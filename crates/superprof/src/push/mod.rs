@@ -82,9 +82,18 @@ pub struct PushOptions {
 /// How long a server that is down is tried again.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(8);
 
+/// What `--push` asks, unchecked (record's and the agent's).
+#[derive(Debug, Clone)]
+pub struct PushArgs {
+    pub dest: String,
+    pub app: Option<String>,
+    pub labels: Vec<String>,
+    pub tenant: Option<String>,
+}
+
 /// `--push DEST` with its `--app`, `--label`s and `--tenant`, checked (before a recording:
 /// a bad one costs nothing).
-pub fn parse(args: &crate::record::PushArgs) -> Result<(Dest, PushOptions)> {
+pub fn parse(args: &PushArgs) -> Result<(Dest, PushOptions)> {
     let labels = args
         .labels
         .iter()

@@ -15,6 +15,7 @@ use superprof_trace::{ExitStatus, PendingChild, TraceOptions, Tracer};
 
 use crate::cli::RecordArgs;
 use crate::collect::Collector;
+use crate::push::PushArgs;
 use crate::sys;
 
 #[derive(Debug, Clone)]
@@ -121,15 +122,6 @@ impl Recorded {
             }
         )
     }
-}
-
-/// What `--push` asks, unchecked.
-#[derive(Debug, Clone)]
-pub struct PushArgs {
-    pub dest: String,
-    pub app: Option<String>,
-    pub labels: Vec<String>,
-    pub tenant: Option<String>,
 }
 
 /// Records, prints the table, writes the output; returns the exit code for superprof.
