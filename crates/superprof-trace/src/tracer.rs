@@ -2001,8 +2001,18 @@ impl Tracer {
             self.hold_space(space, None);
         }
         // SIGTRAP ignored again where a trap of ours reset it, through one of its threads,
-        // stopped for the purpose.
-        let reset: Vec<u32> = self.trap_reset.keys().copied().collect();
+        // stopped for the purpose: in every process that ignores it, not only those where a
+        // reset was seen. A thread running until now may have trapped an instant ago (the
+        // kernel reset SIGTRAP as it sent it), its stop not reported yet; once all are held,
+        // `ignore_again_held` puts such a thread back onto its breakpoint. (Without this, a
+        // trap in the last moments left SIGTRAP at its default after the detach, and the
+        // program's own raise(SIGTRAP) then killed it: once in never_harm's runs.)
+        let mut reset: Vec<u32> = self.trap_reset.keys().copied().collect();
+        reset.extend(
+            self.trap_ignored
+                .iter()
+                .filter(|p| !self.trap_reset.contains_key(p)),
+        );
         for pid in reset {
             self.hold_space(self.space_of(pid), None);
             let via = self
