@@ -93,19 +93,15 @@ impl std::fmt::Display for UnknownExtension {
 impl std::error::Error for UnknownExtension {}
 
 impl OutputFormat {
-    /// The format named by a file's extension.
-    pub fn from_path(path: &Path) -> Option<OutputFormat> {
-        let name = path.file_name()?.to_str()?;
+    /// The format a file's extension names, or why there is none: the one check of an
+    /// output path's name (record, report, preload and libsuperprof give its message).
+    pub fn for_path(path: &Path) -> Result<OutputFormat, UnknownExtension> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         EXTENSIONS
             .iter()
             .find(|(ext, _)| name.ends_with(ext) && name.len() > ext.len())
             .map(|&(_, f)| f)
-    }
-
-    /// The format a file's extension names, or why there is none: the one check of an
-    /// output path's name (record, report, preload and libsuperprof give its message).
-    pub fn for_path(path: &Path) -> Result<OutputFormat, UnknownExtension> {
-        OutputFormat::from_path(path).ok_or_else(|| UnknownExtension(path.to_path_buf()))
+            .ok_or_else(|| UnknownExtension(path.to_path_buf()))
     }
 
     /// The format called `name` on the command line.
