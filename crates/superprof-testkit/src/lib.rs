@@ -208,13 +208,14 @@ pub fn assert_share(what: &str, measured: f64, truth: f64, n: u64) {
 /// `delivered_hz` (perf's own, [`perf_cpu_clock_rate`], taken as at most the rate asked: on
 /// this VM cpu-clock has given from about half the rate asked to all of it, with the load),
 /// from half of it (a sampler of its own is not perf, and the load moves between the two
-/// measures: 630 Hz against perf's 999 once, in the suite) to 15% above it and never more than
-/// `asked_hz` (no sample twice), each with 4σ of Poisson noise: twice the rate fails, and a
-/// third of it.
+/// measures: 630 Hz against perf's 999 once, in the suite) to `asked_hz` (no sample twice;
+/// not a bound from the rate measured earlier: the host's load changes within a run, and a
+/// rate measured while it stole time is lower than the one a calmer moment gives), each with
+/// 4σ of Poisson noise: twice the rate asked fails, and a third of the rate delivered.
 pub fn assert_sample_count(what: &str, n: u64, cpu_seconds: f64, asked_hz: f64, delivered_hz: f64) {
     let rate = delivered_hz.min(asked_hz);
     let low = 0.5 * rate * cpu_seconds;
-    let high = (1.15 * rate).min(asked_hz) * cpu_seconds;
+    let high = asked_hz * cpu_seconds;
     assert!(
         n as f64 >= low - 4.0 * low.sqrt() && n as f64 <= high + 4.0 * high.sqrt(),
         "{what}: {n} samples in {cpu_seconds:.3} s of CPU time: not between {:.0} and {:.0} \
@@ -375,6 +376,39 @@ pub fn wait_exec(pid: u32, exe: &Path) {
     }
 }
 
+/// CPU time the hypervisor took from this machine's CPUs since [`Steal::start`]: the `steal`
+/// column of /proc/stat, all CPUs summed (a bound on what any one thread lost). Clocks differ
+/// by up to this much: a thread's CPU clock (and /proc's schedstat, the ptrace sampler's) leaves
+/// stolen time out; perf's task-clock counts it; cpu-clock's timer, firing late after it, drops
+/// the periods it missed; a wall clock counts it. On a busy host (CI's, once: the suite ran
+/// twice as long as here) it is tens of milliseconds a second.
+pub struct Steal(f64);
+
+impl Steal {
+    /// From now.
+    pub fn start() -> Steal {
+        Steal(steal_seconds(
+            &std::fs::read_to_string("/proc/stat").unwrap_or_default(),
+        ))
+    }
+
+    /// Seconds stolen since the start.
+    pub fn seconds(&self) -> f64 {
+        let now = steal_seconds(&std::fs::read_to_string("/proc/stat").unwrap_or_default());
+        (now - self.0).max(0.0)
+    }
+}
+
+/// The `cpu` line's steal (its eighth figure), in seconds: /proc/stat counts in USER_HZ, 100
+/// on every Linux architecture.
+fn steal_seconds(stat: &str) -> f64 {
+    stat.lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .and_then(|l| l.split_whitespace().nth(7))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0.0, |ticks| ticks / 100.0)
+}
+
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 pub fn thread_cpu() -> Duration {
     Duration::from_nanos(superprof_unwind::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
@@ -422,15 +456,28 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "not between 250 and 575")]
-    fn twice_the_delivered_rate_fails() {
-        assert_sample_count("out", 1_000, 1.0, 999.0, 500.0);
+    #[should_panic(expected = "not between 250 and 999")]
+    fn twice_the_asked_rate_fails() {
+        assert_sample_count("out", 2_000, 1.0, 999.0, 500.0);
     }
 
     #[test]
-    #[should_panic(expected = "not between 250 and 575")]
+    fn the_asked_rate_passes_whatever_was_delivered_before() {
+        assert_sample_count("out", 990, 1.0, 999.0, 500.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "not between 250 and 999")]
     fn a_third_of_the_delivered_rate_fails() {
         assert_sample_count("out", 166, 1.0, 999.0, 500.0);
+    }
+
+    #[test]
+    fn steal_is_the_cpu_lines_eighth_figure() {
+        let stat = "cpu  9202562 21767 986053 5540803 37383 0 39524 252100 0 0\n\
+                    cpu0 1 2 3 4 5 6 7 8 0 0\n";
+        assert_eq!(steal_seconds(stat), 2521.0);
+        assert_eq!(steal_seconds("intr 1 2"), 0.0);
     }
 
     #[test]

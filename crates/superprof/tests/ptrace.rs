@@ -139,10 +139,16 @@ fn attach_with_ptrace_then_process_runs_on_unchanged() {
     );
     assert!(before == after, "code bytes changed");
     let f = Folded::read(&folded);
-    assert!(f.share_through("attached_spin") > 0.3);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        f.share_through("attached_spin") > 0.3,
+        "{:?}\n{stderr}",
+        (f.share_per_root(), f.leaves())
+    );
     assert!(
         f.share_through("late_thread_spin") > 0.2,
-        "thread started after attach not followed"
+        "thread started after attach not followed: {:?}\n{stderr}",
+        (f.share_per_root(), f.leaves())
     );
 }
 
@@ -338,7 +344,10 @@ fn sixty_four_churning_threads_hang_nothing_and_lose_no_thread() {
             String::from_utf8_lossy(&py.stderr)
         );
         let seen: u64 = String::from_utf8_lossy(&py.stdout).trim().parse().unwrap();
-        assert!(created > 200, "only {created} threads created");
+        // Threads replaced, more than once each: 64 at a time, each 30 ms of CPU time, over
+        // 5 s on two cores would be about 330; a host that gives the machine less, fewer
+        // (195 once, throttled to one core's worth).
+        assert!(created > 128, "only {created} threads created");
         assert_eq!(
             seen, created,
             "{sampler}: {seen} of {created} threads in the profile"

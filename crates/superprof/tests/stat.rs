@@ -759,6 +759,7 @@ fn a_function_in_a_library_loaded_later_with_dlopen() {
         &["-O2", "-g", "-ldl"],
     );
     for engine in ENGINES {
+        let steal = Steal::start();
         let (doc, out) = stat_doc(
             &dir,
             &on(engine, &["-r", "lib_hot", "-g", "task-clock,page-faults"]),
@@ -767,13 +768,17 @@ fn a_function_in_a_library_loaded_later_with_dlopen() {
         assert_eq!(calls_of(&doc, "lib_hot"), Some(1), "{engine}: {doc}");
         // The group's events are both there; lib_hot's task-clock is the CPU time the
         // program measured around its one call (about 0.3 s), within 5%: the call's own
-        // clock reads and the engine's cost taken off are µs.
+        // clock reads and the engine's cost taken off are µs. (Plus what the host stole
+        // meanwhile: task-clock counts it, the thread's CPU clock does not; CI once gave
+        // 367 ms for 300.)
         let events = &doc["regions"][0]["events"];
         let ours = events["task-clock"]["total"].as_f64().unwrap();
         let theirs = fixture_values(&String::from_utf8_lossy(&out.stdout))["lib_hot_cpu_ns"];
+        let stolen = steal.seconds() * 1e9;
         assert!(
-            (ours - theirs).abs() < 0.05 * theirs,
-            "{engine}: task-clock {ours:.0} ns, the program measured {theirs:.0}: {doc}"
+            (ours - theirs).abs() < 0.05 * theirs + stolen,
+            "{engine}: task-clock {ours:.0} ns, the program measured {theirs:.0} \
+             ({stolen:.0} ns stolen): {doc}"
         );
         assert!(events["page-faults"]["total"].is_number(), "{doc}");
     }
@@ -942,6 +947,7 @@ fn per_call_figures_are_the_functions_own() {
             ("200", "200")
         };
         let out_file = dir.path("cost.json");
+        let steal = Steal::start();
         let out = run_ok(
             superprof()
                 .args(["stat", "--engine", engine, "--format", "json", "-o"])
@@ -972,6 +978,10 @@ fn per_call_figures_are_the_functions_own() {
             r["events"][event].clone()
         };
         let mean = |region: &str, event: &str| figures(region, event)["mean"].as_f64().unwrap();
+        // What the host stole meanwhile, shared over work's calls: the program's CPU clock
+        // leaves it out, task-clock and elapsed time count it (see Steal).
+        let stolen_ns = steal.seconds() * 1e9;
+        let stolen = stolen_ns / calls.parse::<f64>().unwrap();
         for (event, theirs) in [
             ("time-elapsed-ns", own["work_elapsed_ns"]),
             ("task-clock", own["work_cpu_ns"]),
@@ -982,14 +992,15 @@ fn per_call_figures_are_the_functions_own() {
             let f = figures("work", event);
             let error = f["mean_error"].as_f64().unwrap();
             assert_eq!(f["below_resolution"], false, "{engine}: {f}");
-            assert!(error > 0.0 && error < 0.02 * ours, "{engine}: {f}");
+            assert!(error > 0.0 && error < 0.02 * ours + stolen, "{engine}: {f}");
             // ptrace's elapsed time also holds the program stopped while superprof gets a CPU
             // to answer each stop: on two busy cores that adds what no calibration foresees,
             // so only its lower side is checked there.
             let over_ok = engine == "ptrace" && event == "time-elapsed-ns";
             assert!(
-                ours > 0.95 * theirs && (over_ok || ours < 1.05 * theirs),
-                "{engine}: work's {event} {ours:.0} ns a call, it measured {theirs:.0}: {doc}"
+                ours > 0.95 * theirs && (over_ok || ours < 1.05 * theirs + stolen),
+                "{engine}: work's {event} {ours:.0} ns a call, it measured {theirs:.0} \
+                 ({stolen:.0} ns stolen a call): {doc}"
             );
         }
         // A function of a few nanoseconds: well under a microsecond in-process (its cost per
@@ -1001,7 +1012,12 @@ fn per_call_figures_are_the_functions_own() {
         };
         for event in ["time-elapsed-ns", "task-clock"] {
             let ours = mean("tiny", event);
-            assert!(ours < most, "{engine}: tiny's {event} {ours:.0} ns: {doc}");
+            // (Here too what the host stole, over tiny's 20,000 calls: 5 ms in one call once.)
+            let most = most + stolen_ns / 20000.0;
+            assert!(
+                ours < most,
+                "{engine}: tiny's {event} {ours:.0} ns ({stolen_ns:.0} ns stolen): {doc}"
+            );
             // A mean said to be resolved is more than twice its error away from zero; one
             // that is not says so instead of a bare zero.
             let f = figures("tiny", event);
