@@ -10,162 +10,149 @@
 
 use std::collections::HashMap;
 
-use crate::proto::{Pb, Strings};
+use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::profiles::v1development as pb;
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use prost::Message;
+
+use crate::strings::Strings;
 use crate::{FrameId, Profile, StackId, StrId};
 
 /// The protocol version these messages follow.
 pub const VERSION: &str = "OTLP v1.10.0 profiles v1development";
 
-/// An attribute value: a string or an integer (AnyValue's string_value, int_value).
-enum Value<'a> {
-    Str(&'a str),
-    Int(i64),
+/// An index into one of the dictionary's tables, as the protocol has them (`int32`).
+fn index(i: usize) -> i32 {
+    i32::try_from(i).unwrap_or(i32::MAX)
 }
 
-fn any_value(v: &Value) -> Pb {
-    let mut a = Pb::default();
-    match v {
-        Value::Str(s) => a.bytes(1, s.as_bytes()),
-        Value::Int(i) => {
-            // (int_value 0 is still a value: written whatever it is.)
-            a.key(3, 0);
-            a.varint(*i as u64);
-        }
-    }
-    a
-}
-
-/// The dictionary being built, and its tables' indices.
+/// The dictionary being built, and its tables' indices (each table starts with its zero
+/// entry, an empty message, as the protocol requires).
 struct Dictionary {
     strings: Strings,
-    mappings: Pb,
-    mapping_of: HashMap<StrId, i64>,
-    locations: Pb,
-    location_of: HashMap<Vec<FrameId>, i64>,
-    functions: Pb,
-    function_of: HashMap<(StrId, Option<StrId>), i64>,
-    stacks: Pb,
-    stack_of: HashMap<Option<StackId>, i64>,
-    attributes: Pb,
-    attribute_of: HashMap<(i64, String), i64>,
-    /// The next index of each table (index 0 is each table's zero entry).
-    next: [i64; 5],
+    dict: pb::ProfilesDictionary,
+    mapping_of: HashMap<StrId, i32>,
+    location_of: HashMap<Vec<FrameId>, i32>,
+    function_of: HashMap<(StrId, Option<StrId>), i32>,
+    stack_of: HashMap<Option<StackId>, i32>,
+    attribute_of: HashMap<(i32, String), i32>,
 }
-
-const MAPPINGS: usize = 0;
-const LOCATIONS: usize = 1;
-const FUNCTIONS: usize = 2;
-const STACKS: usize = 3;
-const ATTRIBUTES: usize = 4;
 
 impl Dictionary {
     fn new() -> Dictionary {
-        // The zero entries: an empty message in each table.
-        let mut d = Dictionary {
+        Dictionary {
             strings: Strings::new(),
-            mappings: Pb::default(),
+            dict: pb::ProfilesDictionary {
+                mapping_table: vec![pb::Mapping::default()],
+                location_table: vec![pb::Location::default()],
+                function_table: vec![pb::Function::default()],
+                link_table: vec![pb::Link::default()],
+                attribute_table: vec![pb::KeyValueAndUnit::default()],
+                stack_table: vec![pb::Stack::default()],
+                ..Default::default()
+            },
             mapping_of: HashMap::new(),
-            locations: Pb::default(),
             location_of: HashMap::new(),
-            functions: Pb::default(),
             function_of: HashMap::new(),
-            stacks: Pb::default(),
             stack_of: HashMap::new(),
-            attributes: Pb::default(),
             attribute_of: HashMap::new(),
-            next: [1; 5],
-        };
-        d.mappings.bytes(1, &[]);
-        d.locations.bytes(2, &[]);
-        d.functions.bytes(3, &[]);
-        d.stacks.bytes(7, &[]);
-        d.attributes.bytes(6, &[]);
-        d
+        }
     }
 
-    fn take(&mut self, table: usize) -> i64 {
-        self.next[table] += 1;
-        self.next[table] - 1
+    /// A string's index in the string table.
+    fn str(&mut self, s: &str) -> i32 {
+        i32::try_from(self.strings.id(s)).unwrap_or(i32::MAX)
     }
 
-    fn attribute(&mut self, key: &str, value: Value) -> i64 {
-        let k = self.strings.id(key);
+    fn attribute(&mut self, key: &str, value: any_value::Value) -> i32 {
+        let k = self.str(key);
         let id = match &value {
-            Value::Str(s) => format!("s{s}"),
-            Value::Int(i) => format!("i{i}"),
+            any_value::Value::IntValue(i) => format!("i{i}"),
+            v => format!("s{v:?}"),
         };
         if let Some(&i) = self.attribute_of.get(&(k, id.clone())) {
             return i;
         }
-        let i = self.take(ATTRIBUTES);
-        let mut a = Pb::default();
-        a.int(1, k);
-        a.msg(2, any_value(&value));
-        self.attributes.msg(6, a);
+        let i = index(self.dict.attribute_table.len());
+        self.dict.attribute_table.push(pb::KeyValueAndUnit {
+            key_strindex: k,
+            value: Some(AnyValue { value: Some(value) }),
+            unit_strindex: 0,
+        });
         self.attribute_of.insert((k, id), i);
         i
     }
 
-    fn mapping(&mut self, profile: &Profile, module: StrId) -> i64 {
+    fn mapping(&mut self, profile: &Profile, module: StrId) -> i32 {
         if let Some(&i) = self.mapping_of.get(&module) {
             return i;
         }
-        let i = self.take(MAPPINGS);
-        let mut m = Pb::default();
-        m.int(4, self.strings.id(profile.str(module)));
-        self.mappings.msg(1, m);
+        let i = index(self.dict.mapping_table.len());
+        let filename_strindex = self.str(profile.str(module));
+        self.dict.mapping_table.push(pb::Mapping {
+            filename_strindex,
+            ..Default::default()
+        });
         self.mapping_of.insert(module, i);
         i
     }
 
-    fn function(&mut self, profile: &Profile, name: StrId, file: Option<StrId>) -> i64 {
+    fn function(&mut self, profile: &Profile, name: StrId, file: Option<StrId>) -> i32 {
         if let Some(&i) = self.function_of.get(&(name, file)) {
             return i;
         }
-        let i = self.take(FUNCTIONS);
-        let mut f = Pb::default();
-        let n = self.strings.id(profile.str(name));
-        f.int(1, n);
-        f.int(2, n);
-        if let Some(file) = file {
-            f.int(3, self.strings.id(profile.str(file)));
-        }
-        self.functions.msg(3, f);
+        let i = index(self.dict.function_table.len());
+        let n = self.str(profile.str(name));
+        let filename_strindex = file.map_or(0, |f| self.str(profile.str(f)));
+        self.dict.function_table.push(pb::Function {
+            name_strindex: n,
+            system_name_strindex: n,
+            filename_strindex,
+            start_line: 0,
+        });
         self.function_of.insert((name, file), i);
         i
     }
 
     /// A location: a run of inlined frames (innermost first) ended by the frame they were
     /// inlined into.
-    fn location(&mut self, profile: &Profile, chain: &[FrameId]) -> i64 {
+    fn location(&mut self, profile: &Profile, chain: &[FrameId]) -> i32 {
         if let Some(&i) = self.location_of.get(chain) {
             return i;
         }
         let outer = profile.frame(*chain.last().expect("a location has a frame"));
-        let mapping = self.mapping(profile, outer.module);
-        let mut loc = Pb::default();
-        loc.int(1, mapping);
-        loc.uint(2, outer.address);
-        for &fid in chain {
-            let fr = profile.frame(fid);
-            let func = self.function(profile, fr.function, fr.file);
-            let mut line = Pb::default();
-            line.int(1, func);
-            line.int(2, i64::from(fr.line));
-            loc.msg(3, line);
-        }
-        let i = self.take(LOCATIONS);
-        self.locations.msg(2, loc);
+        let mapping_index = self.mapping(profile, outer.module);
+        let lines = chain
+            .iter()
+            .map(|&fid| {
+                let fr = profile.frame(fid);
+                pb::Line {
+                    function_index: self.function(profile, fr.function, fr.file),
+                    line: i64::from(fr.line),
+                    column: 0,
+                }
+            })
+            .collect();
+        let i = index(self.dict.location_table.len());
+        self.dict.location_table.push(pb::Location {
+            mapping_index,
+            address: outer.address,
+            lines,
+            attribute_indices: Vec::new(),
+        });
         self.location_of.insert(chain.to_vec(), i);
         i
     }
 
-    fn stack(&mut self, profile: &Profile, stack: Option<StackId>) -> i64 {
+    fn stack(&mut self, profile: &Profile, stack: Option<StackId>) -> i32 {
         if let Some(&i) = self.stack_of.get(&stack) {
             return i;
         }
         let frames: Vec<FrameId> = profile.stack_frames(stack).collect();
-        let mut locs = Vec::new();
+        let mut location_indices = Vec::new();
         let mut start = 0;
         for i in 0..frames.len() {
             let f = profile.frame(frames[i]);
@@ -176,30 +163,18 @@ impl Dictionary {
             if inlined_into_next {
                 continue;
             }
-            locs.push(self.location(profile, &frames[start..=i]) as u64);
+            location_indices.push(self.location(profile, &frames[start..=i]));
             start = i + 1;
         }
-        let mut s = Pb::default();
-        s.packed(1, locs.into_iter());
-        let i = self.take(STACKS);
-        self.stacks.msg(7, s);
+        let i = index(self.dict.stack_table.len());
+        self.dict.stack_table.push(pb::Stack { location_indices });
         self.stack_of.insert(stack, i);
         i
     }
 
-    fn encode(self) -> Pb {
-        let mut d = Pb::default();
-        d.0.extend_from_slice(&self.mappings.0);
-        d.0.extend_from_slice(&self.locations.0);
-        d.0.extend_from_slice(&self.functions.0);
-        // link_table: its zero entry only.
-        d.bytes(4, &[]);
-        for s in &self.strings.table {
-            d.bytes(5, s.as_bytes());
-        }
-        d.0.extend_from_slice(&self.attributes.0);
-        d.0.extend_from_slice(&self.stacks.0);
-        d
+    fn finish(mut self) -> pb::ProfilesDictionary {
+        self.dict.string_table = self.strings.table;
+        self.dict
     }
 }
 
@@ -229,6 +204,14 @@ fn profile_id(profile: &Profile, kind: u8) -> Vec<u8> {
 
 /// Encodes the profile as an ExportProfilesServiceRequest with these resource attributes.
 pub fn export_request(profile: &Profile, resource: &[(String, String)]) -> Vec<u8> {
+    export_message(profile, resource).encode_to_vec()
+}
+
+/// The profile as an ExportProfilesServiceRequest with these resource attributes.
+pub fn export_message(
+    profile: &Profile,
+    resource: &[(String, String)],
+) -> ExportProfilesServiceRequest {
     let mut dict = Dictionary::new();
     let period_ns = if profile.meta.frequency > 0 {
         1_000_000_000 / i64::from(profile.meta.frequency)
@@ -236,19 +219,21 @@ pub fn export_request(profile: &Profile, resource: &[(String, String)]) -> Vec<u
         1
     };
     // Samples of one stack and thread are one sample (values: their sum), per kind.
-    let mut sums: [HashMap<(i64, u32), i64>; 2] = [HashMap::new(), HashMap::new()];
-    let mut order: [Vec<(i64, u32)>; 2] = [Vec::new(), Vec::new()];
+    let mut sums: [HashMap<(i32, u32), i64>; 2] = [HashMap::new(), HashMap::new()];
+    let mut order: [Vec<(i32, u32)>; 2] = [Vec::new(), Vec::new()];
     for s in &profile.samples {
         let stack = dict.stack(profile, s.stack);
         let k = usize::from(s.kind.is_off_cpu());
-        let v = s.weight.saturating_mul(period_ns as u64) as i64;
+        let v = i64::try_from(s.weight)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(period_ns);
         let e = sums[k].entry((stack, s.thread)).or_insert_with(|| {
             order[k].push((stack, s.thread));
             0
         });
         *e = e.saturating_add(v);
     }
-    let mut thread_attrs: HashMap<u32, Vec<i64>> = HashMap::new();
+    let mut thread_attrs: HashMap<u32, Vec<i32>> = HashMap::new();
     let mut profiles = Vec::new();
     for (k, (kind, unit)) in [("cpu", "nanoseconds"), ("off_cpu", "nanoseconds")]
         .into_iter()
@@ -257,59 +242,132 @@ pub fn export_request(profile: &Profile, resource: &[(String, String)]) -> Vec<u
         if order[k].is_empty() && !(k == 0 && order[1].is_empty()) {
             continue;
         }
-        let mut p = Pb::default();
-        let mut vt = Pb::default();
-        vt.int(1, dict.strings.id(kind));
-        vt.int(2, dict.strings.id(unit));
-        p.msg(1, vt);
+        let sample_type = Some(pb::ValueType {
+            type_strindex: dict.str(kind),
+            unit_strindex: dict.str(unit),
+        });
+        let mut samples = Vec::new();
         for &(stack, thread) in &order[k] {
             let attrs = thread_attrs.entry(thread).or_insert_with(|| {
                 let t = &profile.threads[thread as usize];
                 vec![
-                    dict.attribute("thread.id", Value::Int(i64::from(t.tid))),
-                    dict.attribute("thread.name", Value::Str(profile.str(t.name))),
-                    dict.attribute("process.pid", Value::Int(i64::from(t.pid))),
+                    dict.attribute("thread.id", any_value::Value::IntValue(i64::from(t.tid))),
+                    dict.attribute(
+                        "thread.name",
+                        any_value::Value::StringValue(profile.str(t.name).to_owned()),
+                    ),
+                    dict.attribute("process.pid", any_value::Value::IntValue(i64::from(t.pid))),
                 ]
             });
-            let mut sm = Pb::default();
-            sm.int(1, stack);
-            sm.packed(2, attrs.iter().map(|&a| a as u64));
-            sm.packed(4, [sums[k][&(stack, thread)] as u64].into_iter());
-            p.msg(2, sm);
+            samples.push(pb::Sample {
+                stack_index: stack,
+                attribute_indices: attrs.clone(),
+                link_index: 0,
+                values: vec![sums[k][&(stack, thread)]],
+                timestamps_unix_nano: Vec::new(),
+            });
         }
-        p.key(3, 1);
-        p.0.extend_from_slice(&profile.meta.start_time_unix_ns.to_le_bytes());
-        p.uint(4, profile.meta.duration_ns);
-        let mut pt = Pb::default();
-        pt.int(1, dict.strings.id("cpu"));
-        pt.int(2, dict.strings.id("nanoseconds"));
-        p.msg(5, pt);
-        p.int(6, period_ns);
-        p.bytes(7, &profile_id(profile, k as u8));
-        profiles.push(p);
+        let period_type = Some(pb::ValueType {
+            type_strindex: dict.str("cpu"),
+            unit_strindex: dict.str("nanoseconds"),
+        });
+        profiles.push(pb::Profile {
+            sample_type,
+            samples,
+            time_unix_nano: profile.meta.start_time_unix_ns,
+            duration_nano: profile.meta.duration_ns,
+            period_type,
+            period: period_ns,
+            profile_id: profile_id(profile, k as u8),
+            ..Default::default()
+        });
     }
-    let mut scope = Pb::default();
-    let mut name = Pb::default();
-    name.bytes(1, b"superprof");
-    if !profile.meta.version.is_empty() {
-        name.bytes(2, profile.meta.version.as_bytes());
+    request(profile, resource, profiles, dict.finish())
+}
+
+/// The request around `profiles`: one resource with these attributes, one scope
+/// (superprof, its version), and the dictionary.
+fn request(
+    profile: &Profile,
+    resource: &[(String, String)],
+    profiles: Vec<pb::Profile>,
+    dictionary: pb::ProfilesDictionary,
+) -> ExportProfilesServiceRequest {
+    let scope = InstrumentationScope {
+        name: "superprof".to_owned(),
+        version: profile.meta.version.clone(),
+        ..Default::default()
+    };
+    let attributes = resource
+        .iter()
+        .map(|(k, v)| KeyValue {
+            key: k.clone(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::StringValue(v.clone())),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ExportProfilesServiceRequest {
+        resource_profiles: vec![pb::ResourceProfiles {
+            resource: Some(Resource {
+                attributes,
+                ..Default::default()
+            }),
+            scope_profiles: vec![pb::ScopeProfiles {
+                scope: Some(scope),
+                profiles,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+        dictionary: Some(dictionary),
     }
-    scope.msg(1, name);
-    for p in profiles {
-        scope.msg(2, p);
+}
+
+/// What an ExportProfilesServiceResponse says: its partial_success, if profiles were rejected
+/// (a refusal: the same request would be rejected again). `None` for an answer that does not
+/// decode, or says nothing was rejected. The message is cut at 300 characters.
+pub fn rejection(response: &[u8]) -> Option<String> {
+    let partial = ExportProfilesServiceResponse::decode(response)
+        .ok()?
+        .partial_success?;
+    let message: String = partial.error_message.chars().take(300).collect();
+    let rejected = partial.rejected_profiles;
+    (rejected > 0 || !message.is_empty()).then(|| {
+        format!(
+            "{rejected} profile(s) rejected{}{message}",
+            if message.is_empty() { "" } else { ": " }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesPartialSuccess;
+
+    #[test]
+    fn a_partial_success_is_a_rejection() {
+        let answer = |rejected_profiles, error_message: &str| {
+            ExportProfilesServiceResponse {
+                partial_success: Some(ExportProfilesPartialSuccess {
+                    rejected_profiles,
+                    error_message: error_message.to_owned(),
+                }),
+            }
+            .encode_to_vec()
+        };
+        assert_eq!(
+            rejection(&answer(2, "too old")).as_deref(),
+            Some("2 profile(s) rejected: too old")
+        );
+        assert_eq!(rejection(&answer(0, "")), None);
+        assert_eq!(rejection(&[]), None);
+        // Hostile: cut short, or a length past its end.
+        assert_eq!(rejection(&answer(1, "x")[..3]), None);
+        assert_eq!(rejection(&[0x0a, 0x7f, 1]), None);
+        let long = "y".repeat(1000);
+        assert_eq!(rejection(&answer(1, &long)).unwrap().len(), 300 + 23);
     }
-    let mut res = Pb::default();
-    for (k, v) in resource {
-        let mut kv = Pb::default();
-        kv.bytes(1, k.as_bytes());
-        kv.msg(2, any_value(&Value::Str(v)));
-        res.msg(1, kv);
-    }
-    let mut rp = Pb::default();
-    rp.msg(1, res);
-    rp.msg(2, scope);
-    let mut req = Pb::default();
-    req.msg(1, rp);
-    req.msg(2, dict.encode());
-    req.0
 }

@@ -1,15 +1,17 @@
-//! pprof: a gzipped `profile.proto` (github.com/google/pprof/proto/profile.proto), encoded by
-//! hand — the message set is small and fixed. Each distinct address is a Location whose Lines
-//! are its inline chain (innermost first, as pprof wants), so `go tool pprof` shows file:line
-//! and inlined functions.
+//! pprof: a gzipped `profile.proto` (github.com/google/pprof/proto/profile.proto), its
+//! messages in [`crate::pprof_pb`], encoded by prost. Each distinct address is a Location whose
+//! Lines are its inline chain (innermost first, as pprof wants), so `go tool pprof` shows
+//! file:line and inlined functions.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
 
 use flate2::write::GzEncoder;
 use flate2::Compression;
+use prost::Message;
 
-use crate::proto::{Pb, Strings};
+use crate::pprof_pb as pb;
+use crate::strings::Strings;
 use crate::{FrameId, Profile, StrId};
 
 /// The samples of one stack, thread and kind as one, their weights summed, in the order first
@@ -29,12 +31,143 @@ fn aggregated(profile: &Profile) -> Vec<crate::Sample> {
     out
 }
 
-/// Encodes the profile (uncompressed protobuf bytes).
-pub fn encode(profile: &Profile) -> Vec<u8> {
-    let mut out = Pb::default();
-    let mut strings = Strings::new();
+/// A string label.
+fn label(key: i64, str: i64) -> pb::Label {
+    pb::Label {
+        key,
+        str,
+        ..Default::default()
+    }
+}
+
+/// A numeric label.
+fn num_label(key: i64, num: i64) -> pb::Label {
+    pb::Label {
+        key,
+        num,
+        ..Default::default()
+    }
+}
+
+/// The tables a pprof's samples refer to, filled as samples come: mappings (one per module),
+/// functions (one per name and file), locations (one per inline chain at an address), and
+/// each stack's locations, leaf first.
+struct Tables<'a> {
+    profile: &'a Profile,
+    out: pb::Profile,
+    strings: Strings,
+    mapping_of: HashMap<StrId, u64>,
+    function_of: HashMap<(StrId, Option<StrId>), u64>,
+    location_of: HashMap<Vec<FrameId>, u64>,
+    stack_locs: HashMap<Option<crate::StackId>, Vec<u64>>,
+}
+
+impl Tables<'_> {
+    /// The locations of a stack, leaf first: a location is a run of inlined frames ended by
+    /// the one they were inlined into.
+    fn stack(&mut self, stack: Option<crate::StackId>) -> Vec<u64> {
+        if let Some(locs) = self.stack_locs.get(&stack) {
+            return locs.clone();
+        }
+        let profile = self.profile;
+        let frames: Vec<FrameId> = profile.stack_frames(stack).collect();
+        let mut locs = Vec::new();
+        let mut start = 0;
+        for i in 0..frames.len() {
+            let f = profile.frame(frames[i]);
+            let next_same = frames
+                .get(i + 1)
+                .map(|&n| profile.frame(n))
+                .is_some_and(|n| f.inlined && n.address == f.address && n.module == f.module);
+            if !next_same {
+                locs.push(self.location(&frames[start..=i]));
+                start = i + 1;
+            }
+        }
+        self.stack_locs.insert(stack, locs.clone());
+        locs
+    }
+
+    fn location(&mut self, chain: &[FrameId]) -> u64 {
+        if let Some(&id) = self.location_of.get(chain) {
+            return id;
+        }
+        let profile = self.profile;
+        let outer = profile.frame(*chain.last().expect("non-empty"));
+        let mapping_id = self.mapping(outer.module);
+        let id = self.location_of.len() as u64 + 1;
+        let line = chain
+            .iter()
+            .map(|&fid| {
+                let fr = profile.frame(fid);
+                pb::Line {
+                    function_id: self.function(fr.function, fr.file),
+                    line: i64::from(fr.line),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        self.out.location.push(pb::Location {
+            id,
+            mapping_id,
+            address: outer.address,
+            line,
+            ..Default::default()
+        });
+        self.location_of.insert(chain.to_vec(), id);
+        id
+    }
+
+    fn mapping(&mut self, module: StrId) -> u64 {
+        if let Some(&id) = self.mapping_of.get(&module) {
+            return id;
+        }
+        let id = self.mapping_of.len() as u64 + 1;
+        self.out.mapping.push(pb::Mapping {
+            id,
+            filename: self.strings.id(self.profile.str(module)),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+            ..Default::default()
+        });
+        self.mapping_of.insert(module, id);
+        id
+    }
+
+    fn function(&mut self, function: StrId, file: Option<StrId>) -> u64 {
+        if let Some(&id) = self.function_of.get(&(function, file)) {
+            return id;
+        }
+        let id = self.function_of.len() as u64 + 1;
+        let name = self.strings.id(self.profile.str(function));
+        let filename = file.map_or(0, |f| self.strings.id(self.profile.str(f)));
+        self.out.function.push(pb::Function {
+            id,
+            name,
+            system_name: name,
+            filename,
+            ..Default::default()
+        });
+        self.function_of.insert((function, file), id);
+        id
+    }
+}
+
+/// The pprof message of the profile.
+pub fn message(profile: &Profile) -> pb::Profile {
+    let mut t = Tables {
+        profile,
+        out: pb::Profile::default(),
+        strings: Strings::new(),
+        mapping_of: HashMap::new(),
+        function_of: HashMap::new(),
+        location_of: HashMap::new(),
+        stack_locs: HashMap::new(),
+    };
     let period_ns = if profile.meta.frequency > 0 {
-        1_000_000_000 / profile.meta.frequency as i64
+        1_000_000_000 / i64::from(profile.meta.frequency)
     } else {
         1
     };
@@ -52,152 +185,63 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
         &[("samples", "count"), ("cpu", "nanoseconds")]
     };
     for &(ty, unit) in types {
-        let mut vt = Pb::default();
-        vt.int(1, strings.id(ty));
-        vt.int(2, strings.id(unit));
-        out.msg(1, vt);
+        let vt = pb::ValueType {
+            r#type: t.strings.id(ty),
+            unit: t.strings.id(unit),
+        };
+        t.out.sample_type.push(vt);
     }
-
-    // Mappings: one per module.
-    let mut mapping_of: HashMap<StrId, u64> = HashMap::new();
-    // Functions: one per (name, file).
-    let mut function_of: HashMap<(StrId, Option<StrId>), u64> = HashMap::new();
-    let mut functions = Pb::default();
-    // Locations: one per (module, address) with its inline chain.
-    let mut location_of: HashMap<Vec<FrameId>, u64> = HashMap::new();
-    let mut locations = Pb::default();
-    let mut mappings = Pb::default();
-
-    let mut samples = Pb::default();
-    let mut stack_locs: HashMap<Option<crate::StackId>, Vec<u64>> = HashMap::new();
-    let tid_key = strings.id("tid");
-    let pid_key = strings.id("pid");
-    let thread_key = strings.id("thread");
-    let kind_key = strings.id("kind");
+    let tid_key = t.strings.id("tid");
+    let pid_key = t.strings.id("pid");
+    let thread_key = t.strings.id("thread");
+    let kind_key = t.strings.id("kind");
     for s in aggregated(profile) {
-        if let std::collections::hash_map::Entry::Vacant(slot) = stack_locs.entry(s.stack) {
-            let frames: Vec<FrameId> = profile.stack_frames(s.stack).collect();
-            let mut locs = Vec::new();
-            // Leaf first; a location is a run of inlined frames ended by a non-inlined one.
-            let mut start = 0;
-            for i in 0..frames.len() {
-                let f = profile.frame(frames[i]);
-                let next_same = frames
-                    .get(i + 1)
-                    .map(|&n| profile.frame(n))
-                    .is_some_and(|n| f.inlined && n.address == f.address && n.module == f.module);
-                if next_same {
-                    continue;
-                }
-                let chain = frames[start..=i].to_vec();
-                start = i + 1;
-                let next_id = location_of.len() as u64 + 1;
-                let id = *location_of.entry(chain.clone()).or_insert_with(|| {
-                    let outer = profile.frame(*chain.last().expect("non-empty"));
-                    let next_mapping = mapping_of.len() as u64 + 1;
-                    let mapping = *mapping_of.entry(outer.module).or_insert_with(|| {
-                        let mut m = Pb::default();
-                        m.uint(1, next_mapping);
-                        m.int(5, strings.id(profile.str(outer.module)));
-                        m.bool(7, true);
-                        m.bool(8, true);
-                        m.bool(9, true);
-                        m.bool(10, true);
-                        mappings.msg(3, m);
-                        next_mapping
-                    });
-                    let mut loc = Pb::default();
-                    loc.uint(1, next_id);
-                    loc.uint(2, mapping);
-                    loc.uint(3, outer.address);
-                    for &fid in &chain {
-                        let fr = profile.frame(fid);
-                        let next_fn = function_of.len() as u64 + 1;
-                        let func =
-                            *function_of
-                                .entry((fr.function, fr.file))
-                                .or_insert_with(|| {
-                                    let mut fm = Pb::default();
-                                    fm.uint(1, next_fn);
-                                    let name = strings.id(profile.str(fr.function));
-                                    fm.int(2, name);
-                                    fm.int(3, name);
-                                    if let Some(file) = fr.file {
-                                        fm.int(4, strings.id(profile.str(file)));
-                                    }
-                                    functions.msg(5, fm);
-                                    next_fn
-                                });
-                        let mut line = Pb::default();
-                        line.uint(1, func);
-                        line.int(2, fr.line as i64);
-                        loc.msg(4, line);
-                    }
-                    locations.msg(4, loc);
-                    next_id
-                });
-                locs.push(id);
-            }
-            slot.insert(locs);
-        }
-        let t = &profile.threads[s.thread as usize];
-        let mut sm = Pb::default();
-        sm.packed(1, stack_locs[&s.stack].iter().copied());
-        let ns = s.weight.saturating_mul(period_ns as u64);
+        let thread = &profile.threads[s.thread as usize];
+        let weight = i64::try_from(s.weight).unwrap_or(i64::MAX);
+        let ns = weight.saturating_mul(period_ns);
+        let mut sample = pb::Sample {
+            location_id: t.stack(s.stack),
+            ..Default::default()
+        };
         if off_cpu {
             let (on, off) = if s.kind.is_off_cpu() {
                 (0, ns)
             } else {
                 (ns, 0)
             };
-            sm.packed(2, [s.weight, on, off, ns].into_iter());
-            let mut l = Pb::default();
-            l.int(1, kind_key);
-            l.int(2, strings.id(s.kind.as_str()));
-            sm.msg(3, l);
+            sample.value = vec![weight, on, off, ns];
+            let kind = t.strings.id(s.kind.as_str());
+            sample.label.push(label(kind_key, kind));
         } else {
-            sm.packed(2, [s.weight, ns].into_iter());
+            sample.value = vec![weight, ns];
         }
-        let mut l = Pb::default();
-        l.int(1, thread_key);
-        l.int(2, strings.id(profile.str(t.name)));
-        sm.msg(3, l);
-        let mut l = Pb::default();
-        l.int(1, tid_key);
-        l.int(3, t.tid as i64);
-        sm.msg(3, l);
-        let mut l = Pb::default();
-        l.int(1, pid_key);
-        l.int(3, t.pid as i64);
-        sm.msg(3, l);
-        samples.msg(2, sm);
+        let name = t.strings.id(profile.str(thread.name));
+        sample.label.push(label(thread_key, name));
+        sample.label.push(num_label(tid_key, i64::from(thread.tid)));
+        sample.label.push(num_label(pid_key, i64::from(thread.pid)));
+        t.out.sample.push(sample);
     }
-    out.0.extend_from_slice(&samples.0);
-    out.0.extend_from_slice(&mappings.0);
-    out.0.extend_from_slice(&locations.0);
-    out.0.extend_from_slice(&functions.0);
-    let period_type = {
-        let mut vt = Pb::default();
-        vt.int(1, strings.id("cpu"));
-        vt.int(2, strings.id("nanoseconds"));
-        vt
-    };
+    let mut out = t.out;
+    let mut strings = t.strings;
+    out.period_type = Some(pb::ValueType {
+        r#type: strings.id("cpu"),
+        unit: strings.id("nanoseconds"),
+    });
     let comment = profile.meta.command.join(" ");
-    let comment_id = (!comment.is_empty()).then(|| strings.id(&comment));
-    let default_type = strings.id(if off_cpu { "wall" } else { "cpu" });
-    for s in &strings.table {
-        out.bytes(6, s.as_bytes());
+    if !comment.is_empty() {
+        out.comment.push(strings.id(&comment));
     }
-    out.int(9, profile.meta.start_time_unix_ns as i64);
-    out.int(10, profile.meta.duration_ns as i64);
-    out.msg(11, period_type);
-    out.int(12, period_ns);
-    if let Some(c) = comment_id {
-        out.key(13, 0);
-        out.varint(c as u64);
-    }
-    out.int(14, default_type);
-    out.0
+    out.default_sample_type = strings.id(if off_cpu { "wall" } else { "cpu" });
+    out.time_nanos = i64::try_from(profile.meta.start_time_unix_ns).unwrap_or(i64::MAX);
+    out.duration_nanos = i64::try_from(profile.meta.duration_ns).unwrap_or(i64::MAX);
+    out.period = period_ns;
+    out.string_table = strings.table;
+    out
+}
+
+/// Encodes the profile (uncompressed protobuf bytes).
+pub fn encode(profile: &Profile) -> Vec<u8> {
+    message(profile).encode_to_vec()
 }
 
 /// Writes the gzipped profile.
@@ -211,23 +255,7 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{fields, Field};
     use crate::{Frame, SampleKind};
-
-    /// The varints of a packed field.
-    fn packed(b: &[u8]) -> Vec<u64> {
-        let mut out = Vec::new();
-        let (mut v, mut shift) = (0u64, 0);
-        for &byte in b {
-            v |= u64::from(byte & 0x7f) << shift;
-            shift += 7;
-            if byte & 0x80 == 0 {
-                out.push(v);
-                (v, shift) = (0, 0);
-            }
-        }
-        out
-    }
 
     #[test]
     fn a_profile_encodes_as_pprof_reads_it() {
@@ -251,108 +279,57 @@ mod tests {
         let root = p.intern_stack(None, main);
         let leaf = p.intern_stack(Some(root), work);
         p.add_sample_of(SampleKind::OnCpu, 0, t, 0, 3, Some(leaf));
-        let bytes = encode(&p);
-        let top = fields(&bytes).unwrap();
-        let strings: Vec<&[u8]> = top
-            .iter()
-            .filter_map(|f| match f {
-                Field::Bytes(6, s) => Some(*s),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(strings[0], b"", "string_table[0] is empty");
-        let s = |i: u64| String::from_utf8_lossy(strings[i as usize]).into_owned();
+        let got = pb::Profile::decode(&encode(&p)[..]).unwrap();
+        assert_eq!(got.string_table[0], "", "string_table[0] is empty");
+        let s = |i: i64| got.string_table[i as usize].as_str();
         // sample_type: samples/count, cpu/nanoseconds.
-        let types: Vec<(String, String)> = top
+        let types: Vec<(&str, &str)> = got
+            .sample_type
             .iter()
-            .filter_map(|f| match f {
-                Field::Bytes(1, b) => {
-                    let v = fields(b).unwrap();
-                    let get = |n| {
-                        v.iter().find_map(|x| match x {
-                            Field::Varint(k, i) if *k == n => Some(*i),
-                            _ => None,
-                        })
-                    };
-                    Some((s(get(1)?), s(get(2)?)))
-                }
-                _ => None,
-            })
+            .map(|t| (s(t.r#type), s(t.unit)))
             .collect();
-        assert_eq!(
-            types,
-            [
-                ("samples".into(), "count".into()),
-                ("cpu".into(), "nanoseconds".into())
-            ]
-        );
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
         // One sample: two locations, leaf first; 3 samples of 10 ms each.
-        let sample = top
-            .iter()
-            .find_map(|f| match f {
-                Field::Bytes(2, b) => Some(fields(b).unwrap()),
-                _ => None,
-            })
-            .unwrap();
-        let locs = sample
-            .iter()
-            .find_map(|f| match f {
-                Field::Bytes(1, b) => Some(packed(b)),
-                _ => None,
-            })
-            .unwrap();
-        let values = sample
-            .iter()
-            .find_map(|f| match f {
-                Field::Bytes(2, b) => Some(packed(b)),
-                _ => None,
-            })
-            .unwrap();
-        assert_eq!(values, [3, 30_000_000]);
-        assert_eq!(locs.len(), 2);
-        // Each location's function, by its name: work, then main.
-        let names: Vec<String> = locs
+        assert_eq!(got.sample.len(), 1);
+        let sample = &got.sample[0];
+        assert_eq!(sample.value, [3, 30_000_000]);
+        // Each location's function, by its name: work, then main, at line 7.
+        let names: Vec<&str> = sample
+            .location_id
             .iter()
             .map(|&id| {
-                let loc = top
+                let loc = got.location.iter().find(|l| l.id == id).unwrap();
+                assert_eq!(loc.line[0].line, 7, "the line number");
+                let f = got
+                    .function
                     .iter()
-                    .filter_map(|f| match f {
-                        Field::Bytes(4, b) => Some(fields(b).unwrap()),
-                        _ => None,
-                    })
-                    .find(|l| l.contains(&Field::Varint(1, id)))
+                    .find(|f| f.id == loc.line[0].function_id)
                     .unwrap();
-                let line = loc
-                    .iter()
-                    .find_map(|f| match f {
-                        Field::Bytes(4, b) => Some(fields(b).unwrap()),
-                        _ => None,
-                    })
-                    .unwrap();
-                assert!(line.contains(&Field::Varint(2, 7)), "the line number");
-                let Field::Varint(1, fid) = line[0] else {
-                    panic!("{line:?}")
-                };
-                let func = top
-                    .iter()
-                    .filter_map(|f| match f {
-                        Field::Bytes(5, b) => Some(fields(b).unwrap()),
-                        _ => None,
-                    })
-                    .find(|g| g.contains(&Field::Varint(1, fid)))
-                    .unwrap();
-                let name = func
-                    .iter()
-                    .find_map(|f| match f {
-                        Field::Varint(2, n) => Some(*n),
-                        _ => None,
-                    })
-                    .unwrap();
-                s(name)
+                s(f.name)
             })
             .collect();
         assert_eq!(names, ["work", "main"]);
+        // Its labels: the thread by name, its ids as numbers.
+        let labels: Vec<(&str, &str, i64)> = sample
+            .label
+            .iter()
+            .map(|l| (s(l.key), s(l.str), l.num))
+            .collect();
+        assert_eq!(
+            labels,
+            [("thread", "prog", 0), ("tid", "", 6), ("pid", "", 5)]
+        );
         // The period: 10 ms of cpu/nanoseconds.
-        assert!(top.contains(&Field::Varint(12, 10_000_000)));
+        assert_eq!(got.period, 10_000_000);
+        assert_eq!(
+            got.period_type.map(|t| (t.r#type, t.unit)),
+            Some((
+                got.string_table.iter().position(|x| x == "cpu").unwrap() as i64,
+                got.string_table
+                    .iter()
+                    .position(|x| x == "nanoseconds")
+                    .unwrap() as i64
+            ))
+        );
     }
 }

@@ -203,6 +203,9 @@ struct Records {
 /// Reads the records of `b` from offset `at` into `r`; the offset where a later read may go
 /// on (after the last whole record, or at an unwinding record whose code load is not there
 /// yet).
+///
+/// (One function of 127 lines: one match over the record kinds, whose arms share the `pending`
+/// unwinding info (it waits for its code load) and the `resume` offset across records.)
 fn read_records(b: &[u8], mut at: usize, r: &mut Records) -> usize {
     // Unwinding info comes before the load it belongs to: (eh_frame, header), and where its
     // record starts.

@@ -533,3 +533,84 @@ fn mutated_gdb_replies() {
             .map(|g| Box::new(g) as Box<dyn superprof_qemu::Backend>)
     });
 }
+
+/// A real jitdump, node's (`--perf-prof`, with its unwinding tables), mutated: the header and
+/// every record's 16-byte header most of all. Parsed whole, looked up at the code it named,
+/// and read as a growing file in two halves (as `record` reads a live one): no panic, no hang,
+/// memory bounded. (Kept in superprof-symbols rather than taken from linux-perf-data, whose
+/// reader panics on such input: docs/architecture.md, "Crates considered".)
+#[test]
+fn mutated_jitdumps() {
+    let dir = TempDir::new("fuzz-jitdump");
+    run_ok(
+        std::process::Command::new("node")
+            .args(["--perf-prof", "--perf-prof-unwinding-info", "-e"])
+            .arg(
+                "function f(n){let x=1;for(let i=0;i<n;i++)x=(x*31+i)%1000003;return x}\
+                 let s=0;for(let i=0;i<300;i++)s+=f(20000);console.log(s)",
+            )
+            .current_dir(&dir.0),
+    );
+    let dump = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| superprof_symbols::is_jitdump(p))
+        .expect("node --perf-prof wrote no jit-PID.dump");
+    let mut bytes = std::fs::read(&dump).unwrap();
+    // Its first 256 KiB (a few hundred records: mutations spread over them, not over MBs).
+    bytes.truncate(256 << 10);
+    let original = superprof_symbols::JitDump::parse(&bytes).expect("node's jitdump");
+    assert!(original.len() > 10, "{} loads", original.len());
+    // The header, then each record's header (id, size, time).
+    let mut hot: Vec<Range<usize>> = Vec::new();
+    hot.push(0..40);
+    let mut at = 40;
+    while at + 16 <= bytes.len() {
+        hot.push(at..at + 16);
+        let size = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        if size < 16 {
+            break;
+        }
+        at += size;
+    }
+    assert!(hot.len() > 10);
+    // Addresses to look up: inside and around the code the original names.
+    let addrs: Vec<u64> = original
+        .unwind
+        .iter()
+        .flat_map(|u| [u.code.start, u.code.end - 1, u.code.end])
+        .take(64)
+        .collect();
+    let grown = dir.path("jit-1.dump");
+    fuzz(
+        "jitdump",
+        5,
+        &bytes,
+        &hot,
+        Duration::from_secs(2),
+        |m, _| {
+            if let Some(d) = superprof_symbols::JitDump::parse(m) {
+                for &a in &addrs {
+                    let _ = d.lookup_at(a, Some(u64::MAX));
+                    let _ = d.lookup_at(a, Some(0));
+                    let _ = d.lookup(a);
+                }
+            }
+            // Read as it grows: the first half, then the rest.
+            let _ = std::fs::remove_file(&grown);
+            let half = m.len() / 2;
+            std::fs::write(&grown, &m[..half]).unwrap();
+            let mut reader = superprof_symbols::JitUnwindReader::new(&grown, None);
+            let _ = reader.read_new();
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&grown)
+                .unwrap()
+                .write_all(&m[half..])
+                .unwrap();
+            let _ = reader.read_new();
+        },
+    );
+    assert!(peak_mib() < 2048, "peak memory {} MiB", peak_mib());
+}

@@ -1,9 +1,11 @@
 //! `record --push parca:URL | otlp:URL | otlp-http:URL` (issue 18): the profile goes to
 //! Parca's WriteRaw and to an OTLP profiles receiver. The gRPC servers are real ones, tonic's
 //! (hyper and h2 underneath), built here; their handler keeps each request, which the test
-//! decodes from the published protos (Parca's messages declared below from its
-//! profilestore.proto; OTLP's from the opentelemetry-proto crate, v1.10.0) and compares with
+//! decodes from the published protos (Parca's messages from superprof-profile's `parca`, after
+//! its profilestore.proto; OTLP's from the opentelemetry-proto crate, v1.10.0) and compares with
 //! the profile written locally. Refusals and a server that is down, then up, too.
+
+#![cfg(feature = "grpc")]
 
 mod common;
 
@@ -13,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use prost::Message;
+use superprof_profile::parca::WriteRawRequest;
 
 /// One call as the server saw it.
 #[derive(Debug, Clone)]
@@ -160,41 +163,6 @@ fn grpc_server(listener: TcpListener, answer: Answer) -> Arc<Mutex<Vec<Call>>> {
 
 fn ok_empty() -> Answer {
     Arc::new(|_, _| Ok(Vec::new()))
-}
-
-// Parca's messages, from parca/profilestore/v1alpha1/profilestore.proto.
-#[derive(Clone, PartialEq, Message)]
-struct WriteRawRequest {
-    #[prost(string, tag = "1")]
-    tenant: String,
-    #[prost(message, repeated, tag = "2")]
-    series: Vec<RawProfileSeries>,
-    #[prost(bool, tag = "3")]
-    normalized: bool,
-}
-#[derive(Clone, PartialEq, Message)]
-struct RawProfileSeries {
-    #[prost(message, optional, tag = "1")]
-    labels: Option<LabelSet>,
-    #[prost(message, repeated, tag = "2")]
-    samples: Vec<RawSample>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct LabelSet {
-    #[prost(message, repeated, tag = "1")]
-    labels: Vec<Label>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct Label {
-    #[prost(string, tag = "1")]
-    name: String,
-    #[prost(string, tag = "2")]
-    value: String,
-}
-#[derive(Clone, PartialEq, Message)]
-struct RawSample {
-    #[prost(bytes = "vec", tag = "1")]
-    raw_profile: Vec<u8>,
 }
 
 fn record_and_push(

@@ -14,12 +14,10 @@
 //! once; then one line and a non-zero exit (the local outputs are kept).
 
 pub mod grpc;
-pub mod hpack;
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use superprof_profile::proto::{fields, Field, Pb};
 use superprof_profile::Profile;
 
 /// Where profiles go.
@@ -242,54 +240,13 @@ impl Failure {
 
 /// Parca's WriteRawRequest: one series (its labels: `__name__`, `job` = the application,
 /// then the `--label`s), its one sample the gzipped pprof; the tenant in its (deprecated)
-/// field; `normalized`, as superprof's pprof addresses are the symbolized frames' own.
+/// field.
 pub fn parca_write_raw(pprof: &[u8], app: &str, opts: &PushOptions) -> Vec<u8> {
-    let mut labels = Pb::default();
-    let all = [("__name__", "superprof_cpu"), ("job", app)]
+    let labels: Vec<(&str, &str)> = [("__name__", "superprof_cpu"), ("job", app)]
         .into_iter()
-        .chain(opts.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    for (k, v) in all {
-        let mut l = Pb::default();
-        l.bytes(1, k.as_bytes());
-        l.bytes(2, v.as_bytes());
-        labels.msg(1, l);
-    }
-    let mut sample = Pb::default();
-    sample.bytes(1, pprof);
-    let mut series = Pb::default();
-    series.msg(1, labels);
-    series.msg(2, sample);
-    let mut req = Pb::default();
-    if let Some(t) = &opts.tenant {
-        req.bytes(1, t.as_bytes());
-    }
-    req.msg(2, series);
-    req.bool(3, true);
-    req.0
-}
-
-/// What an OTLP ExportProfilesServiceResponse says: its partial_success, if profiles were
-/// rejected (a refusal: the same request would be rejected again).
-fn otlp_rejection(response: &[u8]) -> Option<String> {
-    let top = fields(response)?;
-    let partial = top.iter().find_map(|f| match f {
-        Field::Bytes(1, b) => Some(*b),
-        _ => None,
-    })?;
-    let (mut rejected, mut message) = (0, String::new());
-    for f in fields(partial)? {
-        match f {
-            Field::Varint(1, n) => rejected = n,
-            Field::Bytes(2, m) => message = String::from_utf8_lossy(m).chars().take(300).collect(),
-            _ => {}
-        }
-    }
-    (rejected > 0 || !message.is_empty()).then(|| {
-        format!(
-            "{rejected} profile(s) rejected{}{message}",
-            if message.is_empty() { "" } else { ": " }
-        )
-    })
+        .chain(opts.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .collect();
+    superprof_profile::parca::write_raw(pprof, &labels, opts.tenant.as_deref())
 }
 
 /// The resource attributes of an OTLP push: `service.name` (the application), the host's
@@ -384,7 +341,7 @@ pub fn send_once(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<S
                     timeout,
                 )?
             };
-            if let Some(message) = otlp_rejection(&response) {
+            if let Some(message) = superprof_profile::otlp::rejection(&response) {
                 return Err(Failure {
                     message,
                     transient: false,
