@@ -497,14 +497,16 @@ impl Symbols {
         let Some(m) = self.maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
             return vec![self.namer.anonymous_frame(p, Some(self.pid), addr)];
         };
-        let bias = self
+        let image = self
             .images
             .entry(m.path.clone())
-            .or_insert_with(|| superprof_unwind::ElfImage::open(&m.path))
-            .as_ref()
-            .map_or(m.start.wrapping_sub(m.offset), |img| {
-                img.bias_for_mapping(m.start, m.end - m.start, m.offset)
-            });
+            .or_insert_with(|| superprof_unwind::ElfImage::open(&m.path));
+        let bias = superprof_unwind::ElfImage::mapping_bias(
+            image.as_ref(),
+            m.start,
+            m.end - m.start,
+            m.offset,
+        );
         let svma = addr.wrapping_sub(bias);
         let module = m.path.to_string_lossy().into_owned();
         // Time in superprof's own code (its start, in preload mode): named so, without
@@ -512,7 +514,7 @@ impl Symbols {
         if self.own.as_ref().is_some_and(|r| r.contains(&addr)) {
             return vec![p.intern_frame_named("[superprof]", &module, None, 0, svma, false)];
         }
-        let look = if ret { svma.wrapping_sub(1) } else { svma };
+        let look = superprof_symbols::lookup_address(svma, ret);
         let found = self.symbolizer.symbolize(&m.path, &m.path, look);
         self.namer.elf_frames(p, &module, svma, found)
     }

@@ -13,8 +13,9 @@
 //!   single steps (the design's architecture-independent analyzer).
 //! - [`x86_branch`] works out where a branch goes from the registers, so that a tracer can
 //!   send a thread there without single-stepping it.
-//! - [`patch`] (x86_64) and [`patch_a64`] (AArch64) plan the jump that replaces one or more
-//!   instructions of a block and write the trampoline behind it, which adds one to a counter or
+//! - [`patch`]: a [`patch::Patcher`] per architecture ([`patch::x86_64`], [`patch::aarch64`])
+//!   plans the jump that replaces one or more
+//!   instructions of a block and writes the trampoline behind it, which adds one to a counter or
 //!   writes a record into a ring, then runs the displaced instructions, relocated.
 //!
 //! Code is given as bytes with the address of the first byte, so the caller reads memory
@@ -37,7 +38,6 @@ mod analyzer;
 mod emulate;
 mod learn;
 pub mod patch;
-pub mod patch_a64;
 mod x86;
 
 pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode, Probed};

@@ -47,6 +47,25 @@ pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};
 pub use superprof_unwind::map_file;
 
+/// The address to look up for a frame at `addr`: the address itself for the sampled
+/// instruction (the leaf), the byte before it for a return address (a caller's frame), which
+/// points after its call: the call itself is what the caller was doing, and the next
+/// instruction may be another line, another inlined function or, after a call that does not
+/// return, another function altogether. The one place this rule lives (record, libsuperprof
+/// and qemu name frames through it).
+///
+/// ```
+/// assert_eq!(superprof_symbols::lookup_address(0x1005, true), 0x1004);
+/// assert_eq!(superprof_symbols::lookup_address(0x1005, false), 0x1005);
+/// ```
+pub fn lookup_address(addr: u64, is_return_address: bool) -> u64 {
+    if is_return_address {
+        addr.wrapping_sub(1)
+    } else {
+        addr
+    }
+}
+
 /// Where an inlined copy was made: the calling function and the call's file, line and column.
 type CallSite = (Option<String>, Option<String>, Option<u32>, Option<u32>);
 

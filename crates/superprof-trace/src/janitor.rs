@@ -328,8 +328,8 @@ impl Drop for Janitor {
             libc::syscall(libc::SYS_futex, mail.as_ptr(), libc::FUTEX_WAKE, 1);
         }
         for _ in 0..50 {
-            // SAFETY: waitpid on our own child, not blocking.
-            if unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), libc::WNOHANG) } != 0 {
+            // Ended (or reaped already): not running.
+            if !matches!(crate::posix::waitpid(self.pid as u32, true), Ok(None)) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -500,6 +500,10 @@ unsafe fn receive(mems: &mut [(u32, i32); MAX_PROCESSES], flags: i32) -> Mail {
 
 /// The janitor's life, in the forked child: wait for superprof to go, then put back the code
 /// under every breakpoint left in the table.
+///
+/// (One function of 132 lines: the forked child's life, run once top to bottom: cut loose from
+/// superprof, wait on the lock and the mail, then put the code back; the three share the `mems`
+/// descriptors and the `header`.)
 ///
 /// # Safety
 /// Called once, in the child of fork, with the socket's ends and the shared memory.

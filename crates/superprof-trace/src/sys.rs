@@ -264,32 +264,9 @@ pub fn interrupted_syscall(r: &RawRegs) -> Option<u64> {
     }
 }
 
-/// A raw wait status.
-#[derive(Debug, Clone, Copy)]
-pub struct WaitStatus(pub i32);
-
-impl WaitStatus {
-    pub fn exited(self) -> Option<i32> {
-        libc::WIFEXITED(self.0).then(|| libc::WEXITSTATUS(self.0))
-    }
-    pub fn signaled(self) -> Option<i32> {
-        libc::WIFSIGNALED(self.0).then(|| libc::WTERMSIG(self.0))
-    }
-    pub fn stop_sig(self) -> Option<i32> {
-        libc::WIFSTOPPED(self.0).then(|| libc::WSTOPSIG(self.0))
-    }
-    /// The PTRACE_EVENT_* of an event stop, 0 for other stops.
-    pub fn event(self) -> i32 {
-        (self.0 >> 16) & 0xffff
-    }
-    /// What it says, decoded once.
-    pub fn stop(self) -> crate::status::Stop {
-        crate::status::Stop::of(self.0)
-    }
-}
-
-/// Collects one pending wait status from any thread this thread traces, without blocking.
-pub fn wait_any_nohang() -> io::Result<Option<(u32, WaitStatus)>> {
+/// Collects one pending wait status from any thread this thread traces, without blocking,
+/// decoded.
+pub fn wait_any_nohang() -> io::Result<Option<(u32, crate::status::Stop)>> {
     let mut status = 0;
     // SAFETY: waitpid with a valid out-pointer.
     // __WNOTHREAD: only this thread's tracees and children; a tracer belongs to one thread,
@@ -303,7 +280,7 @@ pub fn wait_any_nohang() -> io::Result<Option<(u32, WaitStatus)>> {
     };
     match rc {
         0 => Ok(None),
-        r if r > 0 => Ok(Some((r as u32, WaitStatus(status)))),
+        r if r > 0 => Ok(Some((r as u32, crate::status::Stop::of(status)))),
         _ => {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
@@ -866,41 +843,5 @@ mod stub_tail_tests {
         assert_eq!(&t[8..], &far.to_le_bytes());
         let t = super::a64_stub_tail(0x1000, far, true);
         assert_eq!(&t[4..8], &[0x00, 0x02, 0x1f, 0xd6]);
-    }
-}
-
-#[cfg(test)]
-mod wait_status_tests {
-    use super::WaitStatus;
-
-    /// Statuses as the kernel writes them (wait(2)): exit code << 8; the signal; stops as
-    /// 0x7f with the signal << 8 and a ptrace event << 16.
-    #[test]
-    fn wait_statuses_decode() {
-        let exited = WaitStatus(3 << 8);
-        assert_eq!(
-            (exited.exited(), exited.signaled(), exited.stop_sig()),
-            (Some(3), None, None)
-        );
-        let killed = WaitStatus(libc::SIGSEGV | 0x80); // with a core dump
-        assert_eq!(
-            (killed.exited(), killed.signaled(), killed.stop_sig()),
-            (None, Some(libc::SIGSEGV), None)
-        );
-        let trap = WaitStatus(0x7f | (libc::SIGTRAP << 8));
-        assert_eq!((trap.stop_sig(), trap.event()), (Some(libc::SIGTRAP), 0));
-        let exec = WaitStatus(0x7f | (libc::SIGTRAP << 8) | (libc::PTRACE_EVENT_EXEC << 16));
-        assert_eq!(
-            (exec.stop_sig(), exec.event()),
-            (Some(libc::SIGTRAP), libc::PTRACE_EVENT_EXEC)
-        );
-        // A syscall stop (PTRACE_O_TRACESYSGOOD) and a group stop (PTRACE_EVENT_STOP).
-        let sys = WaitStatus(0x7f | ((libc::SIGTRAP | 0x80) << 8));
-        assert_eq!(sys.stop_sig(), Some(libc::SIGTRAP | 0x80));
-        let group = WaitStatus(0x7f | (libc::SIGSTOP << 8) | (libc::PTRACE_EVENT_STOP << 16));
-        assert_eq!(
-            (group.stop_sig(), group.event(), group.exited()),
-            (Some(libc::SIGSTOP), libc::PTRACE_EVENT_STOP, None)
-        );
     }
 }

@@ -276,6 +276,15 @@ impl ElfImage {
         }
     }
 
+    /// The load bias of a mapping of a file that may be unreadable (`image` None: gone,
+    /// or not an ELF file): [`ElfImage::bias_for_mapping`], else `start - pgoff` (right for
+    /// the usual layout, where file offsets and addresses differ by the same amount).
+    pub fn mapping_bias(image: Option<&ElfImage>, start: u64, len: u64, pgoff: u64) -> u64 {
+        image.map_or(start.wrapping_sub(pgoff), |img| {
+            img.bias_for_mapping(start, len, pgoff)
+        })
+    }
+
     /// The module for framehop: the code at `avma`, `bias` from its ELF addresses. framehop
     /// looks code up by its offset (32 bits) from the module's base, so the base is the start
     /// of this range (and its ELF address), not address 0 nor the file's lowest segment: a

@@ -175,9 +175,7 @@ impl ProcessModules {
         let end = start.saturating_add(len);
         let module = elves.module(path, open_path);
         let image = elves.image(module).cloned();
-        let bias = image.as_ref().map_or(start.wrapping_sub(pgoff), |img| {
-            img.bias_for_mapping(start, len, pgoff)
-        });
+        let bias = crate::elf::ElfImage::mapping_bias(image.as_deref(), start, len, pgoff);
         // A new mapping replaces whatever executable mapping it overlaps.
         let (gone, kept): (Vec<Mapping>, Vec<Mapping>) = self
             .mappings

@@ -350,6 +350,9 @@ impl Collector {
         }
     }
 
+    /// (One function of 101 lines: one match over the perf record kinds, each arm a few lines on
+    /// the collector's own maps (processes, threads, anon, open waits); a long match, not a long
+    /// piece of logic.)
     pub fn handle(&mut self, record: &Record) {
         match record {
             Record::Sample(s) => self.sample(s),
@@ -898,6 +901,9 @@ impl Collector {
         profile
     }
 
+    /// (One function of 160 lines: passes over the frames, the trie nodes, then the samples, each
+    /// reading what the earlier made (the symbol answers, `chains`, `stack_of`, `wait_named`,
+    /// `node_timed`) and the one `namer`; split, they would travel in a struct.)
     fn build(&self, mut profile: Profile, start_ns: u64) -> Profile {
         // One round trip to the symbol worker for every distinct address.
         let mut queries = Vec::new();
@@ -907,8 +913,7 @@ impl Collector {
                 AddrFrame::User { module, svma, ret } => queries.push(Query {
                     path: self.elves.path(module).to_owned(),
                     open_path: self.open_path_of(module),
-                    // A return address points after the call: look up the call itself.
-                    svma: if ret { svma.wrapping_sub(1) } else { svma },
+                    svma: superprof_symbols::lookup_address(svma, ret),
                 }),
                 AddrFrame::Kernel(addr) => kernel.push(addr),
                 AddrFrame::Unknown { .. } | AddrFrame::Wait { .. } => {}

@@ -8,7 +8,7 @@
 //! (through /proc/PID/fd) before the program closes its descriptor: the counts stay readable
 //! after the program ends. Trampolines are written through /proc/PID/mem (the pages are
 //! never writable in the program). Each counted block then gets a 5-byte jump to its
-//! trampoline ([`superprof_analyze::patch`], [`superprof_analyze::patch_a64`]), through [`Tracer::patch_code`], so that the
+//! trampoline ([`superprof_analyze::patch`]: its [`patch::Host`]), through [`Tracer::patch_code`], so that the
 //! original bytes come back when the process is let go, in a fork child's copy, and by the
 //! janitor if superprof dies.
 //!
@@ -28,11 +28,8 @@
 
 use std::path::PathBuf;
 
-#[cfg(not(target_arch = "aarch64"))]
 pub use superprof_analyze::patch;
-/// The patches of the machine superprof runs on.
-#[cfg(target_arch = "aarch64")]
-pub use superprof_analyze::patch_a64 as patch;
+use superprof_analyze::patch::{Host, Patcher};
 use superprof_trace::Tracer;
 
 use crate::sys::SharedMemory;
@@ -130,7 +127,7 @@ pub fn springboards(
             let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
             let n = code.filler_at(b.end, next);
             let whole = next == u64::MAX || b.end + n as u64 == next;
-            if n >= patch::JUMP_LEN && whole {
+            if n >= Host::JUMP_LEN && whole {
                 out.push((b.end.wrapping_add(bias), n));
             }
         }
@@ -252,11 +249,11 @@ impl InProcess {
     ) -> Result<Counter, String> {
         self.check_control_stack(tid);
         let (p, springboard) = self.plan(b, inside)?;
-        let a = self.area_near(tracer, tid, p.at, patch::MAX_TRAMPOLINE)?;
+        let a = self.area_near(tracer, tid, p.at, Host::MAX_TRAMPOLINE)?;
         let area = &self.areas[a];
         let (slot, counter) = (area.used, area.counters + area.used as u64 * 8);
-        let bytes = patch::trampoline(&p, area.next, counter).map_err(|e| e.to_string())?;
-        self.install(tracer, a, &p, springboard, &bytes, patch::MAX_TRAMPOLINE)?;
+        let bytes = Host::trampoline(&p, area.next, counter).map_err(|e| e.to_string())?;
+        self.install(tracer, a, &p, springboard, &bytes, Host::MAX_TRAMPOLINE)?;
         self.areas[a].used += 1;
         Ok(Counter { area: a, slot })
     }
@@ -282,9 +279,9 @@ impl InProcess {
             return Err("its first instructions cannot be displaced".to_owned());
         }
         // (The area first: the ring is mapped through the stub at the start of the first one.)
-        let a = self.area_near(tracer, tid, p.at, patch::MAX_RECORD_TRAMPOLINE)?;
+        let a = self.area_near(tracer, tid, p.at, Host::MAX_RECORD_TRAMPOLINE)?;
         let ring = self.ring(tracer, tid)?;
-        let bytes = patch::record_trampoline(&p, self.areas[a].next, &ring, recording)
+        let bytes = Host::record_trampoline(&p, self.areas[a].next, &ring, recording)
             .map_err(|e| e.to_string())?;
         self.install(
             tracer,
@@ -292,7 +289,7 @@ impl InProcess {
             &p,
             springboard,
             &bytes,
-            patch::MAX_RECORD_TRAMPOLINE,
+            Host::MAX_RECORD_TRAMPOLINE,
         )?;
         Ok((p.at, p.at + p.len as u64))
     }
@@ -314,7 +311,7 @@ impl InProcess {
         &self,
         b: &Site,
         inside: &dyn Fn(u64, u64) -> bool,
-    ) -> Result<(patch::Patch, Option<u64>), String> {
+    ) -> Result<(<Host as Patcher>::Patch, Option<u64>), String> {
         // The filler after the block only up to bytes another patch took.
         let end = b.start + b.code.len() as u64;
         let spare = self
@@ -323,24 +320,24 @@ impl InProcess {
             .filter(|&&(a, _)| a >= end)
             .map(|&(a, _)| (a - end).min(u32::MAX as u64) as u32)
             .fold(b.spare, u32::min);
-        let mut plan = patch::plan(b.code, b.start, b.several, spare, self.calls);
+        let mut plan = Host::plan(b.code, b.start, b.several, spare, self.calls);
         if b.several
             && plan
                 .as_ref()
                 .is_ok_and(|p| inside(p.at + 1, p.len as u64 - 1))
         {
-            plan = patch::plan(b.code, b.start, false, spare, self.calls);
+            plan = Host::plan(b.code, b.start, false, spare, self.calls);
         }
         let mut springboard = None;
         if plan.as_ref().is_err_and(|e| *e == patch::Refusal::TooShort) {
             // A short jump to a 5-byte one in filler nearby.
-            let short = patch::plan_for(
+            let short = Host::plan_for(
                 b.code,
                 b.start,
                 b.several,
                 spare,
                 self.calls,
-                patch::SHORT_JUMP_LEN,
+                Host::SHORT_JUMP_LEN,
             );
             if let Ok(p) = short {
                 // (Sorted: only those within a short jump.)
@@ -351,9 +348,9 @@ impl InProcess {
                     .iter()
                     .take_while(|&&(at, _)| at <= p.at + 130)
                     .find_map(|&(at, len)| {
-                        (at..=at + (len - patch::JUMP_LEN) as u64).find(|&s| {
-                            patch::short_jump(p.at, s).is_some()
-                                && !self.overlaps(s, s + patch::JUMP_LEN as u64)
+                        (at..=at + (len - Host::JUMP_LEN) as u64).find(|&s| {
+                            Host::short_jump(p.at, s).is_some()
+                                && !self.overlaps(s, s + Host::JUMP_LEN as u64)
                         })
                     });
                 if springboard.is_some() {
@@ -382,7 +379,7 @@ impl InProcess {
         &mut self,
         tracer: &mut Tracer,
         a: usize,
-        p: &patch::Patch,
+        p: &<Host as Patcher>::Patch,
         springboard: Option<u64>,
         bytes: &[u8],
         most: usize,
@@ -393,7 +390,7 @@ impl InProcess {
             return Err("its trampoline is too long".to_owned());
         }
         let far = springboard.unwrap_or(p.at);
-        let jump = patch::jump(far, tramp).ok_or("its trampoline is out of reach")?;
+        let jump = Host::jump(far, tramp).ok_or("its trampoline is out of reach")?;
         tracer
             .write_memory(self.pid, tramp, bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
@@ -402,8 +399,8 @@ impl InProcess {
             .map_err(|e| format!("cannot patch the code at {far:#x}: {e}"))?;
         self.taken.push((p.at, p.at + p.len as u64));
         if let Some(s) = springboard {
-            self.taken.push((s, s + patch::JUMP_LEN as u64));
-            let short = patch::short_jump(p.at, s).ok_or("its springboard is out of reach")?;
+            self.taken.push((s, s + Host::JUMP_LEN as u64));
+            let short = Host::short_jump(p.at, s).ok_or("its springboard is out of reach")?;
             if let Err(e) = tracer.patch_code(self.pid, p.at, &short) {
                 let _ = tracer.unpatch(self.pid, s);
                 return Err(format!("cannot patch the code at {:#x}: {e}", p.at));
@@ -565,6 +562,10 @@ impl InProcess {
     /// Makes the program map `exec` bytes for trampolines (read, execute) then `len` bytes
     /// shared with superprof through a memfd (read, write), at `at` (None: where the kernel
     /// likes). Returns where, and superprof's view of the shared part.
+    ///
+    /// (One function of 124 lines: a series of system calls injected through one `call` closure and
+    /// `stub` cell (mmap, stub, memfd_create, ftruncate, the shared mmap, close), with the undo on
+    /// failure (munmap, the temporary stub restored) in one place.)
     fn map(
         &mut self,
         tracer: &mut Tracer,

@@ -131,6 +131,9 @@ fn user_elves(paths: &[PathBuf]) -> Result<Vec<GuestElf>> {
     Ok(out)
 }
 
+/// (One function of 246 lines: the command from start to end, in the order the guest needs: every
+/// input read before the debugger stops it, the sampling loop, then the guest let go; `backend`,
+/// `launched`, `sampler`, `samples` and `gone` live throughout.)
 pub fn run(args: &QemuArgs) -> Result<i32> {
     let sources =
         args.qmp.is_some() as u8 + args.gdb.is_some() as u8 + (!args.command.is_empty()) as u8;
@@ -481,7 +484,7 @@ fn symbolize(
             };
             let Some(elf) = elf else {
                 // A module's code, named by a kallsyms file.
-                let look = if ret { addr.wrapping_sub(1) } else { addr };
+                let look = superprof_symbols::lookup_address(addr, ret);
                 if let Some((name, Some(module))) = sampler
                     .runtime_symbols
                     .as_ref()
@@ -492,7 +495,7 @@ fn symbolize(
                 return Resolved::Unknown(addr);
             };
             let svma = addr.wrapping_sub(bias);
-            let look = if ret { svma.wrapping_sub(1) } else { svma };
+            let look = superprof_symbols::lookup_address(svma, ret);
             let mut found = symbols.symbolize(&elf.path, &elf.path, look);
             if found.is_empty() && owner == Owner::Kernel {
                 // A kernel ELF without symbols: a System.map or kallsyms file names it.

@@ -60,7 +60,7 @@ pub(super) fn function_exits(
                 Flow::Return => exits.push((i.addr, (lo, hi), true)),
                 Flow::IndirectJump => {
                     let off = (i.addr - lo) as usize;
-                    if crate::inprocess::patch::jumps_through_slot(&code[off..], i.addr) {
+                    if <crate::inprocess::patch::Host as crate::inprocess::patch::Patcher>::jumps_through_slot(&code[off..], i.addr) {
                         exits.push((i.addr, (lo, hi), false));
                     }
                 }

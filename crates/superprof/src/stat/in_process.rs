@@ -189,6 +189,10 @@ impl Session {
     /// Recording probes at the entry of the function at `at` and at each of its exits (a
     /// `ret` or a jump out, with the filler after it; else before it, recording the stack
     /// pointer the exit will have).
+    ///
+    /// (One function of 163 lines: the entry probe, then each exit's, placed from one decoded
+    /// function: `code`, `bias`, `blocks`, `boards` and the `inside`, `rec` and `quiet_to` closures
+    /// over them serve both; split, each piece would rebuild them or be passed them all.)
     #[allow(clippy::too_many_arguments)]
     pub(super) fn probe_function(
         &mut self,
@@ -200,7 +204,7 @@ impl Session {
         site: Site,
         patched: &mut Vec<u64>,
     ) -> Result<(), String> {
-        use crate::inprocess::patch::{self, Recording, SpAt};
+        use crate::inprocess::patch::{Host, Patcher, Recording, SpAt};
         use crate::inprocess::Site as Patched;
         let exits = function_exits(tracer, pid, at, &mut self.codes)
             .ok_or("cannot find where it returns")?;
@@ -236,7 +240,7 @@ impl Session {
         let b0_bytes = code.bytes(b0.start, b0.end - b0.start).unwrap_or_default();
         let quiet_to = |x: u64| {
             x < b0_end
-                && patch::quiet_tail(b0_bytes, b0.start, x.wrapping_sub(bias)).contains(&b0.start)
+                && Host::quiet_tail(b0_bytes, b0.start, x.wrapping_sub(bias)).contains(&b0.start)
         };
         let probe = self.ip_roles.len();
         let (first, first_end) = inproc
@@ -304,8 +308,8 @@ impl Session {
             // where no jump table could land between them.
             let bytes = code.bytes(b.start, b.end - b.start).unwrap_or_default();
             let mut placed = Err("no room for a jump".to_owned());
-            for q in patch::quiet_tail(bytes, b.start, ex) {
-                let Some(sp) = patch::sp_at(&bytes[(q - b.start) as usize..], q, ex) else {
+            for q in Host::quiet_tail(bytes, b.start, ex) {
+                let Some(sp) = Host::sp_at(&bytes[(q - b.start) as usize..], q, ex) else {
                     continue;
                 };
                 let from = superprof_analyze::Block {

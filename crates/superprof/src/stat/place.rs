@@ -50,6 +50,9 @@ impl Session {
         Ok(())
     }
 
+    /// (One function of 131 lines: one pass over the region specs, a match turning each kind
+    /// (function, lines, range) into a Region, then the one code that proves and places it, reading
+    /// the `function` and `all` that the arms set.)
     pub(super) fn place(&mut self, tracer: &mut Tracer, pid: u32, explain: bool) -> Result<bool> {
         let mut all = true;
         for (i, spec) in self.specs.clone().iter().enumerate() {
@@ -183,7 +186,7 @@ impl Session {
     }
 
     /// Where the uprobe of the function entered at `at` may stand (x86_64): the first
-    /// instruction the kernel emulates among those [`superprof_analyze::patch::quiet_head`]
+    /// instruction the kernel emulates among those [`superprof_analyze::patch::x86_64::quiet_head`]
     /// allows (only register moves before it: every call passes it with the entry's stack
     /// pointer), where no direct branch of the file lands between; else `at`.
     /// Never onto one of its `exits` (a function that is a register move and a tail jump).
@@ -202,9 +205,9 @@ impl Session {
         let Ok((elf, bias)) = code_at(&mut self.codes, pid, at) else {
             return at;
         };
-        let locked = superprof_analyze::patch::has_lock_prefix(&code[..n], at);
+        let locked = superprof_analyze::patch::x86_64::has_lock_prefix(&code[..n], at);
         let mut past_lock = None;
-        for q in superprof_analyze::patch::quiet_head(&code[..n], at, 8) {
+        for q in superprof_analyze::patch::x86_64::quiet_head(&code[..n], at, 8) {
             let off = (q - at) as usize;
             if off + 15 > n {
                 break;

@@ -1,4 +1,4 @@
-//! Counting a basic block inside the program, AArch64: the x86_64 design of [`crate::patch`]
+//! Counting a basic block inside the program, AArch64: the x86_64 design of [`super::x86_64`]
 //! with fixed 4-byte instructions. One instruction of the block is replaced by a `b` to a
 //! trampoline (±128 MiB), which counts or records, runs the displaced instruction, relocated,
 //! and branches back. Every instruction is as long as the branch, so there are no short blocks,
@@ -22,7 +22,7 @@
 //! (an indirect call must land on it where the program runs with BTI); the instruction after
 //! it is.
 
-pub use crate::patch::{
+use super::{
     Recording, Refusal, Ring, SpAt, RECORD, REC_COMMIT, REC_CPUTIME, REC_PROBE, REC_RUSAGE, REC_SP,
     REC_TID, REC_TIME, RING_GAVE_UP, RING_TAIL, RING_WAITS, RING_WAIT_NS,
 };
@@ -72,7 +72,7 @@ fn load_exclusive(insn: u32) -> bool {
 }
 
 /// Plans the patch that counts the block whose bytes `code` start at `start` (the same
-/// arguments as [`crate::patch::plan`]; `several` and `spare` do not matter here). `calls`: a
+/// arguments as [`super::x86_64::plan`]; `several` and `spare` do not matter here). `calls`: a
 /// `bl` may be displaced (emulated; not with a guarded control stack).
 pub fn plan(
     code: &[u8],
@@ -385,7 +385,7 @@ pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refus
 }
 
 /// The trampoline of `patch` placed at `at` that writes one record into `ring` each time the
-/// probe point runs (as [`crate::patch::record_trampoline`]: a record taken by an exclusive
+/// probe point runs (as [`super::x86_64::record_trampoline`]: a record taken by an exclusive
 /// add to the ring's head, filled through gettid, clock_gettime and getrusage, committed last
 /// with a store-release), then runs the displaced instruction. The stack pointer recorded is
 /// the probe point's (AArch64's calls push nothing: a function's entry and its `ret` see the
@@ -547,6 +547,74 @@ pub const MAX_TRAMPOLINE: usize = 96;
 
 /// The longest trampoline [`record_trampoline`] makes.
 pub const MAX_RECORD_TRAMPOLINE: usize = 384;
+
+/// AArch64's patches (this module's functions).
+pub struct Aarch64;
+
+impl super::PatchSite for Patch {
+    fn at(&self) -> u64 {
+        self.at
+    }
+    fn covers(&self) -> u32 {
+        self.len
+    }
+    fn at_entry_of(&self, start: u64) -> bool {
+        Patch::at_entry_of(self, start)
+    }
+}
+
+impl super::Patcher for Aarch64 {
+    type Patch = Patch;
+    const JUMP_LEN: u32 = JUMP_LEN;
+    const SHORT_JUMP_LEN: u32 = SHORT_JUMP_LEN;
+    const MAX_TRAMPOLINE: usize = MAX_TRAMPOLINE;
+    const MAX_RECORD_TRAMPOLINE: usize = MAX_RECORD_TRAMPOLINE;
+    fn plan(
+        code: &[u8],
+        start: u64,
+        several: bool,
+        spare: u32,
+        calls: bool,
+    ) -> Result<Patch, Refusal> {
+        plan(code, start, several, spare, calls)
+    }
+    fn plan_for(
+        code: &[u8],
+        start: u64,
+        several: bool,
+        spare: u32,
+        calls: bool,
+        need: u32,
+    ) -> Result<Patch, Refusal> {
+        plan_for(code, start, several, spare, calls, need)
+    }
+    fn short_jump(from: u64, to: u64) -> Option<Vec<u8>> {
+        short_jump(from, to).map(|b| b.to_vec())
+    }
+    fn jump(from: u64, to: u64) -> Option<Vec<u8>> {
+        jump(from, to).map(|b| b.to_vec())
+    }
+    fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
+        trampoline(patch, at, counter)
+    }
+    fn record_trampoline(
+        patch: &Patch,
+        at: u64,
+        ring: &Ring,
+        r: &Recording,
+    ) -> Result<Vec<u8>, Refusal> {
+        record_trampoline(patch, at, ring, r)
+    }
+    fn sp_at(code: &[u8], from: u64, to: u64) -> Option<SpAt> {
+        sp_at(code, from, to)
+    }
+    fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
+        quiet_tail(code, from, to)
+    }
+    fn jumps_through_slot(code: &[u8], addr: u64) -> bool {
+        jumps_through_slot(code, addr)
+    }
+}
 
 #[cfg(test)]
 mod tests {
