@@ -399,3 +399,14 @@ pub fn read_u64s(fd: &OwnedFd, buf: &mut [u64]) -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// Raises the calling thread's scheduling priority to nice `nice` (negative: sooner), where
+/// allowed (root, or CAP_SYS_NICE); false where not, and nothing changes.
+pub fn raise_thread_priority(nice: i32) -> bool {
+    // SAFETY: gettid and setpriority take plain integers; on Linux PRIO_PROCESS with a thread
+    // id sets that one thread's nice value.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0
+    }
+}

@@ -190,8 +190,14 @@ pub fn fixture_values(stdout: &str) -> BTreeMap<String, f64> {
 /// binomial share (σ = √(p(1−p)/n)), plus half a point for the fixture's own rounding and
 /// clock.
 pub fn assert_share(what: &str, measured: f64, truth: f64, n: u64) {
+    assert_share_with(what, measured, truth, n, 0.0);
+}
+
+/// [`assert_share`], `extra` wider: what a known cause may move the share by beyond
+/// sampling's noise (samples lost: a share can move by at most the share of them lost).
+pub fn assert_share_with(what: &str, measured: f64, truth: f64, n: u64, extra: f64) {
     let sigma = (truth * (1.0 - truth) / n.max(1) as f64).sqrt();
-    let allowed = 4.0 * sigma + 0.005;
+    let allowed = 4.0 * sigma + 0.005 + extra;
     let diff = (measured - truth).abs();
     assert!(
         diff <= allowed,
