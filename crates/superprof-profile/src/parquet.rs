@@ -722,6 +722,9 @@ fn contain_panics<T>(f: impl FnOnce() -> Result<T, ParquetError>) -> Result<T, P
     })
 }
 
+/// (One function of 169 lines: one reader over the batches, each batch's columns borrowed from it
+/// and read row by row into the Profile with the `Budget` and the `threads` map; split, the column
+/// arrays and their lifetimes would travel between the pieces in a struct.)
 fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
     // A regular file only: a FIFO or a device would block in open or never end.
     let file = superprof_unwind::open_input(path)?;

@@ -179,6 +179,10 @@ fn forget_process(pid: u32, credits: &mut HashMap<u32, Credit>, sets: &mut [&mut
 
 /// Samples until the root process exits or `on` returns [`Control::Stop`] for a
 /// [`SamplerEvent::Tick`] (its answer to the other events is not looked at).
+///
+/// (One function of 272 lines: one sampling loop, each turn a tick's look at every running thread
+/// and then one trace event; both halves change `credits`, `outstanding`, `off_pending` and
+/// `on_cpu_periods`, which, split, would travel between the pieces in a struct.)
 pub fn run(
     tracer: &mut Tracer,
     cfg: &PtraceSamplerConfig,

@@ -45,6 +45,9 @@ struct Totals {
     refused: u64,
 }
 
+/// (One function of 151 lines: the samplers opened, one loop cutting the rings into intervals, then
+/// the pusher joined and its totals said; `samplers`, `drainers`, `collector`, the interval's
+/// `start` and the channel to the pusher live through all three, and end in this order.)
 pub fn run(args: &AgentArgs) -> Result<i32> {
     let (dest, opts) = push::parse(&push::PushArgs {
         dest: args.push.clone(),

@@ -35,6 +35,9 @@ fn library() -> Result<PathBuf> {
     Ok(lib)
 }
 
+/// (One function of 105 lines: the command's steps in order: the program run with the library
+/// preloaded, its processes' profiles merged from the private folder, then said and written; the
+/// folder is removed on each way out of the first two.)
 pub fn run(args: &PreloadArgs) -> Result<i32> {
     if args.frequency == 0 {
         bail!("frequency must be at least 1 Hz");

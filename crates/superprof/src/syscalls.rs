@@ -20,6 +20,9 @@ struct Totals {
     total_ns: u64,
 }
 
+/// (One function of 126 lines: one closure over the trace's events changes `sink`, `totals`,
+/// `write_error`, `seen` and `stopped`, which the ending then reads; split, they would travel
+/// between the pieces in a struct.)
 pub fn run(args: &SyscallsArgs) -> Result<i32> {
     sys::install_stop_handler();
     // The log goes to -o as it comes (not kept in memory): a killed or failing run leaves

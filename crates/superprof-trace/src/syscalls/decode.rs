@@ -218,6 +218,9 @@ pub fn returns_address(name: &str) -> bool {
 }
 
 /// The symbolic name of an errno value (ENOENT...).
+///
+/// (One function of 148 lines: a table of names, the errno values 0 to 133 in order, then the
+/// kernel's restart values from 512; nothing in it to split.)
 pub fn errno_name(e: i64) -> String {
     const NAMES: [&str; 134] = [
         "",

@@ -55,6 +55,9 @@ struct Pending {
 /// stop). The tracer must stop at syscalls ([`crate::TraceOptions::syscalls`]). With a
 /// launched root, only syscalls from its exec on are reported (what superprof does before exec
 /// is not the command's). Returns how the root ended, if it did.
+///
+/// (One function of 108 lines: one event loop whose arms share `pending` (the calls by thread) and
+/// `armed` (true from the command's exec on); split, they would travel in a struct.)
 pub fn trace(
     tracer: &mut Tracer,
     launched: bool,

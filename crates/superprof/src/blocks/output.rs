@@ -31,6 +31,9 @@ fn short_location(b: &BlockRow) -> String {
     }
 }
 
+/// (One function of 239 lines: one match over the formats, each arm writing its whole document
+/// (JSON, CSV, or the table with its summary lines) top to bottom from the same `total` and
+/// `share`.)
 pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String> {
     let total: u64 = r.blocks.iter().map(|b| b.count).sum();
     let share = |n: u64| {

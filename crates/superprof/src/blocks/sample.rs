@@ -94,6 +94,9 @@ fn place_static(
     }
 }
 
+/// (One function of 135 lines: one pass from the recording to the report: the samples' leaf
+/// addresses, the regions placed, then the samples counted per block; `ips`, `codes`, `symbols` and
+/// `claimed` pass from step to step, and the config and report literals are a third of it.)
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
     let (target, exe) = match args.target.pid {
         Some(pid) => (

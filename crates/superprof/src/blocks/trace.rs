@@ -604,6 +604,10 @@ impl Session<'_> {
 const IN_PROCESS_BUILT: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
 /// Runs the target under the breakpoints of `count` or `coverage`.
+///
+/// (One function of 182 lines: the engine chosen, the Session set out field by field, one event
+/// loop whose arms call the Session's methods, then the ending in its order; `tracer`, `launched`,
+/// `place_at_stop` and `exit` run through all four.)
 pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
     // In-process unless another is asked for (x86_64 and AArch64; elsewhere ptrace). Not uprobes: each
     // costs about 75 ms to remove on this VM (the kernel waits a grace period for each), one

@@ -3,6 +3,9 @@
 use super::*;
 
 impl Session {
+    /// (One function of 133 lines: one breakpoint stop: the calls that end there closed first, then
+    /// those that begin there opened, both on the thread's frames and the return breakpoints'
+    /// counts, in that order (a thread may leave one region and enter another at once).)
     pub(super) fn on_breakpoint(&mut self, tracer: &mut Tracer, tid: u32, pid: u32, addr: u64) {
         if let Some(&(role, region)) = self.ip_bp.get(&addr) {
             if !self.on_ptrace.contains(&region) {

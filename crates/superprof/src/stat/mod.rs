@@ -285,6 +285,9 @@ fn list(kind: &str) -> Result<i32> {
     Ok(0)
 }
 
+/// (One function of 124 lines: the command's steps in order, each run once and feeding the next:
+/// regions and events parsed and checked, the session traced, each engine's cost measured, the
+/// results written.)
 pub fn run(args: &StatArgs) -> Result<i32> {
     if let Some(kind) = &args.list {
         return list(kind);

@@ -18,6 +18,8 @@ pub fn uncertain_why(n: u64) -> String {
     )
 }
 
+/// (One function of 221 lines: one match over the format and --per-call, each arm writing its whole
+/// document (JSON, CSV, the per-call rows, or the table with its notes) top to bottom.)
 pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String> {
     let mut out = String::new();
     match (format, per_call) {

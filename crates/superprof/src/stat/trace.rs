@@ -6,6 +6,10 @@ use super::*;
 impl Session {
     /// Runs the target to its end (or --duration / Ctrl-C). Returns its exit status and
     /// whether it died inside a region.
+    ///
+    /// (One function of 242 lines: one event loop whose locals (`tracer`, `placement`,
+    /// `place_at_stop`, `exit`, `died_inside`) run from the attach to the ending (last hits, probes
+    /// closed, tracer finished); split, they would travel in a struct.)
     pub(super) fn trace(
         &mut self,
         pid: Option<u32>,

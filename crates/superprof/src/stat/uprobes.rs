@@ -19,6 +19,10 @@ impl Session {
 
     /// Opens uprobes for `sites` (the uprobe engine's, or regions the in-process engine
     /// handed over), in one group per thread of process `pid`.
+    ///
+    /// (One function of 120 lines: `specs` and `roles` built in step (a probe's index is its
+    /// role's) for one batch, then opened on every thread; a refusal undoes that batch and arms it
+    /// again without the region, so both halves share the batch.)
     pub(super) fn arm_uprobes(
         &mut self,
         tracer: &mut Tracer,
