@@ -16,7 +16,7 @@
 //! signal handler may have interrupted one), and a trampoline ends by jumping back to the
 //! original code, which is whole again. It is anonymous memory of a few pages, gone at exec.
 //!
-//! `stat` uses it with recording probes ([`patch::record_trampoline`]): each hit of a region's
+//! `stat` uses it with recording probes ([`Patcher::record_trampoline`]): each hit of a region's
 //! entry or exit takes a record of a ring in another shared memfd (probe, thread, stack
 //! pointer, CLOCK_MONOTONIC, and the thread's CPU time and rusage as the events need) through
 //! system calls made in the trampoline; superprof reads the ring as the uprobe engine reads
@@ -67,7 +67,7 @@ const MFD_CLOEXEC: u64 = 1;
 
 /// A block to count: its bytes `code` at runtime address `start`; `several`: its first
 /// instructions may be displaced together (nothing jumps between them); `spare`: filler bytes
-/// after it the jump may cover (see [`patch::plan`]); `springboards`: filler that never runs
+/// after it the jump may cover (see [`Patcher::plan`]); `springboards`: filler that never runs
 /// (runtime address, length) where a block too short for a jump may put one, reached by a
 /// 2-byte jump.
 pub struct Site<'a> {

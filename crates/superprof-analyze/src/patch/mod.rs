@@ -48,7 +48,7 @@ pub enum SpAt {
 }
 
 /// A ring of records in the program's memory, written by recording probes
-/// ([`record_trampoline`]) and read by superprof.
+/// ([`Patcher::record_trampoline`]) and read by superprof.
 #[derive(Debug, Clone, Copy)]
 pub struct Ring {
     /// The 8-byte count of records ever taken (the next record's index).
