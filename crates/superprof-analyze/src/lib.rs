@@ -35,12 +35,14 @@
 
 mod aarch64;
 mod analyzer;
+pub mod elf_code;
 mod emulate;
 mod learn;
 pub mod patch;
 mod x86;
 
 pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode, Probed};
+pub use elf_code::ElfCode;
 pub use emulate::{x86_branch, Taken, X86Regs};
 pub use learn::Learn;
 

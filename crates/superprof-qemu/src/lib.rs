@@ -6,8 +6,9 @@
 //! memory in bulk through `memsave`, or one HMP `x` per word, as the design this comes from
 //! did, for comparison). Both connect to a Unix socket path or `HOST:PORT`.
 //!
-//! No sampling policy lives here: the caller stops the guest, reads what it needs, and lets it
-//! go on.
+//! No sampling policy lives here: the caller decides when to stop the guest; one sample's
+//! work (stop, read, unwind through guest memory, resume; the guest's programs recognized by
+//! their code) is [`sampler::Sampler`]'s.
 //!
 //! The peer is not trusted: every reply must come within a deadline ([`REPLY_TIMEOUT`]), a
 //! QMP line or gdb packet may not pass a size cap, thread and vCPU lists are capped, and a
@@ -29,6 +30,7 @@
 
 mod gdb;
 mod qmp;
+pub mod sampler;
 pub mod tdesc;
 
 pub use gdb::Gdb;

@@ -1,7 +1,7 @@
 //! `superprof agent --push DEST`: continuous profiling (issue 18). The whole machine is
 //! sampled per CPU (perf's `-a`; root or CAP_PERFMON), or the processes given with `--pid`;
 //! every interval the samples become one profile per process, labelled with its name, pid,
-//! host and cgroup, and go to the server through [`crate::push`] on a thread of their own, so
+//! host and cgroup, and go to the server through [`superprof_push`] on a thread of their own, so
 //! that a slow or absent server never stalls the sampling. While the server cannot be
 //! reached, whole intervals wait in a queue of `--buffer` intervals; beyond it the oldest are
 //! dropped, and counted. SIGTERM, SIGINT or SIGHUP end the current interval early, and what
@@ -21,10 +21,10 @@ use superprof_sample::{PerfSampler, SamplerConfig, TargetMode};
 
 use crate::cli::AgentArgs;
 use crate::collect::Collector;
-use crate::push::{self, Dest, PushOptions};
 use crate::record::perf::Drainer;
 use crate::record::Clock;
 use crate::sys;
+use superprof_push::{self as push, Dest, PushOptions};
 
 /// How long the queue may take to empty at the end.
 const FLUSH_WITHIN: Duration = Duration::from_secs(10);

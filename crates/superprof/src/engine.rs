@@ -346,4 +346,36 @@ mod tests {
         let e = standard_error([1.0, 2.0, 3.0, 2.0].into_iter());
         assert!((e - (2.0f64 / 3.0).sqrt() / 2.0).abs() < 1e-12, "{e}");
     }
+
+    /// superprof's own calibration functions, read alone from its file: each one whole, with
+    /// its bytes, its instructions proven, and no other function or branch of the file.
+    #[test]
+    fn the_calibration_functions_alone() {
+        // (Called, so that this test's binary has them.)
+        for kind in ["in-process", "emulated", "stepped"] {
+            assert_eq!(super::calibration_workload(1, kind, 0), 0);
+        }
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let names = super::CALIBRATION_REGIONS;
+        let only = superprof_analyze::ElfCode::open_only(&exe, &names).unwrap();
+        let all = superprof_analyze::ElfCode::open(&exe).unwrap();
+        assert_eq!(only.functions.len(), names.len());
+        for f in &only.functions {
+            assert!(names.contains(&f.name.as_str()), "{}", f.name);
+            let whole = all.function_at(f.addr).unwrap();
+            assert_eq!((whole.addr, whole.size), (f.addr, f.size));
+            assert_eq!(only.bytes(f.addr, f.size), all.bytes(f.addr, f.size));
+            only.prove_function(f.addr, f.size, &f.name).unwrap();
+            // Only called: no branch anywhere in the file lands inside one.
+            assert!(
+                all.targets_in(f.addr, f.addr + f.size).is_empty(),
+                "{}",
+                f.name
+            );
+            assert!(only.targets_in(f.addr, f.addr + f.size).is_empty());
+        }
+        // Nothing else: another function's bytes are not there.
+        let main = all.functions.iter().find(|f| f.name == "main").unwrap();
+        assert!(only.bytes(main.addr, 1).is_none());
+    }
 }

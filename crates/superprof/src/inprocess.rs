@@ -83,7 +83,7 @@ impl<'a> Site<'a> {
     /// next block starts at `next` (the filler between may be covered), displacing several
     /// instructions where `several`.
     pub fn of(
-        code: &'a crate::elf_code::ElfCode,
+        code: &'a superprof_analyze::ElfCode,
         b: &superprof_analyze::Block,
         next: u64,
         bias: u64,
@@ -115,7 +115,7 @@ pub fn thread_pcs(tracer: &Tracer, pid: u32) -> Vec<u64> {
 /// padding after each function's last one, as runtime addresses (`bias` added), 5 bytes or
 /// more: springboards for blocks too short for a jump of their own.
 pub fn springboards(
-    code: &crate::elf_code::ElfCode,
+    code: &superprof_analyze::ElfCode,
     lo: u64,
     hi: u64,
     bias: u64,

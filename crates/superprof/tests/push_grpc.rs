@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use prost::Message;
 use superprof_profile::parca::WriteRawRequest;
+// (The client's codec, which keeps a message's bytes as they are.)
+use superprof_push::grpc::Raw;
 
 /// One call as the server saw it.
 #[derive(Debug, Clone)]
@@ -27,48 +29,6 @@ struct Call {
 
 /// The answer to a call: a response message, or a status.
 type Answer = Arc<dyn Fn(&Call, usize) -> Result<Vec<u8>, tonic::Status> + Send + Sync>;
-
-/// A codec that keeps the message's bytes as they are.
-#[derive(Default, Clone)]
-struct Raw;
-
-impl tonic::codec::Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl tonic::codec::Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        bytes::BufMut::put_slice(dst, &item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let n = bytes::Buf::remaining(src);
-        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
-    }
-}
 
 /// Every method of every service: the call kept, the answer given.
 #[derive(Clone)]

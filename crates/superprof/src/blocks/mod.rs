@@ -24,7 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use superprof_analyze::AnalyzerStats;
 use superprof_trace::{ExitStatus, MappedFile};
 
-pub use crate::elf_code::ElfCode;
+pub use superprof_analyze::ElfCode;
 
 use crate::cli::{BlocksArgs, BlocksMode};
 use crate::region::{exe_bias, line_range, unique_function, RegionSpec};

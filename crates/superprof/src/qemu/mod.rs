@@ -4,8 +4,6 @@
 //! tables (or a recognized program's), and the guest let go; at the end the addresses are
 //! symbolized from the ELF files (symbols and DWARF) and written like `record`'s profiles.
 
-mod sampler;
-
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -20,7 +18,7 @@ use superprof_qemu::{Backend, Cancel, Gdb, QemuError, Qmp};
 
 use crate::cli::{QemuArgs, QemuBackendArg};
 use crate::sys;
-use sampler::{GuestElf, Owner, RawSample, Sampler};
+use superprof_qemu::sampler::{self, GuestElf, Owner, RawSample, Sampler};
 
 /// QEMU started by superprof (launch mode): ended when dropped.
 struct Launched {

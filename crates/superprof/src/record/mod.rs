@@ -15,8 +15,8 @@ use superprof_trace::{ExitStatus, PendingChild, TraceOptions, Tracer};
 
 use crate::cli::RecordArgs;
 use crate::collect::Collector;
-use crate::push::PushArgs;
 use crate::sys;
+use superprof_push::PushArgs;
 
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -127,7 +127,7 @@ impl Recorded {
 /// Records, prints the table, writes the output; returns the exit code for superprof.
 pub fn run(cfg: &RecordConfig) -> Result<i32> {
     let outputs = check_outputs(cfg)?;
-    let push = cfg.push.as_ref().map(crate::push::parse).transpose()?;
+    let push = cfg.push.as_ref().map(superprof_push::parse).transpose()?;
     let recorded = record(cfg)?;
     match recorded.exit {
         // A launched command's status is superprof's, whatever there is to show.
@@ -139,7 +139,10 @@ pub fn run(cfg: &RecordConfig) -> Result<i32> {
         exit => {
             // A launched command's status survives an output or a push that failed.
             let shown = show(cfg, &recorded, &outputs).and_then(|()| match &push {
-                Some((dest, opts)) => crate::push::push(dest, &recorded.profile, opts),
+                Some((dest, opts)) => {
+                    let stop = crate::sys::stop_requested;
+                    Ok(superprof_push::push(dest, &recorded.profile, opts, &stop)?)
+                }
                 None => Ok(()),
             });
             crate::FailedAfter::wrap(shown, exit)?;

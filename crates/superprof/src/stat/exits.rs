@@ -17,7 +17,7 @@ pub(super) fn function_exits(
     tracer: &Tracer,
     pid: u32,
     at: u64,
-    codes: &mut HashMap<std::path::PathBuf, Option<crate::elf_code::ElfCode>>,
+    codes: &mut HashMap<std::path::PathBuf, Option<superprof_analyze::ElfCode>>,
 ) -> Option<Vec<FunctionExit>> {
     use superprof_analyze::Flow;
     let f = superprof_trace::function_at(pid, at).ok()??;
@@ -32,7 +32,7 @@ pub(super) fn function_exits(
     // A jump out of the function: to another function's start (a tail call), or to a part of
     // this one (a symbol named after it, or code no symbol starts).
     // (A PLT stub is another function's: a jump there is a tail call.)
-    let in_plt = |codes: &mut HashMap<std::path::PathBuf, Option<crate::elf_code::ElfCode>>,
+    let in_plt = |codes: &mut HashMap<std::path::PathBuf, Option<superprof_analyze::ElfCode>>,
                   target: u64| {
         code_at(codes, pid, target).is_ok_and(|(c, bias)| c.in_plt(target.wrapping_sub(bias)))
     };
@@ -97,16 +97,16 @@ pub(super) fn function_exits(
 /// The code of the file that holds runtime address `addr` of `pid` (opened once per file and
 /// kept in `codes`), and its load bias.
 pub(super) fn code_at(
-    codes: &mut HashMap<std::path::PathBuf, Option<crate::elf_code::ElfCode>>,
+    codes: &mut HashMap<std::path::PathBuf, Option<superprof_analyze::ElfCode>>,
     pid: u32,
     addr: u64,
-) -> Result<(&crate::elf_code::ElfCode, u64), String> {
+) -> Result<(&superprof_analyze::ElfCode, u64), String> {
     let file = crate::blocks::file_at(pid, addr).ok_or(
         "it is not in the executable code of any file the program maps (data, or no code)",
     )?;
     let code = codes
         .entry(file.path.clone())
-        .or_insert_with(|| crate::elf_code::ElfCode::open(&file.open_path))
+        .or_insert_with(|| superprof_analyze::ElfCode::open(&file.open_path))
         .as_ref()
         .ok_or("cannot read its file")?;
     Ok((code, file.bias))
@@ -114,7 +114,7 @@ pub(super) fn code_at(
 
 /// The start of the first function after `addr` in the file that holds it (runtime address).
 pub(super) fn next_function_start(
-    codes: &mut HashMap<std::path::PathBuf, Option<crate::elf_code::ElfCode>>,
+    codes: &mut HashMap<std::path::PathBuf, Option<superprof_analyze::ElfCode>>,
     pid: u32,
     addr: u64,
 ) -> Option<u64> {

@@ -611,7 +611,7 @@ fn engine_cost(
     s.calibrating = true;
     // Superprof's own file, reduced to its calibration functions: nothing else of it is probed.
     if let Some(code) =
-        crate::elf_code::ElfCode::open_only(&exe, &crate::engine::CALIBRATION_REGIONS)
+        superprof_analyze::ElfCode::open_only(&exe, &crate::engine::CALIBRATION_REGIONS)
     {
         s.codes.insert(exe.clone(), Some(code));
     }
@@ -700,7 +700,7 @@ struct Session {
     ip_bp: HashMap<u64, (Role, usize)>,
     records: Vec<crate::inprocess::Record>,
     stopped: Option<u32>,
-    codes: HashMap<std::path::PathBuf, Option<crate::elf_code::ElfCode>>,
+    codes: HashMap<std::path::PathBuf, Option<superprof_analyze::ElfCode>>,
     /// The program's libraries are mapped (a region name may match a substring): not between
     /// an exec and the entry point.
     libraries_mapped: bool,

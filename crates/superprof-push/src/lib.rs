@@ -1,4 +1,5 @@
-//! `record --push DEST`: a recording sent to a profile server once written locally (issue 18).
+//! superprof-push: profiles sent to a profile server (`record --push DEST` and `agent`; issue
+//! 18).
 //! - Grafana Pyroscope's ingest API: `POST /ingest?name=APP.cpu{K=V,...}&from=&until=
 //!   &sampleRate=&spyName=superprof&format=pprof` with the pprof (gzip) as the body, and the
 //!   tenant in `X-Scope-OrgID`.
@@ -12,13 +13,49 @@
 //! A server that cannot be reached or refuses for the while (down, overloaded) is tried
 //! again with backoff for a bounded time; a refusal of the request itself ends the tries at
 //! once; then one line and a non-zero exit (the local outputs are kept).
+//!
+//! ```no_run
+//! # fn profile() -> superprof_profile::Profile { unimplemented!() }
+//! use superprof_push::{parse, push, PushArgs};
+//! let (dest, opts) = parse(&PushArgs {
+//!     dest: "pyroscope:http://localhost:4040".into(),
+//!     app: Some("myapp".into()),
+//!     labels: vec!["env=prod".into()],
+//!     tenant: None,
+//! })?;
+//! push(&dest, &profile(), &opts, &|| false)?;
+//! # Ok::<(), superprof_push::Error>(())
+//! ```
+
+#![forbid(unsafe_code)]
 
 pub mod grpc;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
 use superprof_profile::Profile;
+
+/// A destination, label or push that failed: one line that says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error(pub String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// This crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Returns early with an [`Error`] of a formatted message.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(Error(format!($($arg)*)))
+    };
+}
 
 /// Where profiles go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,9 +395,15 @@ pub fn send_once(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<S
     }
 }
 
-/// Sends `profile` to `dest`, trying again with backoff for a bounded time (Ctrl-C, SIGTERM
-/// or SIGHUP end the tries at once).
-pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
+/// Sends `profile` to `dest`, trying again with backoff for a bounded time; `stop` (the
+/// binary's: Ctrl-C, SIGTERM or SIGHUP came) is looked at between tries and every 50 ms of a
+/// wait, and ends the tries at once.
+pub fn push(
+    dest: &Dest,
+    profile: &Profile,
+    opts: &PushOptions,
+    stop: &dyn Fn() -> bool,
+) -> Result<()> {
     let start = Instant::now();
     let mut wait = Duration::from_millis(250);
     let mut tries = 0;
@@ -377,10 +420,7 @@ pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
                 return Ok(());
             }
             Err(f) => {
-                if !f.transient
-                    || crate::sys::stop_requested()
-                    || start.elapsed() + wait > GIVE_UP_AFTER
-                {
+                if !f.transient || stop() || start.elapsed() + wait > GIVE_UP_AFTER {
                     bail!(
                         "cannot push to {} ({}; {tries} tr{}); the local outputs are kept",
                         dest.name(),
@@ -390,7 +430,7 @@ pub fn push(dest: &Dest, profile: &Profile, opts: &PushOptions) -> Result<()> {
                 }
                 // In short slices: a stop signal is seen at once.
                 let until = Instant::now() + wait;
-                while Instant::now() < until && !crate::sys::stop_requested() {
+                while Instant::now() < until && !stop() {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 wait = (wait * 2).min(Duration::from_secs(4));

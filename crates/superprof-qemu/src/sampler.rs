@@ -1,5 +1,6 @@
 //! Sampling a guest: stop it, read the registers, unwind through guest memory, let it go; and
-//! recognizing the guest's programs by their code.
+//! recognizing the guest's programs by their code. (`superprof qemu` decides when; this is
+//! one sample's work.)
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -7,16 +8,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use superprof_qemu::{Arch, Backend, QemuError};
+use crate::{Arch, Backend, QemuError};
 use superprof_unwind::{frame_parts, ElfImage, GuestUnwinder, Truncation, UnwindOutcome, UserRegs};
 
 /// An ELF file of the guest: the kernel, or a program given with --user.
 pub struct GuestElf {
+    /// Where it was read from.
     pub path: PathBuf,
+    /// Its file name (the module's name in profiles).
     pub name: String,
+    /// Its unwind tables and sections, parsed once.
     pub image: Arc<ElfImage>,
     /// `.text`: ELF address and bytes (programs are recognized by it).
     pub text: (u64, Vec<u8>),
+    /// Whether it has a symbol table (static or dynamic).
     pub has_symbols: bool,
     /// Linux's own unwind tables (`.orc_unwind`), which superprof does not read.
     pub has_orc: bool,
@@ -72,9 +77,11 @@ impl GuestElf {
 /// Whose code a sample is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Owner {
+    /// The kernel's code (its ELF, slid).
     Kernel,
     /// Index into the --user programs.
     User(usize),
+    /// Code of no ELF given.
     Unknown,
 }
 
@@ -82,14 +89,18 @@ pub enum Owner {
 /// ELF it belongs to and its bias), and why the unwind stopped before the stack's root, if
 /// it did.
 pub struct RawSample {
+    /// When it was taken, from the start of sampling.
     pub time: Duration,
     /// The vCPU it was taken on.
     pub vcpu: usize,
+    /// Whose code its pc is in.
     pub owner: Owner,
     /// The address space of a sample in user code (the root of its page tables), where the
     /// backend can read it.
     pub space: Option<u64>,
+    /// (guest address, is a return address, its ELF, that ELF's bias), innermost first.
     pub frames: Vec<(u64, bool, Owner, u64)>,
+    /// Why the unwind stopped early, if it did.
     pub truncated: Option<Truncation>,
 }
 
@@ -113,8 +124,12 @@ struct Space {
 /// The most address spaces kept apart; samples of more share one.
 pub const MAX_SPACES: usize = 4096;
 
+/// One sample of a stopped guest at a time: the registers read, the stack unwound through
+/// guest memory by the kernel's tables or a recognized program's, the KASLR slide found, the
+/// programs placed by their code per address space.
 pub struct Sampler {
     arch: Arch,
+    /// The kernel's ELF file.
     pub kernel: GuestElf,
     /// Where the kernel's code is in the guest: its ELF's executable ranges, plus the slide.
     kernel_ranges: Vec<Range<u64>>,
@@ -128,9 +143,11 @@ pub struct Sampler {
     pub kernel_symbols: Option<superprof_symbols::Kallsyms>,
     /// The same file as it was read, for modules' code (kallsyms gives their addresses).
     pub runtime_symbols: Option<superprof_symbols::Kallsyms>,
+    /// The programs given with --user.
     pub users: Vec<GuestElf>,
     /// By address space (None: not known); the kernel's samples use None's.
     spaces: HashMap<Option<u64>, Space>,
+    /// Says on stderr what it finds (slide, programs placed).
     pub verbose: bool,
     /// Time spent per sample, stop to resume.
     pub busy: Duration,
@@ -201,6 +218,7 @@ impl MemCache<'_> {
 }
 
 impl Sampler {
+    /// A sampler of a guest of `arch` running `kernel` and the programs `users`.
     pub fn new(arch: Arch, kernel: GuestElf, users: Vec<GuestElf>) -> Sampler {
         let kernel_ranges = kernel.image.executable_ranges();
         Sampler {

@@ -1,11 +1,11 @@
 //! The code of an ELF file, for decoding blocks without the process: function symbols, and
-//! the bytes at an ELF virtual address. Read by blocks, stat's placement and the in-process
-//! engine's patches.
+//! the bytes at an ELF virtual address. Read by superprof's blocks, stat's placement and the
+//! in-process engine's patches.
 
 use std::path::Path;
 
+use crate::{blocks_for, Arch, Block};
 use object::{Object, ObjectSection, SectionKind};
-use superprof_analyze::{blocks_for, Arch, Block};
 
 /// The FDE ranges of the file at `path` (see `ElfCode::fdes`), parsed once per file and run:
 /// a region per function of one library (libpython's five in a test) opens five ElfCodes of it,
@@ -43,8 +43,11 @@ fn fde_ranges(path: &Path) -> Vec<(u64, u64)> {
 /// A function symbol: ELF virtual address and size.
 #[derive(Debug, Clone)]
 pub struct Function {
+    /// Its name, demangled.
     pub name: String,
+    /// Its ELF virtual address.
     pub addr: u64,
+    /// Its size in bytes.
     pub size: u64,
 }
 
@@ -70,6 +73,7 @@ pub struct ElfCode {
     path: std::path::PathBuf,
     /// Sorted by address.
     pub functions: Vec<Function>,
+    /// The machine its code is for.
     pub arch: Arch,
     /// A 64-bit ELF file (blocks decodes x86_64 and AArch64 code only).
     pub is_64: bool,
@@ -97,6 +101,8 @@ fn debug_file_functions(path: &Path) -> Vec<Function> {
 }
 
 impl ElfCode {
+    /// Reads the file at `path`: its executable sections, its function symbols (and its
+    /// separate debug file's, where one is installed); None if it is no ELF file it can read.
     pub fn open(path: &Path) -> Option<ElfCode> {
         // Mapped, not read whole: only the executable sections are copied.
         let data = superprof_unwind::map_file(path).ok()?;
@@ -260,7 +266,7 @@ impl ElfCode {
             // Fixed 4-byte instructions (an encoding the decoder does not know still has its
             // length).
             Arch::Aarch64 => (end - start).is_multiple_of(4),
-            Arch::X86_64 => superprof_analyze::decode_all_for(self.arch, bytes, start)
+            Arch::X86_64 => crate::decode_all_for(self.arch, bytes, start)
                 .last()
                 .is_some_and(|i| i.addr + i.len as u64 == end),
         }
@@ -273,7 +279,7 @@ impl ElfCode {
             Arch::X86_64 => self
                 .bytes(start, end.saturating_sub(start))
                 .is_some_and(|b| {
-                    superprof_analyze::decode_all_for(self.arch, b, start)
+                    crate::decode_all_for(self.arch, b, start)
                         .iter()
                         .any(|i| i.addr == addr)
                 }),
@@ -281,8 +287,8 @@ impl ElfCode {
     }
 
     /// Proves that ELF address `addr` is where an instruction starts, before a probe goes
-    /// there: it lies in an executable section, and decoding from a trusted start (see
-    /// [`ElfCode::trusted_unit`]) reaches it. A probe anywhere else would corrupt the
+    /// there: it lies in an executable section, and decoding from a trusted start (a function
+    /// start its call-frame information gives) reaches it. A probe anywhere else would corrupt the
     /// program's code (the middle of an instruction) or its data (`.rodata`).
     pub fn prove_instruction_start(&self, addr: u64) -> Result<(), String> {
         if self.bytes(addr, 1).is_none() {
@@ -432,7 +438,7 @@ impl ElfCode {
             for (base, data) in &self.sections {
                 let mut off = 0usize;
                 while off < data.len() {
-                    let n = superprof_analyze::branch_pairs_for(
+                    let n = crate::branch_pairs_for(
                         self.arch,
                         &data[off..],
                         base + off as u64,
@@ -483,7 +489,7 @@ impl ElfCode {
     /// The landing pads the exception tables list (after a call that never returns, say a
     /// `longjmp`'s, where the rule above cannot see them) come too.
     pub fn unreached_starts(&self, lo: u64, hi: u64) -> Vec<u64> {
-        use superprof_analyze::Flow;
+        use crate::Flow;
         let targets = self.targets_in(lo, hi);
         let blocks = self.static_blocks(lo, hi);
         let mut out: Vec<u64> = blocks
@@ -548,7 +554,7 @@ impl ElfCode {
                     start,
                     end: cut,
                     instructions: self.instructions(start, cut),
-                    flow: superprof_analyze::Flow::Next,
+                    flow: crate::Flow::Next,
                 });
                 start = cut;
             }
@@ -576,7 +582,7 @@ impl ElfCode {
             return 0;
         };
         let mut n = 0u32;
-        for i in superprof_analyze::decode_all_for(self.arch, bytes, addr) {
+        for i in crate::decode_all_for(self.arch, bytes, addr) {
             // (A branch target is never filler: something runs it.)
             if !i.filler || i.addr != addr + n as u64 || self.targeted(i.addr, i.addr + 1) {
                 break;
@@ -595,16 +601,16 @@ impl ElfCode {
         let Some(bytes) = self.bytes(f.addr, f.size) else {
             return false;
         };
-        !superprof_analyze::decode_all_for(self.arch, bytes, f.addr)
+        !crate::decode_all_for(self.arch, bytes, f.addr)
             .iter()
-            .any(|i| i.flow == superprof_analyze::Flow::IndirectJump)
+            .any(|i| i.flow == crate::Flow::IndirectJump)
     }
 
     /// Where the instructions of [start, end) start, decoding from `start`.
     fn starts(&self, start: u64, end: u64) -> Vec<u64> {
         self.bytes(start, end.saturating_sub(start))
             .map(|b| {
-                superprof_analyze::decode_all_for(self.arch, b, start)
+                crate::decode_all_for(self.arch, b, start)
                     .iter()
                     .map(|i| i.addr)
                     .collect()
@@ -615,7 +621,7 @@ impl ElfCode {
     /// How many instructions [start, end) holds.
     pub fn instructions(&self, start: u64, end: u64) -> u32 {
         self.bytes(start, end.saturating_sub(start)).map_or(0, |b| {
-            superprof_analyze::decode_all_for(self.arch, b, start).len() as u32
+            crate::decode_all_for(self.arch, b, start).len() as u32
         })
     }
 }
@@ -692,7 +698,7 @@ mod tests {
         // The starts a decoder finds from the function's start are all proven; the byte after
         // each multi-byte instruction's first is not.
         let bytes = code.bytes(work, size).unwrap();
-        let insns = superprof_analyze::decode_all_for(code.arch, bytes, work);
+        let insns = crate::decode_all_for(code.arch, bytes, work);
         assert!(insns.len() > 3);
         for i in &insns {
             code.prove_instruction_start(i.addr).unwrap();
@@ -722,37 +728,5 @@ mod tests {
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// superprof's own calibration functions, read alone from its file: each one whole, with
-    /// its bytes, its instructions proven, and no other function or branch of the file.
-    #[test]
-    fn the_calibration_functions_alone() {
-        // (Called, so that this test's binary has them.)
-        for kind in ["in-process", "emulated", "stepped"] {
-            assert_eq!(crate::engine::calibration_workload(1, kind, 0), 0);
-        }
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let names = crate::engine::CALIBRATION_REGIONS;
-        let only = ElfCode::open_only(&exe, &names).unwrap();
-        let all = ElfCode::open(&exe).unwrap();
-        assert_eq!(only.functions.len(), names.len());
-        for f in &only.functions {
-            assert!(names.contains(&f.name.as_str()), "{}", f.name);
-            let whole = all.function_at(f.addr).unwrap();
-            assert_eq!((whole.addr, whole.size), (f.addr, f.size));
-            assert_eq!(only.bytes(f.addr, f.size), all.bytes(f.addr, f.size));
-            only.prove_function(f.addr, f.size, &f.name).unwrap();
-            // Only called: no branch anywhere in the file lands inside one.
-            assert!(
-                all.targets_in(f.addr, f.addr + f.size).is_empty(),
-                "{}",
-                f.name
-            );
-            assert!(only.targets_in(f.addr, f.addr + f.size).is_empty());
-        }
-        // Nothing else: another function's bytes are not there.
-        let main = all.functions.iter().find(|f| f.name == "main").unwrap();
-        assert!(only.bytes(main.addr, 1).is_none());
     }
 }

@@ -152,6 +152,53 @@ pub fn call(
 #[cfg(feature = "grpc")]
 pub use with_tonic::call;
 
+/// tonic's codec for a message as it is, both ways: the caller's prost structs encode and
+/// decode it (the client here; a test's server too).
+#[cfg(feature = "grpc")]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Raw;
+
+#[cfg(feature = "grpc")]
+impl tonic::codec::Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl tonic::codec::Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+#[cfg(feature = "grpc")]
+impl tonic::codec::Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
 /// The call, through tonic.
 #[cfg(feature = "grpc")]
 mod with_tonic {
@@ -162,47 +209,6 @@ mod with_tonic {
     const MAX_RESPONSE: usize = 4 << 20;
     /// The largest header block we take.
     const MAX_HEADER_BLOCK: u32 = 64 << 10;
-
-    /// The message as it is, both ways: the caller's prost structs encode and decode it.
-    struct Raw;
-
-    impl tonic::codec::Codec for Raw {
-        type Encode = Vec<u8>;
-        type Decode = Vec<u8>;
-        type Encoder = Raw;
-        type Decoder = Raw;
-        fn encoder(&mut self) -> Raw {
-            Raw
-        }
-        fn decoder(&mut self) -> Raw {
-            Raw
-        }
-    }
-
-    impl tonic::codec::Encoder for Raw {
-        type Item = Vec<u8>;
-        type Error = tonic::Status;
-        fn encode(
-            &mut self,
-            item: Vec<u8>,
-            dst: &mut tonic::codec::EncodeBuf<'_>,
-        ) -> Result<(), tonic::Status> {
-            bytes::BufMut::put_slice(dst, &item);
-            Ok(())
-        }
-    }
-
-    impl tonic::codec::Decoder for Raw {
-        type Item = Vec<u8>;
-        type Error = tonic::Status;
-        fn decode(
-            &mut self,
-            src: &mut tonic::codec::DecodeBuf<'_>,
-        ) -> Result<Option<Vec<u8>>, tonic::Status> {
-            let n = bytes::Buf::remaining(src);
-            Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
-        }
-    }
 
     /// Calls `method` (`/package.Service/Method`) of the server at `url` with `message` and the
     /// `metadata` headers; its answer, within `timeout` for the whole call (the connection
