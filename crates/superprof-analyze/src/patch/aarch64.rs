@@ -551,70 +551,7 @@ pub const MAX_RECORD_TRAMPOLINE: usize = 384;
 /// AArch64's patches (this module's functions).
 pub struct Aarch64;
 
-impl super::PatchSite for Patch {
-    fn at(&self) -> u64 {
-        self.at
-    }
-    fn covers(&self) -> u32 {
-        self.len
-    }
-    fn at_entry_of(&self, start: u64) -> bool {
-        Patch::at_entry_of(self, start)
-    }
-}
-
-impl super::Patcher for Aarch64 {
-    type Patch = Patch;
-    const JUMP_LEN: u32 = JUMP_LEN;
-    const SHORT_JUMP_LEN: u32 = SHORT_JUMP_LEN;
-    const MAX_TRAMPOLINE: usize = MAX_TRAMPOLINE;
-    const MAX_RECORD_TRAMPOLINE: usize = MAX_RECORD_TRAMPOLINE;
-    fn plan(
-        code: &[u8],
-        start: u64,
-        several: bool,
-        spare: u32,
-        calls: bool,
-    ) -> Result<Patch, Refusal> {
-        plan(code, start, several, spare, calls)
-    }
-    fn plan_for(
-        code: &[u8],
-        start: u64,
-        several: bool,
-        spare: u32,
-        calls: bool,
-        need: u32,
-    ) -> Result<Patch, Refusal> {
-        plan_for(code, start, several, spare, calls, need)
-    }
-    fn short_jump(from: u64, to: u64) -> Option<Vec<u8>> {
-        short_jump(from, to).map(|b| b.to_vec())
-    }
-    fn jump(from: u64, to: u64) -> Option<Vec<u8>> {
-        jump(from, to).map(|b| b.to_vec())
-    }
-    fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
-        trampoline(patch, at, counter)
-    }
-    fn record_trampoline(
-        patch: &Patch,
-        at: u64,
-        ring: &Ring,
-        r: &Recording,
-    ) -> Result<Vec<u8>, Refusal> {
-        record_trampoline(patch, at, ring, r)
-    }
-    fn sp_at(code: &[u8], from: u64, to: u64) -> Option<SpAt> {
-        sp_at(code, from, to)
-    }
-    fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
-        quiet_tail(code, from, to)
-    }
-    fn jumps_through_slot(code: &[u8], addr: u64) -> bool {
-        jumps_through_slot(code, addr)
-    }
-}
+super::patcher_of_module!(Aarch64);
 
 #[cfg(test)]
 mod tests {

@@ -170,6 +170,80 @@ pub trait Patcher {
     fn jumps_through_slot(code: &[u8], addr: u64) -> bool;
 }
 
+/// The [`Patcher`] (and its patch's [`PatchSite`]) of an architecture's module, whose own
+/// `Patch`, constants and free functions (`plan`, `plan_for`, `short_jump`, `jump`,
+/// `trampoline`, `record_trampoline`, `sp_at`, `quiet_tail`, `jumps_through_slot`) are the
+/// design: the delegation written once, for `x86_64` and `aarch64` alike.
+macro_rules! patcher_of_module {
+    ($arch:ident) => {
+        impl super::PatchSite for Patch {
+            fn at(&self) -> u64 {
+                self.at
+            }
+            fn covers(&self) -> u32 {
+                self.len
+            }
+            fn at_entry_of(&self, start: u64) -> bool {
+                Patch::at_entry_of(self, start)
+            }
+        }
+
+        impl super::Patcher for $arch {
+            type Patch = Patch;
+            const JUMP_LEN: u32 = JUMP_LEN;
+            const SHORT_JUMP_LEN: u32 = SHORT_JUMP_LEN;
+            const MAX_TRAMPOLINE: usize = MAX_TRAMPOLINE;
+            const MAX_RECORD_TRAMPOLINE: usize = MAX_RECORD_TRAMPOLINE;
+            fn plan(
+                code: &[u8],
+                start: u64,
+                several: bool,
+                spare: u32,
+                calls: bool,
+            ) -> Result<Patch, Refusal> {
+                plan(code, start, several, spare, calls)
+            }
+            fn plan_for(
+                code: &[u8],
+                start: u64,
+                several: bool,
+                spare: u32,
+                calls: bool,
+                need: u32,
+            ) -> Result<Patch, Refusal> {
+                plan_for(code, start, several, spare, calls, need)
+            }
+            fn short_jump(from: u64, to: u64) -> Option<Vec<u8>> {
+                short_jump(from, to).map(|b| b.to_vec())
+            }
+            fn jump(from: u64, to: u64) -> Option<Vec<u8>> {
+                jump(from, to).map(|b| b.to_vec())
+            }
+            fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
+                trampoline(patch, at, counter)
+            }
+            fn record_trampoline(
+                patch: &Patch,
+                at: u64,
+                ring: &Ring,
+                r: &Recording,
+            ) -> Result<Vec<u8>, Refusal> {
+                record_trampoline(patch, at, ring, r)
+            }
+            fn sp_at(code: &[u8], from: u64, to: u64) -> Option<SpAt> {
+                sp_at(code, from, to)
+            }
+            fn quiet_tail(code: &[u8], from: u64, to: u64) -> Vec<u64> {
+                quiet_tail(code, from, to)
+            }
+            fn jumps_through_slot(code: &[u8], addr: u64) -> bool {
+                jumps_through_slot(code, addr)
+            }
+        }
+    };
+}
+use patcher_of_module;
+
 /// What the placement of a planned patch needs to know of it.
 pub trait PatchSite {
     /// The address of the first displaced instruction, where the jump is written.
