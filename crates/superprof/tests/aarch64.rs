@@ -100,6 +100,12 @@ const EXIT_CALLS: u64 = 300;
 /// most about EXACT_BUDGET calls (every ptrace stop costs milliseconds under TCG).
 const EXACT_SEEDS: [u64; 2] = [1, 27];
 const EXACT_BUDGET: u64 = 400;
+/// The `blocks` runs of the generated programs: (engine, analyzer).
+const EXACT_BLOCKS: [(&str, &str); 3] = [
+    ("in-process", "decode"),
+    ("ptrace", "decode"),
+    ("ptrace", "learn"),
+];
 
 /// The samplers of `record`.
 const SAMPLERS: [&str; 2] = ["perf", "ptrace"];
@@ -255,6 +261,15 @@ fn commands() -> Vec<(String, String)> {
                 format!(
                     "superprof stat --format json -o $J -e task-clock --engine {e}{regions} \
                      -- ./gen{seed}"
+                ),
+            ));
+        }
+        for (engine, analyzer) in EXACT_BLOCKS {
+            v.push((
+                format!("exact-{seed}-blocks-{engine}-{analyzer}"),
+                format!(
+                    "superprof blocks --format json -o $J --engine {engine} \
+                     --analyzer {analyzer}{regions} -- ./gen{seed}"
                 ),
             ));
         }
@@ -1370,6 +1385,76 @@ fn generated_programs_count_exactly_on_every_engine() {
     }
 }
 
+/// The differential test's `blocks` on AArch64 (no callgrind for arm64 here): on every engine
+/// and analyzer each generated function's first instruction runs as often as the program
+/// counts its entries, every instruction of the functions as often on each as on the others,
+/// and the program's output is its own; or the run is refused in one line.
+#[test]
+fn generated_programs_blocks_count_exactly_on_every_engine() {
+    let root = &prepared().1;
+    for seed in EXACT_SEEDS {
+        let alone = section(&format!("exact-{seed}-alone"));
+        assert_eq!(alone.rc, 0, "{}", alone.output);
+        let own = superprof_testkit::exact_gen::parse_counts(&alone.output);
+        assert!(own.len() >= 4, "{}", alone.output);
+        // Each function's [start, end) from the cross-built file's symbols (nm -S), not from
+        // superprof.
+        let exe = root.join("t").join(format!("gen{seed}"));
+        let ranges: BTreeMap<&String, (u64, u64)> = own
+            .keys()
+            .map(|f| {
+                let r = symbol_range(&exe, f)
+                    .unwrap_or_else(|| panic!("seed {seed}: no symbol {f} in {}", exe.display()));
+                (f, r)
+            })
+            .collect();
+        let mut runs: Vec<(String, BTreeMap<u64, u64>)> = Vec::new();
+        for (engine, analyzer) in EXACT_BLOCKS {
+            let name = format!("exact-{seed}-blocks-{engine}-{analyzer}");
+            let s = section(&name);
+            if s.rc == 1 && s.output.contains("use --engine") {
+                continue; // refused, in one line that says why
+            }
+            let (s, doc) = succeeded(s, &name);
+            assert_eq!(doc["engine"], engine, "{name}: {}", s.output);
+            for line in alone.output.lines() {
+                assert!(
+                    s.output.lines().any(|l| l == line),
+                    "{name}: the program's line {line:?} is not in its output: {}",
+                    s.output
+                );
+            }
+            let counts = insn_counts(doc);
+            for (f, &(lo, _)) in &ranges {
+                let entries = own[*f].1;
+                let got = counts.get(&lo).copied().unwrap_or(0);
+                assert_eq!(
+                    got, entries,
+                    "{name}: {f} entered {got} times for {entries}"
+                );
+            }
+            // Per instruction of the functions (engines may cut blocks at different places).
+            let within: BTreeMap<u64, u64> = counts
+                .into_iter()
+                .filter(|&(a, n)| n > 0 && ranges.values().any(|&(lo, hi)| (lo..hi).contains(&a)))
+                .collect();
+            runs.push((name, within));
+        }
+        // ptrace with the decoder places a breakpoint anywhere: it never refuses.
+        assert!(
+            runs.iter().any(|(n, _)| n.ends_with("ptrace-decode")),
+            "seed {seed}: {runs:?}"
+        );
+        for (name, counts) in &runs[1..] {
+            assert_eq!(
+                counts, &runs[0].1,
+                "seed {seed}: {name} against {}",
+                runs[0].0
+            );
+        }
+    }
+}
+
 /// Killed (SIGKILL: the janitor puts the code back) or stopped (SIGTERM: superprof lets go
 /// itself), the in-process engine leaves an attached process running, untraced, its code byte
 /// for byte as it was.
@@ -1418,7 +1503,8 @@ fn superprof_killed_inside_its_system_call_stub_leaves_the_program_whole() {
 }
 
 /// A section's folded stacks: the lines after its "<<folded" mark, and the share of its
-/// samples lost (record's summary: "N samples (...) ...; L lost"), at most 5%: a share in a
+/// samples lost (record's summary: "N samples (...) ...; L lost", libsuperprof's "N samples
+/// of cpu-time (...) ..., L lost"), at most 5%: a share in a
 /// profile with holes may be off by as much as the share lost, which the checks allow for.
 /// (Under TCG with the host stealing much of the machine, the pump that empties perf's rings
 /// was once too slow for 27 of 1,039 samples; CI's guest had lost none before.)
@@ -1435,7 +1521,7 @@ fn folded_of(name: &str) -> (&'static Section, Folded, f64) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("{name}: {summary}"))
         };
-        let (n, lost) = (figure(" samples ("), figure(" lost"));
+        let (n, lost) = (figure(" samples "), figure(" lost"));
         lost_share = lost / (n + lost).max(1.0);
         assert!(lost_share <= 0.05, "{name}: {summary}");
     }
