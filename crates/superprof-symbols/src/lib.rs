@@ -29,6 +29,7 @@ mod debuginfod;
 mod functions;
 mod jitdump;
 mod kallsyms;
+mod locate;
 mod perfmap;
 mod plt;
 mod service;
@@ -43,6 +44,10 @@ pub use debuginfod::Debuginfod;
 pub use functions::{elf_functions, ElfFunction};
 pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};
 pub use kallsyms::Kallsyms;
+pub use locate::{
+    entry_point, find_function, find_functions_matching, function_at, function_names, mapped_files,
+    FunctionAddress, MappedFile,
+};
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};
 pub use superprof_unwind::map_file;

@@ -20,9 +20,8 @@
 //!   a stop where one would disturb them.
 //! - [`syscalls::trace`] is the syscall log: every syscall of the traced threads, with
 //!   decoded arguments, result and duration.
-//! - [`find_function`], [`function_at`], [`mapped_files`] and their kin find functions in a
-//!   running process (ELF symbols and load biases); [`read_memory`] and [`write_memory`]
-//!   reach its memory, [`CpuTime`] its threads' CPU time.
+//! - [`read_memory`] and [`write_memory`] reach a process's memory, [`CpuTime`] its threads'
+//!   CPU time. (Where its functions are is superprof-symbols' `find_function` and kin.)
 //!
 //! The other parts of superprof never call ptrace themselves.
 //!
@@ -46,7 +45,6 @@ pub mod blocked;
 mod janitor;
 mod lab;
 mod launch;
-mod locate;
 mod names;
 mod posix;
 pub mod sampler;
@@ -62,10 +60,6 @@ pub use launch::{
     inherited_ignored, kill, launched_a_command, note_inherited_signals, proc_stat_fields,
     process_alive, reset_signals_for_exec, resolve_command, try_wait, wait_child, wait_exit,
     wait_exit_timeout, wait_launched, CannotRun, ExitStatus, PendingChild,
-};
-pub use locate::{
-    entry_point, find_function, find_functions_matching, function_at, function_names, mapped_files,
-    FunctionAddress, MappedFile,
 };
 pub use sys::{
     block_sigchld, control_stack_enabled, monotonic_ns, read_memory, write_memory, CpuTime,

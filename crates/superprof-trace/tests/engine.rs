@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use superprof_symbols::find_function;
 use superprof_testkit::{code_bytes, compile, TempDir};
-use superprof_trace::{find_function, ExitStatus, PendingChild, TraceEvent, TraceOptions, Tracer};
+use superprof_trace::{ExitStatus, PendingChild, TraceEvent, TraceOptions, Tracer};
 
 /// bp.c built with `flags` into `dir/name`.
 fn fixture(dir: &TempDir, name: &str, flags: &[&str]) -> PathBuf {

@@ -109,7 +109,7 @@ pub fn line_range(
     first: (&str, u32),
     last: (&str, u32),
 ) -> Option<(u64, u64)> {
-    superprof_trace::mapped_files(pid)
+    superprof_symbols::mapped_files(pid)
         .ok()?
         .into_iter()
         .find_map(|file| {
@@ -121,7 +121,7 @@ pub fn line_range(
 /// The load bias of the main executable.
 pub fn exe_bias(pid: u32) -> Option<u64> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    superprof_trace::mapped_files(pid)
+    superprof_symbols::mapped_files(pid)
         .ok()?
         .into_iter()
         .find(|f| f.path == exe)
@@ -136,11 +136,11 @@ pub fn unique_function(
     pid: u32,
     name: &str,
     substrings: bool,
-) -> Result<Option<superprof_trace::FunctionAddress>> {
+) -> Result<Option<superprof_symbols::FunctionAddress>> {
     let found = if substrings {
-        superprof_trace::find_functions_matching(pid, name)?
+        superprof_symbols::find_functions_matching(pid, name)?
     } else {
-        superprof_trace::find_function(pid, name)?
+        superprof_symbols::find_function(pid, name)?
     };
     let mut names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
     names.sort();
@@ -185,7 +185,7 @@ pub fn not_found(pid: u32, name: &str) -> String {
 
 /// Function names close to `name` (by edit distance), for an error message.
 pub fn suggestions(pid: u32, name: &str) -> Vec<String> {
-    let names = superprof_trace::function_names(pid).unwrap_or_default();
+    let names = superprof_symbols::function_names(pid).unwrap_or_default();
     let mut scored: Vec<(usize, String)> = names
         .into_iter()
         .map(|n| (edit_distance(&n, name), n))
@@ -251,7 +251,7 @@ impl Placement {
             self.early = false;
             return false;
         }
-        let Some(e) = superprof_trace::entry_point(pid) else {
+        let Some(e) = superprof_symbols::entry_point(pid) else {
             self.early = false;
             return false;
         };
@@ -277,7 +277,7 @@ impl Placement {
         if self.dl_bp.is_some() {
             return None;
         }
-        let found = superprof_trace::find_function(pid, "_dl_debug_state").unwrap_or_default();
+        let found = superprof_symbols::find_function(pid, "_dl_debug_state").unwrap_or_default();
         found.first().map(|f| f.addr)
     }
 

@@ -22,7 +22,8 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_analyze::AnalyzerStats;
-use superprof_trace::{ExitStatus, MappedFile};
+use superprof_symbols::MappedFile;
+use superprof_trace::ExitStatus;
 
 pub use superprof_analyze::ElfCode;
 
@@ -130,7 +131,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
 pub(crate) fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
     let maps = superprof_unwind::maps::executable_mappings(pid).ok()?;
     let m = maps.iter().find(|m| (m.start..m.end).contains(&addr))?;
-    superprof_trace::mapped_files(pid)
+    superprof_symbols::mapped_files(pid)
         .ok()?
         .into_iter()
         .find(|f| f.path == m.path)
@@ -140,7 +141,7 @@ pub(crate) fn file_at(pid: u32, addr: u64) -> Option<MappedFile> {
 fn exe_file(pid: u32) -> Result<MappedFile> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
         .with_context(|| format!("cannot read the executable of pid {pid}"))?;
-    superprof_trace::mapped_files(pid)?
+    superprof_symbols::mapped_files(pid)?
         .into_iter()
         .find(|f| f.path == exe)
         .ok_or_else(|| anyhow!("cannot find the executable's load address"))
@@ -165,7 +166,7 @@ fn place(
                     f.name
                 );
             }
-            let file = superprof_trace::mapped_files(pid)?
+            let file = superprof_symbols::mapped_files(pid)?
                 .into_iter()
                 .find(|m| m.path == f.module)
                 .ok_or_else(|| anyhow!("cannot find where {} is loaded", f.module.display()))?;

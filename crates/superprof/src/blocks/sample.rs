@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use superprof_sample::SamplerConfig;
-use superprof_trace::{ExitStatus, MappedFile};
+use superprof_symbols::MappedFile;
+use superprof_trace::ExitStatus;
 
 use super::{rows, ElfCode, Placed, Report};
 use crate::cli::{BlocksArgs, BlocksMode};

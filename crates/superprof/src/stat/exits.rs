@@ -20,7 +20,7 @@ pub(super) fn function_exits(
     codes: &mut HashMap<std::path::PathBuf, Option<superprof_analyze::ElfCode>>,
 ) -> Option<Vec<FunctionExit>> {
     use superprof_analyze::Flow;
-    let f = superprof_trace::function_at(pid, at).ok()??;
+    let f = superprof_symbols::function_at(pid, at).ok()??;
     let end = at.checked_add(f.size)?;
     let read = |lo: u64, hi: u64| -> Option<Vec<u8>> {
         let size = usize::try_from(hi.checked_sub(lo)?)
@@ -36,7 +36,8 @@ pub(super) fn function_exits(
                   target: u64| {
         code_at(codes, pid, target).is_ok_and(|(c, bias)| c.in_plt(target.wrapping_sub(bias)))
     };
-    let part_of_it = |target: u64| match superprof_trace::function_at(pid, target).ok().flatten() {
+    let part_of_it = |target: u64| match superprof_symbols::function_at(pid, target).ok().flatten()
+    {
         Some(g) => {
             g.name.starts_with(&format!("{}.", f.name))
                 || g.name.starts_with(&format!("{} [clone .", f.name))
@@ -68,7 +69,7 @@ pub(super) fn function_exits(
                     if !in_plt(codes, target) && part_of_it(target) {
                         // Its range: the symbol's, else up to the next function's start.
                         let part_end =
-                            match superprof_trace::function_at(pid, target).ok().flatten() {
+                            match superprof_symbols::function_at(pid, target).ok().flatten() {
                                 Some(g) if g.size > 0 => target.checked_add(g.size)?,
                                 _ => next_function_start(codes, pid, target)
                                     .unwrap_or(target + 4096)
@@ -158,7 +159,7 @@ pub(super) fn inlined_sites(
 ) -> Vec<(u64, u64)> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     let mut out = Vec::new();
-    for file in superprof_trace::mapped_files(pid).unwrap_or_default() {
+    for file in superprof_symbols::mapped_files(pid).unwrap_or_default() {
         if Some(&file.path) != exe.as_ref() && Some(&file.path) != module {
             continue;
         }

@@ -25,7 +25,7 @@ impl Session {
         &mut self,
         pid: u32,
         region: &Region,
-        function: Option<&superprof_trace::FunctionAddress>,
+        function: Option<&superprof_symbols::FunctionAddress>,
     ) -> Result<()> {
         if crate::engine::is_calibration_region(&region.name) {
             return Ok(()); // superprof's own code, which it wrote
@@ -117,7 +117,7 @@ impl Session {
                     Some((start, end)) => {
                         let site = Site {
                             end: Some(end),
-                            ends_at_return: superprof_trace::function_at(pid, start)?.is_some(),
+                            ends_at_return: superprof_symbols::function_at(pid, start)?.is_some(),
                         };
                         Region {
                             name: spec.label(),
@@ -143,7 +143,7 @@ impl Session {
                         exe_bias(pid).context("cannot find the executable's load address")?;
                     let site = Site {
                         end: Some(b + bias),
-                        ends_at_return: superprof_trace::function_at(pid, a + bias)?.is_some(),
+                        ends_at_return: superprof_symbols::function_at(pid, a + bias)?.is_some(),
                     };
                     Region {
                         name: spec.label(),

@@ -190,7 +190,7 @@ fn scan_tables(
         }
         // Mapped, not read: a program built with debug info is mostly DWARF this never
         // touches (superprof's own is 126 MB; reading it took 1.5 s a lookup).
-        let Ok(data) = superprof_symbols::map_file(&file.open_path) else {
+        let Ok(data) = crate::map_file(&file.open_path) else {
             continue;
         };
         let Ok(obj) = object::File::parse(&*data) else {
@@ -199,16 +199,16 @@ fn scan_tables(
         // A stripped file's local functions are in its separate debug file (libc6-dbg's
         // __strlen_avx2, behind strlen's ifunc), at the same addresses.
         let debug = debug_files
-            .then(|| superprof_symbols::find_debug_file(&file.open_path))
+            .then(|| crate::find_debug_file(&file.open_path))
             .flatten()
-            .and_then(|p| superprof_symbols::map_file(&p).ok());
+            .and_then(|p| crate::map_file(&p).ok());
         let debug_obj = debug.as_deref().and_then(|d| object::File::parse(d).ok());
-        let syms = superprof_symbols::elf_functions(&obj)
-            .chain(debug_obj.iter().flat_map(superprof_symbols::elf_functions));
+        let syms =
+            crate::elf_functions(&obj).chain(debug_obj.iter().flat_map(crate::elf_functions));
         for sym in syms {
             let raw = sym.name;
             let addr = sym.addr.wrapping_add(file.bias);
-            let demangled = || superprof_symbols::demangle(raw);
+            let demangled = || crate::demangle(raw);
             if want(raw, &demangled, addr) {
                 let f = FunctionAddress {
                     name: demangled(),
