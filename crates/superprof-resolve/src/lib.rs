@@ -14,6 +14,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod progress;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

@@ -29,6 +29,7 @@
 
 #![deny(missing_docs)]
 
+mod cgroup;
 mod counter;
 mod pump;
 mod record;
@@ -36,12 +37,13 @@ mod sampler;
 mod sys;
 mod uprobe;
 
+pub use cgroup::Cgroup;
 pub use counter::{probe, Counter, EventKind, EventSpec, Reading};
 pub use record::{cut_size, parse_record, split_records, stack_cut, Layout, Record, SampleRecord};
 pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
 };
-pub use sys::monotonic_ns;
+pub use sys::{euid, monotonic_ns};
 
 /// Whether a superprof runs as process `pid` (its command name): what a sweep of the
 /// leftovers of killed superprofs (tracefs probe definitions, cgroups) asks of the pid in

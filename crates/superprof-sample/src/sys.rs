@@ -383,6 +383,12 @@ pub fn poll_fds(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<usize>> {
 
 pub use superprof_unwind::monotonic_ns;
 
+/// This process's effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) in nanoseconds.
 pub fn thread_cpu_ns() -> u64 {
     superprof_unwind::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)

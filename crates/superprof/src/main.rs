@@ -9,7 +9,6 @@ mod demo;
 mod engine;
 mod inprocess;
 mod preload;
-mod progress;
 mod qemu;
 mod record;
 mod region;

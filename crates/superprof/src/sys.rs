@@ -183,12 +183,6 @@ pub fn process_tree_cpu_time(pid: u32) -> Option<(std::time::Duration, std::time
     Some((time(field(11) + field(13)), time(field(12) + field(14))))
 }
 
-/// The effective user id.
-pub fn euid() -> u32 {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// CPU time of the calling thread.
 pub fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {

@@ -73,7 +73,8 @@ pub fn run(args: &SyscallsArgs) -> Result<i32> {
     let mut events = 0u64;
     let mut stopped = false;
     // A progress line where the log does not go to the terminal itself.
-    let mut progress = crate::progress::Progress::new(args.output.is_some() || args.summary_only);
+    let mut progress =
+        superprof_resolve::progress::Progress::new(args.output.is_some() || args.summary_only);
     let mut seen = 0u64;
     let mut exit = syscalls::trace(&mut tracer, launched, |ev| {
         let Some(ev) = ev else {

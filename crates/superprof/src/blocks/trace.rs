@@ -628,7 +628,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     // Not tried first: closing a uprobe takes the kernel 75 ms. One that cannot be opened
     // then is a breakpoint still.)
     let fallback_pmu = match engine {
-        Engine::InProcess if !args.step_branches && sys::euid() == 0 => {
+        Engine::InProcess if !args.step_branches && superprof_sample::euid() == 0 => {
             superprof_sample::uprobe_pmu().ok()
         }
         _ => None,
@@ -698,7 +698,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     let start = Instant::now();
     let duration = args.duration;
     let mut exit = None;
-    let mut progress = crate::progress::Progress::new(true);
+    let mut progress = superprof_resolve::progress::Progress::new(true);
     loop {
         progress.update(|| s.so_far());
         if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {

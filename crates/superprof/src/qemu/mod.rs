@@ -256,7 +256,7 @@ pub fn run(args: &QemuArgs) -> Result<i32> {
         .map_or(1, |d| d.subsec_nanos() as u64);
     let mut jitter = Jitter(seed | 1);
     // A progress line, unless a launched QEMU's console shares the terminal.
-    let mut progress = crate::progress::Progress::new(
+    let mut progress = superprof_resolve::progress::Progress::new(
         !args.one_shot && (launched.is_none() || !std::io::stdout().is_terminal()),
     );
     loop {

@@ -1,7 +1,6 @@
 //! `superprof record`: run a sampler (perf_event, or ptrace where perf_event_open is denied)
 //! over a launched or attached process, feed the collector, and write the outputs.
 
-mod cgroup;
 pub(crate) mod perf;
 mod ptrace;
 
@@ -241,17 +240,20 @@ struct Started {
     clock: Clock,
     /// The launched command's own cgroup, when it is sampled per CPU (removed when dropped,
     /// after the loop).
-    cgroup: Option<cgroup::Cgroup>,
+    cgroup: Option<superprof_sample::Cgroup>,
 }
 
 /// Per-CPU sampling of a launched command's cgroup (see `cgroup`), where it may be made and
 /// perf's cgroup events work; None otherwise (the caller samples per task).
-fn open_cgroup_source(cfg: &RecordConfig, pid: u32) -> Option<(PerfSampler, cgroup::Cgroup)> {
+fn open_cgroup_source(
+    cfg: &RecordConfig,
+    pid: u32,
+) -> Option<(PerfSampler, superprof_sample::Cgroup)> {
     // (Off-CPU time is sampled per task: a thread's switch back in is its own event's.)
     if cfg.sampler_kind == SamplerKind::Ptrace || cfg.sampler.off_cpu {
         return None;
     }
-    let cg = cgroup::Cgroup::create()?;
+    let cg = superprof_sample::Cgroup::create()?;
     cg.add(pid).ok()?;
     let sampler = PerfSampler::open_cgroup(&cg.fd, pid, &cfg.sampler).ok()?;
     if let Some(notice) = sampler.throttle_notice() {
@@ -292,7 +294,7 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
             // Root without tracefs gets context switches, which do not tell a preempted
             // thread from a waiting one: say how to get the tracepoint.
             if s.off_cpu_event() == Some("context-switches")
-                && crate::sys::euid() == 0
+                && superprof_sample::euid() == 0
                 && !std::path::Path::new("/sys/kernel/tracing/events").exists()
             {
                 superprof_unwind::say!(
@@ -446,13 +448,13 @@ struct LoopResult {
 
 /// Record's progress line: samples, threads and lost records so far.
 pub(crate) struct Progress {
-    line: crate::progress::Progress,
+    line: superprof_resolve::progress::Progress,
 }
 
 impl Progress {
     fn new(cfg: &RecordConfig) -> Progress {
         Progress {
-            line: crate::progress::Progress::new(!cfg.quiet),
+            line: superprof_resolve::progress::Progress::new(!cfg.quiet),
         }
     }
 

@@ -725,7 +725,9 @@ impl Session {
             exited: Vec::new(),
             // (Not tried first: closing a uprobe takes the kernel 75 ms.)
             uprobe_fallback: match engine {
-                Engine::InProcess if sys::euid() == 0 => superprof_sample::uprobe_pmu().ok(),
+                Engine::InProcess if superprof_sample::euid() == 0 => {
+                    superprof_sample::uprobe_pmu().ok()
+                }
                 _ => None,
             },
             instant: Default::default(),

@@ -70,7 +70,7 @@ impl Session {
             Engine::Uprobe(_) | Engine::InProcess => Duration::from_millis(10),
             Engine::Ptrace => Duration::from_millis(50),
         };
-        let mut progress = crate::progress::Progress::new(!self.calibrating);
+        let mut progress = superprof_resolve::progress::Progress::new(!self.calibrating);
         loop {
             self.drain_hits(root);
             progress.update(|| {

@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+/// The progress line (see the module's text).
 pub struct Progress {
     enabled: bool,
     start: Instant,

@@ -14,8 +14,10 @@ use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+/// superprof's cgroup for one launched command (removed when dropped).
 pub struct Cgroup {
     dir: PathBuf,
+    /// Its folder, open: what [`crate::PerfSampler::open_cgroup`] samples.
     pub fd: OwnedFd,
     /// Where processes left at the end go back to: superprof's own cgroup.
     home: PathBuf,
@@ -96,7 +98,7 @@ fn sweep(root: &Path) {
         else {
             continue;
         };
-        let alive = superprof_sample::superprof_running(pid);
+        let alive = crate::superprof_running(pid);
         let empty = std::fs::read_to_string(e.path().join("cgroup.procs"))
             .is_ok_and(|p| p.trim().is_empty());
         if !alive && empty {
