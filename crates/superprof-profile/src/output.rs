@@ -215,6 +215,12 @@ pub fn create_private_dir(parent: &Path, prefix: &str) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// A new private folder (see [`create_private_dir`]) under the temporary folder (`TMPDIR`, or
+/// /tmp). The caller removes it.
+pub fn private_temp_dir(prefix: &str) -> io::Result<PathBuf> {
+    create_private_dir(&std::env::temp_dir(), prefix)
+}
+
 /// What writing an output path means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Target {

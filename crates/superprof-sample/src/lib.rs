@@ -43,7 +43,7 @@ pub use record::{cut_size, parse_record, split_records, stack_cut, Layout, Recor
 pub use sampler::{
     list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
 };
-pub use sys::{euid, monotonic_ns};
+pub use sys::{euid, monotonic_ns, raise_fd_limit, vdso_image};
 
 /// Whether a superprof runs as process `pid` (its command name): what a sweep of the
 /// leftovers of killed superprofs (tracefs probe definitions, cgroups) asks of the pid in

@@ -416,3 +416,35 @@ pub fn raise_thread_priority(nice: i32) -> bool {
         libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0
     }
 }
+
+/// The kernel's vDSO as mapped into superprof itself. Every local process gets the same image
+/// from the same kernel, so this copy serves to unwind and symbolize their `[vdso]` frames.
+pub fn vdso_image() -> Option<Vec<u8>> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
+    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
+    let (a, b) = (
+        u64::from_str_radix(a, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    );
+    // SAFETY: the range comes from our own maps and the vDSO stays mapped, readable, for the
+    // life of the process; we copy it out at once.
+    let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, b.checked_sub(a)? as usize) };
+    Some(bytes.to_vec())
+}
+
+/// Raises the soft limit on open files to the hard limit: attaching opens one perf event per
+/// thread and CPU, which passes the usual 1024 soon on a many-threaded process.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}

@@ -284,6 +284,18 @@ pub fn proc_stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_owned).collect())
 }
 
+/// CPU time (user, system) of process `pid` and of the children it waited for (/proc/PID/stat:
+/// utime, stime, cutime, cstime, in clock ticks); None when it cannot be read.
+pub fn process_tree_cpu_time(pid: u32) -> Option<(std::time::Duration, std::time::Duration)> {
+    let f = proc_stat_fields(pid)?;
+    // utime, stime, cutime, cstime: fields 14 to 17, 11 to 14 after the state.
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let hz = posix::clock_ticks_per_second();
+    let time =
+        |ticks: u64| std::time::Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz);
+    Some((time(field(11) + field(13)), time(field(12) + field(14))))
+}
+
 /// Whether a process exists and is not a zombie.
 pub fn process_alive(pid: u32) -> bool {
     proc_stat_fields(pid)

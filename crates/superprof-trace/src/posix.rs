@@ -223,3 +223,32 @@ impl Drop for Pinned {
         }
     }
 }
+
+/// A pidfd: readable once the process has exited (Linux 5.3+).
+pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    // SAFETY: a non-negative return is a fresh descriptor that we now own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// CPU time (user, system) of this process's children that ended and were waited for, and of
+/// their own waited-for descendants.
+pub fn children_cpu_time() -> (std::time::Duration, std::time::Duration) {
+    // SAFETY: getrusage writes into a local rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| {
+        std::time::Duration::new(
+            t.tv_sec.max(0) as u64,
+            (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
+        )
+    };
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// The kernel's clock ticks per second, the unit of /proc/PID/stat's times.
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no side effects.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64
+}

@@ -52,3 +52,13 @@ macro_rules! say {
         let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
     }};
 }
+
+/// The value of the tests' switch `name` (SUPERPROF_TEST_*), when set: only in a build with
+/// the `test-switches` feature (scripts/test's, through the binary's feature of that name); a
+/// build people run ignores them.
+pub fn test_switch(name: &str) -> Option<String> {
+    if !cfg!(feature = "test-switches") {
+        return None;
+    }
+    std::env::var(name).ok()
+}

@@ -10,26 +10,25 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::cli::DemoArgs;
-use crate::record::{self, RecordConfig, Target};
+use crate::record::{self, Record};
+use superprof_record::Target;
 
 pub fn run(args: &DemoArgs) -> Result<i32> {
     let exe = std::env::current_exe().context("cannot find the superprof binary")?;
-    let cfg = RecordConfig {
-        sampler: Default::default(),
-        sampler_kind: record::SamplerKind::Auto,
+    let target = Target::Command(vec![
+        exe.into_os_string(),
+        "__demo-workload".into(),
+        "--seconds".into(),
+        args.seconds.to_string().into(),
+    ]);
+    let run = Record {
+        config: record::record_config(target, Default::default(), false),
         outputs: vec![args.output.clone()],
-        duration: None,
         quiet: false,
         verbose: false,
         // The workload (superprof's own) prints nothing: the demo's table is on stdout.
         console: Some(superprof_resolve::Console::Stdout),
         push: None,
-        target: Target::Command(vec![
-            exe.into_os_string(),
-            "__demo-workload".into(),
-            "--seconds".into(),
-            args.seconds.to_string().into(),
-        ]),
         top_rows: 12,
     };
     // Written with `?`: a closed stdout (`demo | head`) is a broken pipe, not a panic.
@@ -43,9 +42,9 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         "crunch_numbers / hash_strings / walk_list for {} s ...\n",
         args.seconds
     )?;
-    let outputs = record::check_outputs(&cfg)?;
-    let recorded = record::record(&cfg)?;
-    record::show(&cfg, &recorded, &outputs)?;
+    let outputs = run.check_outputs()?;
+    let recorded = record::record(&run.config)?;
+    run.show(&recorded, &outputs)?;
     // The three functions' total shares (inlined helpers included) against the workload's plan.
     let rows = superprof_profile::top::rows(&recorded.profile);
     let total = recorded.profile.total_weight().max(1) as f64;

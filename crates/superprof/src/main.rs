@@ -4,7 +4,6 @@
 mod agent;
 mod blocks;
 mod cli;
-mod collect;
 mod demo;
 mod engine;
 mod inprocess;
@@ -111,15 +110,6 @@ fn main() -> ExitCode {
 /// After an error or a panic: a launched command that superprof let go runs to its end, with
 /// Ctrl-C its own to take (as a shell waits for a command) and SIGTERM or SIGHUP sent to
 /// superprof passed on to it, before superprof exits.
-/// The value of the tests' switch `name`, when set: only in a build with the `test-switches`
-/// feature (scripts/test's); a build people run ignores it.
-pub(crate) fn test_switch(name: &str) -> Option<String> {
-    if !cfg!(feature = "test-switches") {
-        return None;
-    }
-    std::env::var(name).ok()
-}
-
 fn after_failure() -> Option<superprof_trace::ExitStatus> {
     let _ignore = sys::IgnoreInterrupts::new();
     superprof_trace::wait_launched(sys::pass_stop_signal_on)
@@ -127,7 +117,7 @@ fn after_failure() -> Option<superprof_trace::ExitStatus> {
 
 fn run(command: cli::Command) -> anyhow::Result<i32> {
     match command {
-        cli::Command::Record(args) => record::run(&record::RecordConfig::from_args(args)),
+        cli::Command::Record(args) => record::Record::from_args(args).run(),
         cli::Command::Agent(args) => agent::run(&args),
         cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Stat(args) => stat::run(&args),

@@ -48,7 +48,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     let exe = superprof_trace::resolve_command(&args.command[0])
         .filter(|p| p.exists())
         .ok_or_else(|| superprof_trace::CannotRun::not_found(&args.command[0]))?;
-    let dir = crate::sys::private_temp_dir("superprof-preload")?;
+    let dir = superprof_profile::output::private_temp_dir("superprof-preload")?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{} {old}", lib.display()),
         _ => lib.display().to_string(),
@@ -114,7 +114,7 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
         );
         return Ok(if code == 0 { 1 } else { code });
     };
-    profile.meta.command = crate::record::lossy(&args.command);
+    profile.meta.command = superprof_record::lossy(&args.command);
     profile.meta.duration_ns = started.elapsed().as_nanos() as u64;
     let processes: std::collections::BTreeSet<u32> =
         profile.threads.iter().map(|t| t.pid).collect();

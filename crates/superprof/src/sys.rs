@@ -1,6 +1,6 @@
-//! The binary's kernel interfaces: the stop signals, the vDSO copy, pidfds, limits.
+//! The binary's kernel interfaces: the stop signals, signal state for launched commands,
+//! the terminal's width, shared memory for the in-process engine, mapped-file guards.
 
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -114,75 +114,6 @@ pub fn stop_requested() -> bool {
             && !superprof_trace::launched_a_command())
 }
 
-/// The kernel's vDSO as mapped into superprof itself. Every local process gets the same image
-/// from the same kernel, so this copy serves to unwind and symbolize their `[vdso]` frames.
-pub fn vdso_image() -> Option<Vec<u8>> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = maps.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
-    let (a, b) = line.split_whitespace().next()?.split_once('-')?;
-    let (a, b) = (
-        u64::from_str_radix(a, 16).ok()?,
-        u64::from_str_radix(b, 16).ok()?,
-    );
-    // SAFETY: the range comes from our own maps and the vDSO stays mapped, readable, for the
-    // life of the process; we copy it out at once.
-    let bytes = unsafe { std::slice::from_raw_parts(a as *const u8, b.checked_sub(a)? as usize) };
-    Some(bytes.to_vec())
-}
-
-/// A pidfd: readable once the process has exited (Linux 5.3+).
-pub fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    // SAFETY: a non-negative return is a fresh descriptor that we now own.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// Raises the soft limit on open files to the hard limit: attaching opens one perf event per
-/// thread and CPU, which passes the usual 1024 soon on a many-threaded process.
-pub fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: get/setrlimit with a valid rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-/// CPU time (user, system) of this process's children that ended and were waited for, and of
-/// their own waited-for descendants.
-pub fn children_cpu_time() -> (std::time::Duration, std::time::Duration) {
-    // SAFETY: getrusage writes into a local rusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let tv = |t: libc::timeval| {
-        std::time::Duration::new(
-            t.tv_sec.max(0) as u64,
-            (t.tv_usec.clamp(0, 999_999) * 1000) as u32,
-        )
-    };
-    (tv(ru.ru_utime), tv(ru.ru_stime))
-}
-
-/// CPU time of process `pid` and of its children it waited for (/proc/PID/stat: utime, stime,
-/// cutime, cstime, in clock ticks); None when it cannot be read.
-/// CPU time (user, system) of process `pid` and of the children it waited for.
-pub fn process_tree_cpu_time(pid: u32) -> Option<(std::time::Duration, std::time::Duration)> {
-    let f = superprof_trace::proc_stat_fields(pid)?;
-    // utime, stime, cutime, cstime: fields 14 to 17, 11 to 14 after the state.
-    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // SAFETY: sysconf has no side effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let time =
-        |ticks: u64| std::time::Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz);
-    Some((time(field(11) + field(13)), time(field(12) + field(14))))
-}
-
 /// CPU time of the calling thread.
 pub fn thread_cpu_time() -> std::time::Duration {
     let mut ts = libc::timespec {
@@ -192,13 +123,6 @@ pub fn thread_cpu_time() -> std::time::Duration {
     // SAFETY: valid out-pointer; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// A new folder under the temporary folder that only this user can use (0700); its name is
-/// random and creating it must succeed, so nobody else can have prepared it. The caller
-/// removes it.
-pub fn private_temp_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
-    superprof_profile::output::create_private_dir(&std::env::temp_dir(), prefix)
 }
 
 /// The command gets SIGKILL when superprof dies, whatever kills superprof.

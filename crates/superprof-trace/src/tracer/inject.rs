@@ -190,14 +190,9 @@ pub(super) fn syscall_site(pid: u32) -> Option<u64> {
 /// N of running a system call in the program (0: before resuming the thread, 1: at the entry
 /// stop, 2: at the exit stop).
 fn die_here_for_a_test(step: usize) {
-    if !cfg!(feature = "test-switches") {
-        return;
-    }
     static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let at = AT.get_or_init(|| {
-        std::env::var("SUPERPROF_TEST_DIE_IN_STUB")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        superprof_unwind::test_switch("SUPERPROF_TEST_DIE_IN_STUB").and_then(|v| v.parse().ok())
     });
     if *at == Some(step) {
         let me = std::process::id();

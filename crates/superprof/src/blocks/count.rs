@@ -227,7 +227,7 @@ impl Counts {
             return false;
         }
         if self.lab.is_none() {
-            if crate::test_switch("SUPERPROF_TEST_NO_LAB").is_some() {
+            if superprof_unwind::test_switch("SUPERPROF_TEST_NO_LAB").is_some() {
                 self.lab_failed = true;
                 return false;
             }
@@ -669,7 +669,7 @@ impl Counts {
             steps: HashMap::new(),
             learn_steps: 0,
             train_steps: 0,
-            train: crate::test_switch("SUPERPROF_TEST_NO_TRAINING").is_none(),
+            train: superprof_unwind::test_switch("SUPERPROF_TEST_NO_TRAINING").is_none(),
             runs: HashMap::new(),
             mispredicted: 0,
             segments: HashMap::new(),

@@ -12,8 +12,9 @@ use superprof_trace::ExitStatus;
 
 use super::{rows, ElfCode, Placed, Report};
 use crate::cli::{BlocksArgs, BlocksMode};
-use crate::record::{self, RecordConfig, SamplerKind, Target};
+use crate::record;
 use crate::region::{line_range_in, RegionSpec};
+use superprof_record::{RecordConfig, SamplerKind, Target};
 
 fn file(path: &Path) -> MappedFile {
     MappedFile {
@@ -128,14 +129,8 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
             off_cpu: false,
         },
         sampler_kind: SamplerKind::Perf,
-        outputs: Vec::new(),
         duration: args.duration,
-        quiet: true,
-        verbose: false,
-        console: None,
-        push: None,
-        target,
-        top_rows: 0,
+        ..record::record_config(target, SamplerConfig::default(), true)
     };
     let recorded = record::record(&cfg)?;
     let profile = &recorded.profile;

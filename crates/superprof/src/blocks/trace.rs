@@ -678,7 +678,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     };
     // A counting uprobe per block and thread.
     if matches!(engine, Engine::Uprobe(_)) {
-        sys::raise_fd_limit();
+        superprof_sample::raise_fd_limit();
     }
     // Attached: the in-process engine places the regions from a stopped thread (the first
     // stop of the interrupted main thread); the others right away.

@@ -61,7 +61,7 @@ fn launch(args: &QemuArgs) -> Result<(Launched, Box<dyn Backend>)> {
     let exe = superprof_trace::resolve_command(&args.command[0])
         .filter(|p| p.exists())
         .ok_or_else(|| anyhow!("cannot run '{program}': command not found (is QEMU installed?)"))?;
-    let dir = sys::private_temp_dir("superprof-qemu")?;
+    let dir = superprof_profile::output::private_temp_dir("superprof-qemu")?;
     let sock = dir.join(match args.backend {
         QemuBackendArg::Gdb => "gdb.sock",
         QemuBackendArg::Qmp => "qmp.sock",
@@ -590,7 +590,7 @@ fn build_profile(
     p.meta.command = if args.command.is_empty() {
         vec![format!("qemu {}", args.kernel.display())]
     } else {
-        crate::record::lossy(&args.command)
+        superprof_record::lossy(&args.command)
     };
     p.meta.event = "qemu-interval".into();
     p.meta.frequency = if args.interval > 0.0 {

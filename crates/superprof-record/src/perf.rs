@@ -3,12 +3,10 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use anyhow::Result;
 use superprof_sample::{parse_record, split_records, PerfSampler, Record};
 
-use super::{LoopResult, Progress, RecordConfig};
 use crate::collect::Collector;
-use crate::sys;
+use crate::{LoopResult, Progress, RecordConfig, Result};
 
 /// How long before a drain a record must be stamped to be taken in that round.
 const HORIZON_SLACK_NS: u64 = 20_000_000;
@@ -30,7 +28,7 @@ impl Drainer {
             layout: sampler.layout(),
             buf: Vec::with_capacity(1 << 20),
             held: Vec::new(),
-            stall: crate::test_switch("SUPERPROF_TEST_STALL_MS")
+            stall: superprof_unwind::test_switch("SUPERPROF_TEST_STALL_MS")
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
         }
@@ -115,7 +113,7 @@ pub(super) fn run(
     let mut exit = None;
     let mut stopped_early = false;
     // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
-    let pidfd = sys::pidfd_open(pid);
+    let pidfd = superprof_trace::pidfd_open(pid);
     let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
     loop {
         sampler.wait(&extra, 50);

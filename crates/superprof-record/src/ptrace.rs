@@ -2,13 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use superprof_sample::{Record, SampleRecord};
 use superprof_trace::sampler::{self, Control, PtraceSample, PtraceSamplerConfig, SamplerEvent};
 use superprof_trace::{ExitStatus, TraceEvent, Tracer};
 
-use super::{LoopResult, Progress, RecordConfig};
 use crate::collect::{Collector, OffCpu};
+use crate::{LoopResult, Progress, RecordConfig, Result};
 use superprof_profile::SampleKind;
 
 pub(super) fn run(

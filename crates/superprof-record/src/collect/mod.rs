@@ -162,7 +162,7 @@ struct TempCopy {
 
 impl TempCopy {
     fn new(prefix: &str, name: &str, bytes: &[u8]) -> std::io::Result<TempCopy> {
-        let dir = crate::sys::private_temp_dir(prefix)?;
+        let dir = superprof_profile::output::private_temp_dir(prefix)?;
         let copy = TempCopy {
             file: dir.join(name),
             dir,
@@ -293,7 +293,7 @@ impl Collector {
     fn open_path(&mut self, pid: u32, path: &Path) -> PathBuf {
         if path == Path::new("[vdso]") {
             let file = self.vdso.get_or_insert_with(|| {
-                let image = crate::sys::vdso_image()?;
+                let image = superprof_sample::vdso_image()?;
                 TempCopy::new("superprof-vdso", "vdso.so", &image).ok()
             });
             return file

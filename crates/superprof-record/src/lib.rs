@@ -1,77 +1,94 @@
-//! `superprof record`: run a sampler (perf_event, or ptrace where perf_event_open is denied)
-//! over a launched or attached process, feed the collector, and write the outputs.
+//! Sampling into a profile: a launched or attached process ([`record`]), with perf_event or,
+//! where perf_event_open is denied, the ptrace sampler; or the whole machine, cut into
+//! intervals pushed to a server ([`agent`]). Its collector turns raw
+//! samples into a [`Profile`]: modules, unwinding, off-CPU time and symbols.
+//!
+//! Nothing here parses arguments, installs signal handlers or prints a table: the caller
+//! (the `superprof` binary) gives a config with a `stop` check and shows the result.
+#![forbid(unsafe_code)]
 
-pub(crate) mod perf;
+pub mod agent;
+mod collect;
+mod perf;
 mod ptrace;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
-use superprof_profile::{OutputFormat, Profile};
+use superprof_profile::Profile;
 use superprof_sample::{PerfSampler, SampleError, SamplerConfig, TargetMode};
 use superprof_trace::{ExitStatus, PendingChild, TraceOptions, Tracer};
 
-use crate::cli::RecordArgs;
 use crate::collect::Collector;
-use crate::sys;
-use superprof_push::PushArgs;
 
+/// What went wrong while recording, in one line with its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config asks for something that cannot be done.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Sample(#[from] SampleError),
+    #[error("{0}")]
+    Trace(#[from] superprof_trace::TraceError),
+    /// The command could not be run (the shell's 126 or 127).
+    #[error("{0}")]
+    CannotRun(#[from] superprof_trace::CannotRun),
+    #[error("{0}")]
+    Push(#[from] superprof_push::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// `source`, with what was being done.
+    #[error("{what}: {source}")]
+    While {
+        what: String,
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+impl Error {
+    /// This error, said to have happened while doing `what`.
+    fn while_(self, what: impl Into<String>) -> Error {
+        Error::While {
+            what: what.into(),
+            source: Box::new(self),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What to sample.
 #[derive(Debug, Clone)]
 pub enum Target {
     Pid(u32),
     Command(Vec<std::ffi::OsString>),
 }
 
+/// A recording, as [`record`] takes it.
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
     pub sampler: SamplerConfig,
     pub sampler_kind: SamplerKind,
-    /// Output files (none: superprof.parquet).
-    pub outputs: Vec<PathBuf>,
     pub duration: Option<Duration>,
-    pub quiet: bool,
-    /// Full function names in the table.
-    pub verbose: bool,
-    /// Where the table goes, when not where the target says (stderr for a launched
-    /// command, whose output owns stdout; stdout when attached).
-    pub console: Option<superprof_resolve::Console>,
-    /// `--push DEST`, with `--app`, `--label`s and `--tenant` as given.
-    pub push: Option<PushArgs>,
+    /// A progress line on stderr while recording (when it is a terminal).
+    pub progress: bool,
     pub target: Target,
-    /// Rows of the top table.
-    pub top_rows: usize,
+    /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while sampling.
+    pub stop: fn() -> bool,
 }
 
 impl RecordConfig {
-    pub fn from_args(a: RecordArgs) -> RecordConfig {
+    /// Sampling `target` with `sampler` (perf_event_open, or ptrace where it is refused),
+    /// until it ends; no progress line and no stop check.
+    pub fn new(target: Target, sampler: SamplerConfig) -> RecordConfig {
         RecordConfig {
-            sampler: SamplerConfig {
-                frequency: a.frequency,
-                stack_size: a.stack_size,
-                off_cpu: a.off_cpu,
-            },
-            sampler_kind: match a.sampler {
-                crate::cli::SamplerArg::Perf => SamplerKind::Perf,
-                crate::cli::SamplerArg::Ptrace => SamplerKind::Ptrace,
-                crate::cli::SamplerArg::Auto => SamplerKind::Auto,
-            },
-            outputs: a.outputs,
-            duration: a.duration,
-            quiet: a.quiet,
-            verbose: a.verbose,
-            console: None,
-            push: a.push.map(|dest| PushArgs {
-                dest,
-                app: a.app,
-                labels: a.labels,
-                tenant: a.tenant,
-            }),
-            target: match a.target.pid {
-                Some(pid) => Target::Pid(pid),
-                None => Target::Command(a.target.command),
-            },
-            top_rows: 30,
+            sampler,
+            sampler_kind: SamplerKind::Auto,
+            duration: None,
+            progress: false,
+            target,
+            stop: || false,
         }
     }
 }
@@ -123,71 +140,6 @@ impl Recorded {
     }
 }
 
-/// Records, prints the table, writes the output; returns the exit code for superprof.
-pub fn run(cfg: &RecordConfig) -> Result<i32> {
-    let outputs = check_outputs(cfg)?;
-    let push = cfg.push.as_ref().map(superprof_push::parse).transpose()?;
-    let recorded = record(cfg)?;
-    match recorded.exit {
-        // A launched command's status is superprof's, whatever there is to show.
-        Some(status) if recorded.profile.samples.is_empty() => Err(crate::NothingToShow {
-            why: format!("{EMPTY}; no output written"),
-            status,
-        }
-        .into()),
-        exit => {
-            // A launched command's status survives an output or a push that failed.
-            let shown = show(cfg, &recorded, &outputs).and_then(|()| match &push {
-                Some((dest, opts)) => {
-                    let stop = crate::sys::stop_requested;
-                    Ok(superprof_push::push(dest, &recorded.profile, opts, &stop)?)
-                }
-                None => Ok(()),
-            });
-            crate::FailedAfter::wrap(shown, exit)?;
-            Ok(exit.map_or(0, |e| e.shell_code()))
-        }
-    }
-}
-
-const EMPTY: &str =
-    "no samples were taken: the target ran too briefly or was idle, so the profile is empty";
-
-/// Prints the summary and the table, and writes the output files (from [`check_outputs`]).
-pub fn show(
-    cfg: &RecordConfig,
-    recorded: &Recorded,
-    outputs: &[(PathBuf, OutputFormat)],
-) -> Result<()> {
-    let profile = &recorded.profile;
-    if profile.samples.is_empty() {
-        bail!("{EMPTY}");
-    }
-    superprof_unwind::say!("{}", recorded.summary());
-    if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {
-        superprof_unwind::say!("superprof: the command {status}");
-    }
-    // The files first: a table cut short (stdout piped into `head`) loses no profile.
-    for (path, format) in outputs {
-        superprof_resolve::write_output(profile, path, *format)?;
-        superprof_unwind::say!("superprof: wrote {}", path.display());
-    }
-    if !cfg.quiet {
-        // A launched command's output owns stdout.
-        let console = cfg.console.unwrap_or_else(|| {
-            superprof_resolve::Console::of_run(matches!(cfg.target, Target::Command(_)))
-        });
-        let style = sys::table_style(console, cfg.top_rows, cfg.verbose);
-        console.write_with(|w| superprof_profile::top::write_styled(profile, &style, w))?;
-    }
-    Ok(())
-}
-
-/// Validates the output paths before anything runs, so a bad -o costs nothing.
-pub fn check_outputs(cfg: &RecordConfig) -> Result<Vec<(PathBuf, OutputFormat)>> {
-    Ok(superprof_resolve::check_outputs(&cfg.outputs)?)
-}
-
 /// Which sampler `record` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SamplerKind {
@@ -200,13 +152,13 @@ pub enum SamplerKind {
 /// The start of a recording on both clocks: sample times are kernel CLOCK_MONOTONIC stamps,
 /// stored relative to this start, which the profile also keeps as Unix time.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Clock {
-    pub(crate) monotonic_ns: u64,
-    pub(crate) unix_ns: u64,
+struct Clock {
+    monotonic_ns: u64,
+    unix_ns: u64,
 }
 
 impl Clock {
-    pub(crate) fn now() -> Clock {
+    fn now() -> Clock {
         Clock {
             monotonic_ns: superprof_sample::monotonic_ns(),
             unix_ns: std::time::SystemTime::now()
@@ -320,23 +272,26 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
                 }
                 Ok(Source::Ptrace(Box::new(t)))
             }
-            Err(te) => Err(anyhow!("{e}; the ptrace sampler cannot stand in: {te}")),
+            Err(te) => Err(Error::Invalid(format!(
+                "{e}; the ptrace sampler cannot stand in: {te}"
+            ))),
         },
         Err(e) => Err(e.into()),
     }
 }
 
+/// Starts sampling `cfg`'s target: a launched command is released to exec once its sampler runs.
 fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
     match &cfg.target {
         Target::Command(cmd) => {
             let first = cmd
                 .first()
-                .ok_or_else(|| anyhow!("no command given after --"))?;
+                .ok_or_else(|| Error::Invalid("no command given after --".into()))?;
             let program = first.to_string_lossy();
             let path = superprof_trace::resolve_command(first)
                 .ok_or_else(|| superprof_trace::CannotRun::not_found(first))?;
             let mut child = PendingChild::spawn(&path, cmd)
-                .with_context(|| format!("cannot start '{program}'"))?;
+                .map_err(|e| Error::from(e).while_(format!("cannot start '{program}'")))?;
             if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid) {
                 let clock = Clock::now();
                 // Samples of the child before its exec are superprof's code: not kept.
@@ -447,14 +402,14 @@ struct LoopResult {
 }
 
 /// Record's progress line: samples, threads and lost records so far.
-pub(crate) struct Progress {
+struct Progress {
     line: superprof_resolve::progress::Progress,
 }
 
 impl Progress {
     fn new(cfg: &RecordConfig) -> Progress {
         Progress {
-            line: superprof_resolve::progress::Progress::new(!cfg.quiet),
+            line: superprof_resolve::progress::Progress::new(cfg.progress),
         }
     }
 
@@ -475,14 +430,12 @@ impl Progress {
 
     /// Ctrl-C, or the end of --duration.
     fn should_stop(&self, cfg: &RecordConfig) -> bool {
-        sys::stop_requested() || cfg.duration.is_some_and(|d| self.line.elapsed() >= d)
+        (cfg.stop)() || cfg.duration.is_some_and(|d| self.line.elapsed() >= d)
     }
 }
 
 /// Runs the sampler until the target ends, the duration passes or Ctrl-C.
 pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
-    sys::install_stop_handler();
-    sys::raise_fd_limit();
     let mut collector = Collector::default();
     let started = start(cfg, &mut collector)?;
     let mut progress = Progress::new(cfg);
@@ -491,9 +444,9 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     let (pid, launched) = (started.pid, started.launched);
     let cpu_now = move || {
         if launched {
-            Some(sys::children_cpu_time())
+            Some(superprof_trace::children_cpu_time())
         } else {
-            sys::process_tree_cpu_time(pid)
+            superprof_trace::process_tree_cpu_time(pid)
         }
     };
     let cpu_before = cpu_now();
@@ -508,7 +461,7 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         )?,
         Source::Ptrace(tracer) => {
             if cfg.sampler.frequency == 0 {
-                bail!("frequency must be at least 1 Hz");
+                return Err(Error::Invalid("frequency must be at least 1 Hz".into()));
             }
             ptrace::run(
                 cfg,

@@ -1,0 +1,149 @@
+//! `superprof record`: the arguments made a [`superprof_record::RecordConfig`]; the recording's
+//! summary, table, output files and push.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use superprof_profile::OutputFormat;
+use superprof_push::PushArgs;
+use superprof_record::{RecordConfig, Recorded, SamplerKind, Target};
+use superprof_sample::SamplerConfig;
+use superprof_trace::ExitStatus;
+
+use crate::cli::RecordArgs;
+use crate::sys;
+
+const EMPTY: &str =
+    "no samples were taken: the target ran too briefly or was idle, so the profile is empty";
+
+/// A recording and what is done with it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub config: RecordConfig,
+    /// Output files (none: superprof.parquet).
+    pub outputs: Vec<PathBuf>,
+    /// No table.
+    pub quiet: bool,
+    /// Full function names in the table.
+    pub verbose: bool,
+    /// Where the table goes, when not where the target says (stderr for a launched
+    /// command, whose output owns stdout; stdout when attached).
+    pub console: Option<superprof_resolve::Console>,
+    /// `--push DEST`, with `--app`, `--label`s and `--tenant` as given.
+    pub push: Option<PushArgs>,
+    /// Rows of the top table.
+    pub top_rows: usize,
+}
+
+impl Record {
+    pub fn from_args(a: RecordArgs) -> Record {
+        let target = match a.target.pid {
+            Some(pid) => Target::Pid(pid),
+            None => Target::Command(a.target.command),
+        };
+        let sampler = SamplerConfig {
+            frequency: a.frequency,
+            stack_size: a.stack_size,
+            off_cpu: a.off_cpu,
+        };
+        Record {
+            config: RecordConfig {
+                sampler_kind: match a.sampler {
+                    crate::cli::SamplerArg::Perf => SamplerKind::Perf,
+                    crate::cli::SamplerArg::Ptrace => SamplerKind::Ptrace,
+                    crate::cli::SamplerArg::Auto => SamplerKind::Auto,
+                },
+                duration: a.duration,
+                ..record_config(target, sampler, a.quiet)
+            },
+            outputs: a.outputs,
+            quiet: a.quiet,
+            verbose: a.verbose,
+            console: None,
+            push: a.push.map(|dest| PushArgs {
+                dest,
+                app: a.app,
+                labels: a.labels,
+                tenant: a.tenant,
+            }),
+            top_rows: 30,
+        }
+    }
+
+    /// Records, prints the table, writes the output; returns the exit code for superprof.
+    pub fn run(&self) -> Result<i32> {
+        let outputs = self.check_outputs()?;
+        let push = self.push.as_ref().map(superprof_push::parse).transpose()?;
+        let recorded = record(&self.config)?;
+        match recorded.exit {
+            // A launched command's status is superprof's, whatever there is to show.
+            Some(status) if recorded.profile.samples.is_empty() => Err(crate::NothingToShow {
+                why: format!("{EMPTY}; no output written"),
+                status,
+            }
+            .into()),
+            exit => {
+                // A launched command's status survives an output or a push that failed.
+                let shown = self.show(&recorded, &outputs).and_then(|()| match &push {
+                    Some((dest, opts)) => {
+                        let stop = sys::stop_requested;
+                        Ok(superprof_push::push(dest, &recorded.profile, opts, &stop)?)
+                    }
+                    None => Ok(()),
+                });
+                crate::FailedAfter::wrap(shown, exit)?;
+                Ok(exit.map_or(0, |e| e.shell_code()))
+            }
+        }
+    }
+
+    /// Prints the summary and the table, and writes the output files (from
+    /// [`Record::check_outputs`]).
+    pub fn show(&self, recorded: &Recorded, outputs: &[(PathBuf, OutputFormat)]) -> Result<()> {
+        let profile = &recorded.profile;
+        if profile.samples.is_empty() {
+            bail!("{EMPTY}");
+        }
+        superprof_unwind::say!("{}", recorded.summary());
+        if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {
+            superprof_unwind::say!("superprof: the command {status}");
+        }
+        // The files first: a table cut short (stdout piped into `head`) loses no profile.
+        for (path, format) in outputs {
+            superprof_resolve::write_output(profile, path, *format)?;
+            superprof_unwind::say!("superprof: wrote {}", path.display());
+        }
+        if !self.quiet {
+            // A launched command's output owns stdout.
+            let console = self.console.unwrap_or_else(|| {
+                superprof_resolve::Console::of_run(matches!(self.config.target, Target::Command(_)))
+            });
+            let style = sys::table_style(console, self.top_rows, self.verbose);
+            console.write_with(|w| superprof_profile::top::write_styled(profile, &style, w))?;
+        }
+        Ok(())
+    }
+
+    /// Validates the output paths before anything runs, so a bad -o costs nothing.
+    pub fn check_outputs(&self) -> Result<Vec<(PathBuf, OutputFormat)>> {
+        Ok(superprof_resolve::check_outputs(&self.outputs)?)
+    }
+}
+
+/// The config of a recording of `target` that stops on Ctrl-C, SIGTERM or SIGHUP, with a
+/// progress line unless `quiet`.
+pub fn record_config(target: Target, sampler: SamplerConfig, quiet: bool) -> RecordConfig {
+    RecordConfig {
+        progress: !quiet,
+        stop: sys::stop_requested,
+        ..RecordConfig::new(target, sampler)
+    }
+}
+
+/// Records `config` with superprof's stop signals caught (so that the target is let go and
+/// the profile written on Ctrl-C).
+pub fn record(config: &RecordConfig) -> Result<Recorded> {
+    sys::install_stop_handler();
+    superprof_sample::raise_fd_limit();
+    Ok(superprof_record::record(config)?)
+}
