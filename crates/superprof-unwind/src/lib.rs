@@ -62,3 +62,18 @@ pub fn test_switch(name: &str) -> Option<String> {
     }
     std::env::var(name).ok()
 }
+
+/// An error and its causes (its `source` chain) on one line, each cause said once: a cause
+/// whose text an earlier part already holds is left out.
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+        cause = c.source();
+    }
+    parts.join(": ").replace('\n', " ")
+}

@@ -509,6 +509,65 @@ impl TargetArgs {
     pub fn console(&self) -> superprof_resolve::Console {
         superprof_resolve::Console::of_run(self.pid.is_none())
     }
+
+    /// The process attached to, or the command to launch.
+    pub fn target(&self) -> superprof_record::Target {
+        match self.pid {
+            Some(pid) => superprof_record::Target::Pid(pid),
+            None => superprof_record::Target::Command(self.command.clone()),
+        }
+    }
+}
+
+// The choices' own types in the libraries, for the values clap parsed.
+
+impl From<EngineArg> for superprof_probe::EngineKind {
+    fn from(e: EngineArg) -> Self {
+        match e {
+            EngineArg::InProcess => Self::InProcess,
+            EngineArg::Uprobe => Self::Uprobe,
+            EngineArg::Ptrace => Self::Ptrace,
+        }
+    }
+}
+
+impl From<BlocksMode> for superprof_probe::blocks::Mode {
+    fn from(m: BlocksMode) -> Self {
+        match m {
+            BlocksMode::Count => Self::Count,
+            BlocksMode::Coverage => Self::Coverage,
+            BlocksMode::Sample => Self::Sample,
+        }
+    }
+}
+
+impl From<AnalyzerArg> for superprof_probe::blocks::AnalyzerKind {
+    fn from(a: AnalyzerArg) -> Self {
+        match a {
+            AnalyzerArg::Decode => Self::Decode,
+            AnalyzerArg::Learn => Self::Learn,
+        }
+    }
+}
+
+impl From<StatFormat> for superprof_probe::Format {
+    fn from(f: StatFormat) -> Self {
+        match f {
+            StatFormat::Table => Self::Table,
+            StatFormat::Csv => Self::Csv,
+            StatFormat::Json => Self::Json,
+        }
+    }
+}
+
+impl From<BlocksFormat> for superprof_probe::Format {
+    fn from(f: BlocksFormat) -> Self {
+        match f {
+            BlocksFormat::Table => Self::Table,
+            BlocksFormat::Csv => Self::Csv,
+            BlocksFormat::Json => Self::Json,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,12 +5,9 @@ mod agent;
 mod blocks;
 mod cli;
 mod demo;
-mod engine;
-mod inprocess;
 mod preload;
 mod qemu;
 mod record;
-mod region;
 mod report;
 mod shell;
 mod stat;
@@ -132,11 +129,23 @@ fn run(command: cli::Command) -> anyhow::Result<i32> {
             calls,
             kind,
             gap_us,
-        } => Ok(engine::calibration_workload(calls, &kind, gap_us)),
+        } => Ok(superprof_probe::engine::calibration_workload(
+            calls, &kind, gap_us,
+        )),
         cli::Command::DemoWorkload { seconds } => {
             demo::workload(seconds);
             Ok(0)
         }
+    }
+}
+
+/// A probe engine's error, with the command's status kept where there was nothing to show.
+fn probe_error(e: superprof_probe::Error) -> anyhow::Error {
+    match e {
+        superprof_probe::Error::NothingToShow { why, status } => {
+            NothingToShow { why, status }.into()
+        }
+        e => e.into(),
     }
 }
 
@@ -198,14 +207,7 @@ impl std::error::Error for FailedAfter {}
 
 /// The error and its causes on one line.
 fn one_line(e: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
-        let s = cause.to_string();
-        if !parts.iter().any(|p| p.contains(&s)) {
-            parts.push(s);
-        }
-    }
-    parts.join(": ").replace('\n', " ")
+    superprof_unwind::one_line(e.as_ref())
 }
 
 /// The command superprof was to run and could not, if that is the error.

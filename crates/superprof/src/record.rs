@@ -37,10 +37,7 @@ pub struct Record {
 
 impl Record {
     pub fn from_args(a: RecordArgs) -> Record {
-        let target = match a.target.pid {
-            Some(pid) => Target::Pid(pid),
-            None => Target::Command(a.target.command),
-        };
+        let target = a.target.target();
         let sampler = SamplerConfig {
             frequency: a.frequency,
             stack_size: a.stack_size,

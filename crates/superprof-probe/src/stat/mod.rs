@@ -25,19 +25,46 @@ mod trace;
 mod uprobes;
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::fmt::Write;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use superprof_record::Target;
 use superprof_sample::{Counter, EventKind, EventSpec, Reading};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
-use crate::cli::StatArgs;
 use crate::engine::{Engine, EntryKind};
 use crate::region::{exe_bias, line_range, not_found, unique_function, Placement, RegionSpec};
-use crate::sys;
-use crate::NothingToShow;
+use crate::{bail, err, Context, EngineKind, Error, Result};
 use exits::*;
+
+pub use output::{render, uncertain_why};
+
+/// A `stat` run: what to count, where, on which engine.
+#[derive(Debug, Clone)]
+pub struct StatConfig {
+    /// Regions as the user writes them (see [`RegionSpec::parse`]).
+    pub regions: Vec<String>,
+    /// Events counted each in a group of its own (perf's names; none and no `groups`: a
+    /// default set).
+    pub events: Vec<String>,
+    /// Groups of events counted together, each `EVENT,EVENT,...`.
+    pub groups: Vec<String>,
+    /// The engine asked for (none: the fastest that reads every event).
+    pub engine: Option<EngineKind>,
+    pub target: Target,
+    pub duration: Option<Duration>,
+    /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while tracing.
+    pub stop: fn() -> bool,
+}
+
+/// What a `stat` run measured.
+pub struct Measured {
+    pub results: Results,
+    /// Exit status of a launched command.
+    pub exit: Option<ExitStatus>,
+    /// The command died of a signal inside a region.
+    pub signal_in_region: bool,
+}
 
 /// Totals of one event over a region's calls.
 #[derive(Debug, Clone, Default)]
@@ -242,7 +269,7 @@ fn default_events() -> (Vec<EventSpec>, Option<String>) {
     }
 }
 
-fn unsupported(spec: &EventSpec, e: &std::io::Error) -> anyhow::Error {
+fn unsupported(spec: &EventSpec, e: &std::io::Error) -> Error {
     let why = match e.raw_os_error() {
         Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) | Some(libc::EINVAL) => {
             "not supported by this CPU or VM (no hardware PMU?)".to_owned()
@@ -252,10 +279,12 @@ fn unsupported(spec: &EventSpec, e: &std::io::Error) -> anyhow::Error {
         }
         _ => e.to_string(),
     };
-    anyhow!("event '{}' cannot be counted: {why}", spec.name)
+    err!("event '{}' cannot be counted: {why}", spec.name)
 }
 
-fn list(kind: &str) -> Result<i32> {
+/// The events of `kind` (all, hardware, software, cache, tracepoint), each with whether it can
+/// be counted here, one per line.
+pub fn list_events(kind: &str) -> Result<String> {
     let kinds: Vec<EventKind> = match kind {
         "all" => vec![
             EventKind::Hardware,
@@ -269,30 +298,28 @@ fn list(kind: &str) -> Result<i32> {
         "tracepoint" => vec![EventKind::Tracepoint],
         other => bail!("unknown event kind '{other}': use hardware, software, cache or tracepoint"),
     };
-    // Written with `?`: a closed stdout (`--list | head`) is a broken pipe, not a panic.
-    let mut out = std::io::stdout();
+    let mut out = String::new();
     for k in kinds {
-        writeln!(out, "{k:?} events:")?;
+        writeln!(out, "{k:?} events:").expect("a String");
         for spec in EventSpec::all(k) {
             let status = match superprof_sample::probe(&spec) {
                 Ok(()) => "supported".to_owned(),
                 Err(e) => format!("not supported here ({e})"),
             };
-            writeln!(out, "  {:<28} {status}", spec.name)?;
+            writeln!(out, "  {:<28} {status}", spec.name).expect("a String");
         }
     }
-    writeln!(out, "Raw events: rNNNN (hex event code, e.g. r01c2)")?;
-    Ok(0)
+    writeln!(out, "Raw events: rNNNN (hex event code, e.g. r01c2)").expect("a String");
+    Ok(out)
 }
 
-/// (One function of 124 lines: the command's steps in order, each run once and feeding the next:
-/// regions and events parsed and checked, the session traced, each engine's cost measured, the
-/// results written.)
-pub fn run(args: &StatArgs) -> Result<i32> {
-    if let Some(kind) = &args.list {
-        return list(kind);
-    }
-    sys::install_stop_handler();
+/// Counts `args`' events in its regions while the target runs, with each engine's own cost
+/// measured and taken off the calls.
+///
+/// (One function of 110 lines: the command's steps in order, each run once and feeding the
+/// next: regions and events parsed and checked, the session traced, each engine's cost
+/// measured, the figures tallied.)
+pub fn measure(args: &StatConfig) -> Result<Measured> {
     if args.regions.is_empty() {
         bail!("give at least one region with -r FUNCTION or -r 0xSTART-0xEND");
     }
@@ -305,13 +332,13 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     let mut events: Vec<EventSpec> = Vec::new();
     let mut groups: Vec<(usize, usize)> = Vec::new(); // [start, end) of each group in `events`
     for e in &args.events {
-        events.push(EventSpec::parse(e).map_err(|m| anyhow!(m))?);
+        events.push(EventSpec::parse(e).map_err(crate::Error::Message)?);
         groups.push((events.len() - 1, events.len()));
     }
     for g in &args.groups {
         let start = events.len();
         for e in g.split(',').filter(|e| !e.is_empty()) {
-            events.push(EventSpec::parse(e).map_err(|m| anyhow!(m))?);
+            events.push(EventSpec::parse(e).map_err(crate::Error::Message)?);
         }
         groups.push((start, events.len()));
     }
@@ -335,16 +362,18 @@ pub fn run(args: &StatArgs) -> Result<i32> {
             }
         }
     }
-    if let Some(out) = &args.output {
-        superprof_resolve::check_text_output(out)?;
-    }
     let (engine, notice) = choose_engine(args.engine, &events)?;
     if let Some(n) = notice {
         superprof_unwind::say!("{n}");
     }
     let mut session = Session::new(engine, events, groups, user_only, specs);
     session.auto_engine = args.engine.is_none();
-    let (exit, signal_in_region) = session.trace(args.pid, &args.command, args.duration)?;
+    session.stop = args.stop;
+    let (pid, command) = match &args.target {
+        Target::Pid(pid) => (Some(*pid), &[][..]),
+        Target::Command(command) => (None, &command[..]),
+    };
+    let (exit, signal_in_region) = session.trace(pid, command, args.duration)?;
     // Each engine's own cost per call (measured now that the program's tracer is gone), taken
     // off each call it measured. Where it cannot be measured, the figures stay as measured.
     let mut costs = Vec::new();
@@ -393,24 +422,11 @@ pub fn run(args: &StatArgs) -> Result<i32> {
     results.engine = session.engine.name();
     results.lost_hits = session.lost_hits;
     tally(&mut results, &costs);
-    let text = output::render(&results, args.format, args.per_call)?;
-    let written = superprof_resolve::write_text(
-        args.output.as_deref(),
-        superprof_resolve::Console::of_run(args.pid.is_none()),
-        &text,
-    );
-    crate::FailedAfter::wrap(written.map_err(anyhow::Error::from), exit)?;
-    if let Some(status @ ExitStatus::Signal(_)) = exit {
-        superprof_unwind::say!(
-            "superprof: the command {status}{}",
-            if signal_in_region {
-                " inside a region; the counts above are those of the calls that returned"
-            } else {
-                ""
-            }
-        );
-    }
-    Ok(exit.map_or(0, |e| e.shell_code()))
+    Ok(Measured {
+        results,
+        exit,
+        signal_in_region,
+    })
 }
 
 /// What the in-process engine reads for an event (with system calls in the program): the
@@ -464,18 +480,17 @@ impl InProcessReading {
 /// The engine of a run: in-process where asked, or by default where it reads every event
 /// (x86_64 and AArch64); else a kernel engine ([`Engine::choose`]).
 fn choose_engine(
-    arg: Option<crate::cli::EngineArg>,
+    arg: Option<EngineKind>,
     events: &[EventSpec],
 ) -> Result<(Engine, Option<String>)> {
-    use crate::cli::EngineArg;
     let unreadable = events.iter().find(|e| InProcessReading::of(e).is_none());
     let built = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
     match arg {
-        Some(EngineArg::InProcess) if !built => bail!(
+        Some(EngineKind::InProcess) if !built => bail!(
             "the in-process engine is built for x86_64 and AArch64 only: use --engine uprobe or \
              --engine ptrace"
         ),
-        Some(EngineArg::InProcess) => match unreadable {
+        Some(EngineKind::InProcess) => match unreadable {
             Some(e) => bail!(
                 "the in-process engine reads task-clock, cpu-clock, page-faults, minor-faults, \
                  major-faults and context-switches, not '{}': use --engine uprobe or --engine ptrace",
@@ -656,6 +671,8 @@ struct Session {
     instant: std::collections::HashSet<usize>,
     /// This is the run that measures the engine's own cost.
     calibrating: bool,
+    /// Whether the caller was asked to stop (see [`StatConfig::stop`]).
+    stop: fn() -> bool,
     /// How the kernel runs each region's first instruction (uprobe engine).
     kinds: HashMap<usize, EntryKind>,
     /// The probes placed (uprobe engine), and their groups on each thread.
@@ -717,6 +734,7 @@ impl Session {
         Session {
             engine,
             calibrating: false,
+            stop: || false,
             kinds: HashMap::new(),
             auto_engine: false,
             engines_used: vec![engine],

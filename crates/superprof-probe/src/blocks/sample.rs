@@ -5,14 +5,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::{bail, err, Context, Result};
 use superprof_sample::SamplerConfig;
 use superprof_symbols::MappedFile;
 use superprof_trace::ExitStatus;
 
 use super::{rows, ElfCode, Placed, Report};
-use crate::cli::{BlocksArgs, BlocksMode};
-use crate::record;
+use super::{BlocksConfig, Mode};
 use crate::region::{line_range_in, RegionSpec};
 use superprof_record::{RecordConfig, SamplerKind, Target};
 
@@ -62,7 +61,7 @@ fn place_static(
                 );
             }
             let (m, f) = found.into_iter().next().ok_or_else(|| {
-                anyhow!("no function '{name}' in the program or the libraries it ran code of")
+                err!("no function '{name}' in the program or the libraries it ran code of")
             })?;
             Ok(Placed {
                 name: f.name.clone(),
@@ -99,22 +98,20 @@ fn place_static(
 /// (One function of 135 lines: one pass from the recording to the report: the samples' leaf
 /// addresses, the regions placed, then the samples counted per block; `ips`, `codes`, `symbols` and
 /// `claimed` pass from step to step, and the config and report literals are a third of it.)
-pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
-    let (target, exe) = match args.target.pid {
-        Some(pid) => (
+pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
+    let (target, exe) = match &args.target {
+        &Target::Pid(pid) => (
             Target::Pid(pid),
             std::fs::read_link(format!("/proc/{pid}/exe"))
                 .with_context(|| format!("no process with pid {pid}"))?,
         ),
-        None => {
-            let cmd = args
-                .target
-                .command
+        Target::Command(command) => {
+            let cmd = command
                 .first()
-                .ok_or_else(|| anyhow!("no command given after --"))?;
+                .ok_or_else(|| err!("no command given after --"))?;
             let exe = superprof_trace::resolve_command(cmd)
                 .ok_or_else(|| superprof_trace::CannotRun::not_found(cmd))?;
-            (Target::Command(args.target.command.clone()), exe)
+            (Target::Command(command.clone()), exe)
         }
     };
     let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
@@ -130,9 +127,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         },
         sampler_kind: SamplerKind::Perf,
         duration: args.duration,
-        ..record::record_config(target, SamplerConfig::default(), true)
+        stop: args.stop,
+        ..RecordConfig::new(target, SamplerConfig::default())
     };
-    let recorded = record::record(&cfg)?;
+    let recorded = superprof_record::record(&cfg)?;
     let profile = &recorded.profile;
     // The instruction pointer of each sample: its innermost user-space frame.
     let mut ips: HashMap<(PathBuf, u64), u64> = HashMap::new();
@@ -156,7 +154,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     let mut codes: HashMap<PathBuf, Option<ElfCode>> = HashMap::new();
     let mut symbols = superprof_symbols::Symbolizer::default();
     let regions: Vec<Placed> = if specs.is_empty() {
-        let code = ElfCode::open(&exe).ok_or_else(|| anyhow!("cannot read {}", exe.display()))?;
+        let code = ElfCode::open(&exe).ok_or_else(|| err!("cannot read {}", exe.display()))?;
         let lo = code.functions.iter().map(|f| f.addr).min().unwrap_or(0);
         let hi = code
             .functions
@@ -213,7 +211,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     let total: u64 = ips.values().sum::<u64>() + elsewhere;
     Ok((
         Report {
-            mode: BlocksMode::Sample,
+            mode: Mode::Sample,
             analyzer: None,
             regions,
             blocks,

@@ -11,10 +11,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use crate::{bail, EngineKind, Result};
 use superprof_sample::{ProbeDefinitions, ProbeEvent, ProbeSpec, UprobePmu};
-
-use crate::cli::EngineArg;
 
 #[derive(Debug, Clone, Copy)]
 pub enum Engine {
@@ -27,11 +25,11 @@ impl Engine {
     /// The engine asked for, else the fastest this machine allows (with why the faster ones
     /// cannot run, for a notice).
     /// The kernel engines (the callers decide on in-process first: it bails for it).
-    pub fn choose(arg: Option<EngineArg>) -> Result<(Engine, Option<String>)> {
+    pub fn choose(arg: Option<EngineKind>) -> Result<(Engine, Option<String>)> {
         match arg {
-            Some(EngineArg::InProcess) => bail!("the in-process engine cannot run here"),
-            Some(EngineArg::Ptrace) => Ok((Engine::Ptrace, None)),
-            Some(EngineArg::Uprobe) => match uprobe_usable() {
+            Some(EngineKind::InProcess) => bail!("the in-process engine cannot run here"),
+            Some(EngineKind::Ptrace) => Ok((Engine::Ptrace, None)),
+            Some(EngineKind::Uprobe) => match uprobe_usable() {
                 Ok(pmu) => Ok((Engine::Uprobe(pmu), None)),
                 Err(why) => bail!("the uprobe engine cannot run here: {why}"),
             },

@@ -2,12 +2,13 @@
 
 use std::fmt::Write;
 
-use anyhow::Result;
+/// Writing to a String fails only where a value's own Display does.
+type Result<T> = std::result::Result<T, std::fmt::Error>;
 use serde_json::json;
 use superprof_profile::escape;
 
 use super::Results;
-use crate::cli::StatFormat;
+use crate::Format;
 
 /// Why a region's count may be low by `n` (see [`Results::uncertain`]).
 pub fn uncertain_why(n: u64) -> String {
@@ -20,10 +21,10 @@ pub fn uncertain_why(n: u64) -> String {
 
 /// (One function of 221 lines: one match over the format and --per-call, each arm writing its whole
 /// document (JSON, CSV, the per-call rows, or the table with its notes) top to bottom.)
-pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String> {
+pub fn render(r: &Results, format: Format, per_call: bool) -> Result<String> {
     let mut out = String::new();
     match (format, per_call) {
-        (StatFormat::Json, _) => {
+        (Format::Json, _) => {
             let regions: Vec<_> = r
                 .regions
                 .iter()
@@ -93,7 +94,7 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 })
             )?;
         }
-        (StatFormat::Csv, false) => {
+        (Format::Csv, false) => {
             writeln!(
                 out,
                 "region,calls,event,total,mean,min,max,scaled,mean_error,below_resolution"
@@ -117,7 +118,7 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 }
             }
         }
-        (StatFormat::Csv, true) => {
+        (Format::Csv, true) => {
             writeln!(out, "region,tid,{}", r.events.join(","))?;
             for c in &r.per_call {
                 let vals: Vec<String> = c.values.iter().map(|v| format!("{v:.0}")).collect();
@@ -130,7 +131,7 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 )?;
             }
         }
-        (StatFormat::Table, true) => {
+        (Format::Table, true) => {
             writeln!(
                 out,
                 "{:<30} {:>8}  {}",
@@ -151,7 +152,7 @@ pub fn render(r: &Results, format: StatFormat, per_call: bool) -> Result<String>
                 )?;
             }
         }
-        (StatFormat::Table, false) => {
+        (Format::Table, false) => {
             // The engines, and their own cost per call (taken off every call).
             let used: Vec<String> = r
                 .engines

@@ -1,7 +1,7 @@
 //! Regions of a program, as `stat` and `blocks` take them: a function, an address range of the
 //! executable, or a range of source lines.
 
-use anyhow::{anyhow, bail, Result};
+use crate::{bail, err, Result};
 
 /// A region the user asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,9 +18,9 @@ impl RegionSpec {
         if let Some((a, b)) = s.split_once('-') {
             if let (Some(a), Some(b)) = (a.strip_prefix("0x"), b.strip_prefix("0x")) {
                 let a = u64::from_str_radix(a, 16)
-                    .map_err(|_| anyhow!("bad range '{s}': use 0xSTART-0xEND"))?;
+                    .map_err(|_| err!("bad range '{s}': use 0xSTART-0xEND"))?;
                 let b = u64::from_str_radix(b, 16)
-                    .map_err(|_| anyhow!("bad range '{s}': use 0xSTART-0xEND"))?;
+                    .map_err(|_| err!("bad range '{s}': use 0xSTART-0xEND"))?;
                 if a >= b {
                     bail!("bad range '{s}': the start must be below the end");
                 }
@@ -65,7 +65,7 @@ fn parse_lines(s: &str) -> Option<Result<RegionSpec>> {
         None => (f1, second),
     };
     let bad = || {
-        Some(Err(anyhow!(
+        Some(Err(err!(
             "bad range '{s}': use FILE:LINE-LINE or FILE:LINE-FILE:LINE"
         )))
     };

@@ -32,7 +32,7 @@ pub use superprof_analyze::patch;
 use superprof_analyze::patch::{Host, Patcher};
 use superprof_trace::Tracer;
 
-use crate::sys::SharedMemory;
+use crate::shm::SharedMemory;
 
 /// Trampoline bytes per area.
 const TRAMPOLINES: u64 = 1 << 20;

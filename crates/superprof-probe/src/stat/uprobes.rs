@@ -44,7 +44,7 @@ impl Session {
                 .map_or("", |r| r.name.as_str())
                 .to_owned();
             let spec = crate::engine::probe_at(pid, at)
-                .ok_or_else(|| anyhow!("region '{name}' is in no file: it cannot be probed"))?;
+                .ok_or_else(|| err!("region '{name}' is in no file: it cannot be probed"))?;
             // Its returns and tail calls, not a return probe: a uretprobe replaces the return
             // address on the stack, and a C++ exception unwinding through that frame then
             // finds no caller and terminates the program.
@@ -87,14 +87,14 @@ impl Session {
             }
             for x in exits.into_iter().filter(|&x| x != entry_probe) {
                 let spec = crate::engine::probe_at(pid, x).ok_or_else(|| {
-                    anyhow!("the returns of region '{name}' are in no file: they cannot be probed")
+                    err!("the returns of region '{name}' are in no file: they cannot be probed")
                 })?;
                 specs.push(spec);
                 roles.push(Role::Exit(region));
             }
             if let Some(end) = site.end.filter(|e| ends.insert(*e, ()).is_none()) {
                 let spec = crate::engine::probe_at(pid, end).ok_or_else(|| {
-                    anyhow!("the end of region '{name}' is in no file: it cannot be probed")
+                    err!("the end of region '{name}' is in no file: it cannot be probed")
                 })?;
                 specs.push(spec);
                 roles.push(Role::End(end));

@@ -1,16 +1,16 @@
-//! `superprof blocks`: which basic blocks run most.
+//! Which basic blocks run most (`superprof blocks`).
 //!
-//! Three modes share the region handling and the output:
-//! - `count` ([`trace`]): exact executions of every block of a region. In-process (the default
-//!   on x86_64), a jump to a counting trampoline replaces each block's start
+//! Three modes ([`Mode`]) share the region handling and the output:
+//! - `count` (trace.rs): exact executions of every block of a region. In-process (the default
+//!   on x86_64 and AArch64), a jump to a counting trampoline replaces each block's start
 //!   ([`crate::inprocess`]); on uprobes, a counting uprobe sits on each. On ptrace,
-//!   breakpoints sit at the
-//!   entry of the region and at the last instruction of each block execution reaches; a thread
-//!   that stops at a block's end is single-stepped, and where its pc lands starts the next
-//!   block. The dynamic code analyzer (decode or learn) says where each block ends.
-//! - `coverage` ([`trace`]): a one-shot breakpoint at the start of every block, removed at
+//!   breakpoints sit at the entry of the region and at the last instruction of each block
+//!   execution reaches; a thread that stops at a block's end is single-stepped, and where its
+//!   pc lands starts the next block. The dynamic code analyzer (decode or learn) says where
+//!   each block ends.
+//! - `coverage` (trace.rs): a one-shot breakpoint at the start of every block, removed at
 //!   its first hit.
-//! - `sample` ([`sample`]): the perf sampler's instruction pointers, attributed to the
+//! - `sample` (sample.rs): the perf sampler's instruction pointers, attributed to the
 //!   statically decoded blocks that contain them.
 
 mod count;
@@ -19,16 +19,60 @@ mod sample;
 mod trace;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::{bail, err, Context, Result};
 use superprof_analyze::AnalyzerStats;
 use superprof_symbols::MappedFile;
 use superprof_trace::ExitStatus;
 
 pub use superprof_analyze::ElfCode;
 
-use crate::cli::{BlocksArgs, BlocksMode};
 use crate::region::{exe_bias, line_range, unique_function, RegionSpec};
+use crate::EngineKind;
+use superprof_record::Target;
+
+pub use output::render;
+
+/// What `blocks` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Exact executions of every block of the regions.
+    Count,
+    /// Which blocks ran at all.
+    Coverage,
+    /// Samples of the instruction pointer, attributed to the blocks that hold them.
+    Sample,
+}
+
+/// How the ptrace engine learns where a block ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnalyzerKind {
+    /// From the decoded instructions (exact).
+    Decode,
+    /// By trying instructions out in a lab.
+    Learn,
+}
+
+/// A `blocks` run.
+#[derive(Debug, Clone)]
+pub struct BlocksConfig {
+    /// Regions as the user writes them (see [`RegionSpec::parse`]); none: the whole
+    /// executable (coverage, sample).
+    pub regions: Vec<String>,
+    pub mode: Mode,
+    pub analyzer: AnalyzerKind,
+    /// Single-step every block end (ptrace) instead of working branches out.
+    pub step_branches: bool,
+    /// The engine asked for (none: in-process where built, else ptrace).
+    pub engine: Option<EngineKind>,
+    /// Sample mode's sampling rate.
+    pub frequency: u32,
+    pub duration: Option<Duration>,
+    pub target: Target,
+    /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while running.
+    pub stop: fn() -> bool,
+}
 
 /// A region placed in the process: runtime addresses [lo, hi) in `file`.
 #[derive(Debug, Clone)]
@@ -69,7 +113,7 @@ pub struct BlockRow {
 
 /// Everything `blocks` prints.
 pub struct Report {
-    pub mode: BlocksMode,
+    pub mode: Mode,
     pub analyzer: Option<(&'static str, AnalyzerStats)>,
     pub regions: Vec<Placed>,
     /// Hottest first.
@@ -89,22 +133,20 @@ pub struct Report {
     pub breakpoint_blocks: usize,
 }
 
-pub fn run(args: &BlocksArgs) -> Result<i32> {
-    crate::sys::install_stop_handler();
+/// Runs the target with `args`' regions counted, covered or sampled; the blocks hottest
+/// first, and the launched command's status.
+pub fn measure(args: &BlocksConfig) -> Result<(Report, Option<ExitStatus>)> {
     let specs: Vec<RegionSpec> = args
         .regions
         .iter()
         .map(|r| RegionSpec::parse(r))
         .collect::<Result<_>>()?;
-    if specs.is_empty() && args.mode == BlocksMode::Count {
+    if specs.is_empty() && args.mode == Mode::Count {
         bail!("--mode count needs a region: give one with -r FUNCTION, -r 0xSTART-0xEND or -r FILE:LINE-LINE");
     }
-    if let Some(out) = &args.output {
-        superprof_resolve::check_text_output(out)?;
-    }
     let (mut report, exit) = match args.mode {
-        BlocksMode::Count | BlocksMode::Coverage => trace::run(args, &specs)?,
-        BlocksMode::Sample => sample::run(args, &specs)?,
+        Mode::Count | Mode::Coverage => trace::run(args, &specs)?,
+        Mode::Sample => sample::run(args, &specs)?,
     };
     report
         .blocks
@@ -117,14 +159,7 @@ pub fn run(args: &BlocksArgs) -> Result<i32> {
             s.mispredicted
         );
     }
-    let text = output::render(&report, args.format, args.annotate)?;
-    let written =
-        superprof_resolve::write_text(args.output.as_deref(), args.target.console(), &text);
-    crate::FailedAfter::wrap(written.map_err(anyhow::Error::from), exit)?;
-    if let Some(status @ ExitStatus::Signal(_)) = exit {
-        superprof_unwind::say!("superprof: the command {status}");
-    }
-    Ok(exit.map_or(0, |e| e.shell_code()))
+    Ok((report, exit))
 }
 
 /// The mapped file that holds runtime address `addr`.
@@ -144,7 +179,7 @@ fn exe_file(pid: u32) -> Result<MappedFile> {
     superprof_symbols::mapped_files(pid)?
         .into_iter()
         .find(|f| f.path == exe)
-        .ok_or_else(|| anyhow!("cannot find the executable's load address"))
+        .ok_or_else(|| err!("cannot find the executable's load address"))
 }
 
 /// Places region `spec` in `pid`. Ok(None): a function not found (yet). `substrings`: a
@@ -169,7 +204,7 @@ fn place(
             let file = superprof_symbols::mapped_files(pid)?
                 .into_iter()
                 .find(|m| m.path == f.module)
-                .ok_or_else(|| anyhow!("cannot find where {} is loaded", f.module.display()))?;
+                .ok_or_else(|| err!("cannot find where {} is loaded", f.module.display()))?;
             Some(Placed {
                 name: f.name.clone(),
                 lo: f.addr,
@@ -194,7 +229,7 @@ fn place(
                     spec.label()
                 );
             };
-            let file = file_at(pid, lo).ok_or_else(|| anyhow!("no file maps {lo:#x}"))?;
+            let file = file_at(pid, lo).ok_or_else(|| err!("no file maps {lo:#x}"))?;
             Some(Placed {
                 name: spec.label(),
                 lo,
@@ -206,10 +241,10 @@ fn place(
 }
 
 /// The error for a region that was never placed.
-fn not_found(pid: u32, spec: &RegionSpec) -> anyhow::Error {
+fn not_found(pid: u32, spec: &RegionSpec) -> crate::Error {
     match spec {
-        RegionSpec::Function(name) => anyhow!("{}", crate::region::not_found(pid, name)),
-        _ => anyhow!("region {} was not found", spec.label()),
+        RegionSpec::Function(name) => err!("{}", crate::region::not_found(pid, name)),
+        _ => err!("region {} was not found", spec.label()),
     }
 }
 
@@ -217,7 +252,7 @@ fn not_found(pid: u32, spec: &RegionSpec) -> anyhow::Error {
 fn whole_executable(pid: u32) -> Result<Placed> {
     let file = exe_file(pid)?;
     let code = ElfCode::open(&file.open_path)
-        .ok_or_else(|| anyhow!("cannot read {}", file.path.display()))?;
+        .ok_or_else(|| err!("cannot read {}", file.path.display()))?;
     let lo = code.functions.iter().map(|f| f.addr).min();
     let hi = code.functions.iter().map(|f| f.addr + f.size).max();
     let (Some(lo), Some(hi)) = (lo, hi) else {

@@ -79,7 +79,7 @@ impl Session {
             });
             // (The calibration run ends by itself, even after a stop signal: within its
             // deadline.)
-            let stop = sys::stop_requested() && !self.calibrating;
+            let stop = (self.stop)() && !self.calibrating;
             if stop || duration.is_some_and(|d| start.elapsed() >= d) {
                 break;
             }
@@ -229,11 +229,10 @@ impl Session {
             match exit.or(killed) {
                 // A region never found: said, and the command's status is superprof's.
                 Some(status) if launched => {
-                    return Err(NothingToShow {
+                    return Err(Error::NothingToShow {
                         why: self.first_missing(),
                         status,
-                    }
-                    .into())
+                    })
                 }
                 _ => bail!("{}", self.first_missing()),
             }

@@ -19,16 +19,17 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use crate::{bail, err, Result};
 use superprof_analyze::{Analyzer, Arch, Block, Decode, Learn};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use super::count::Counts;
 use super::{place, rows, whole_executable, ElfCode, Placed, Report};
-use crate::cli::{AnalyzerArg, BlocksArgs, BlocksMode, EngineArg};
+use super::{AnalyzerKind, BlocksConfig, Mode};
 use crate::engine::Engine;
 use crate::region::{Placement, RegionSpec};
-use crate::sys;
+use crate::{EngineKind, Error};
+use superprof_record::Target;
 
 /// What a run keeps: the regions as placed, and the count or coverage state.
 struct Session<'a> {
@@ -130,7 +131,7 @@ impl Session<'_> {
                 None => Bounds::WholeExecutable,
             };
             prove(code.as_ref(), &p, bounds)
-                .map_err(|why| anyhow!("region '{}': {why}; nothing was probed", p.name))?;
+                .map_err(|why| err!("region '{}': {why}; nothing was probed", p.name))?;
             self.symbols.preload(&p.file.path, &p.file.open_path);
             self.arm(tracer, tid, pid, i, &p, code.as_ref())?;
             self.codes[i] = code;
@@ -419,11 +420,11 @@ impl Session<'_> {
     }
 
     /// The error for the first region never placed.
-    fn missing(&self, pid: u32) -> Option<anyhow::Error> {
+    fn missing(&self, pid: u32) -> Option<crate::Error> {
         let i = self.regions.iter().position(|r| r.is_none())?;
         Some(match self.specs.get(i) {
             Some(spec) => super::not_found(pid, spec),
-            None => anyhow::anyhow!("the program ended before its executable could be read"),
+            None => err!("the program ended before its executable could be read"),
         })
     }
 
@@ -608,17 +609,17 @@ const IN_PROCESS_BUILT: bool = cfg!(any(target_arch = "x86_64", target_arch = "a
 /// (One function of 182 lines: the engine chosen, the Session set out field by field, one event
 /// loop whose arms call the Session's methods, then the ending in its order; `tracer`, `launched`,
 /// `place_at_stop` and `exit` run through all four.)
-pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
+pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<ExitStatus>)> {
     // In-process unless another is asked for (x86_64 and AArch64; elsewhere ptrace). Not uprobes: each
     // costs about 75 ms to remove on this VM (the kernel waits a grace period for each), one
     // per block, which outweighs the stops a short run saves (see docs/benchmarks.md).
     // The analyzer's options are the ptrace engine's.
-    let ptrace_asked = args.analyzer == AnalyzerArg::Learn || args.step_branches;
+    let ptrace_asked = args.analyzer == AnalyzerKind::Learn || args.step_branches;
     let (engine, auto_engine) = match args.engine {
         None if IN_PROCESS_BUILT && !ptrace_asked => (Engine::InProcess, true),
         None => (Engine::Ptrace, false),
-        Some(EngineArg::InProcess) if IN_PROCESS_BUILT => (Engine::InProcess, false),
-        Some(EngineArg::InProcess) => {
+        Some(EngineKind::InProcess) if IN_PROCESS_BUILT => (Engine::InProcess, false),
+        Some(EngineKind::InProcess) => {
             bail!("the in-process engine is built for x86_64 and AArch64 only: use --engine ptrace")
         }
         some => (Engine::choose(some)?.0, false),
@@ -639,25 +640,25 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
         guard_sigtrap: matches!(engine, Engine::Ptrace),
         ..TraceOptions::default()
     };
-    let (mut tracer, launched) = match args.target.pid {
-        Some(pid) => (Tracer::attach(pid, opts)?, false),
-        None => (Tracer::spawn(&args.target.command, opts)?, true),
+    let (mut tracer, launched) = match &args.target {
+        &Target::Pid(pid) => (Tracer::attach(pid, opts)?, false),
+        Target::Command(command) => (Tracer::spawn(command, opts)?, true),
     };
     let root = tracer.root();
     let analyzer: Box<dyn Analyzer> = match args.analyzer {
-        AnalyzerArg::Decode => Box::new(Decode::new(Arch::HOST)),
-        AnalyzerArg::Learn => Box::new(Learn::new(Arch::HOST, true)),
+        AnalyzerKind::Decode => Box::new(Decode::new(Arch::HOST)),
+        AnalyzerKind::Learn => Box::new(Learn::new(Arch::HOST, true)),
     };
     let n = specs.len().max(1);
     let mut s = Session {
         specs,
-        coverage: args.mode == BlocksMode::Coverage,
+        coverage: args.mode == Mode::Coverage,
         symbols: superprof_symbols::Symbolizer::default(),
         regions: vec![None; n],
         codes: (0..n).map(|_| None).collect(),
         counts: Counts::new(
             analyzer,
-            args.analyzer == AnalyzerArg::Decode && !args.step_branches,
+            args.analyzer == AnalyzerKind::Decode && !args.step_branches,
         ),
         cover: HashMap::new(),
         cover_blocks: vec![Vec::new(); n],
@@ -701,7 +702,7 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     let mut progress = superprof_resolve::progress::Progress::new(true);
     loop {
         progress.update(|| s.so_far());
-        if sys::stop_requested() || duration.is_some_and(|d| start.elapsed() >= d) {
+        if (args.stop)() || duration.is_some_and(|d| start.elapsed() >= d) {
             break;
         }
         let Some(ev) = tracer.next_event(Duration::from_millis(50))? else {
@@ -751,11 +752,10 @@ pub fn run(args: &BlocksArgs, specs: &[RegionSpec]) -> Result<(Report, Option<Ex
     if let Some(e) = s.missing(root) {
         return match exit.or(killed) {
             // A region never found: said, and the command's status is superprof's.
-            Some(status) if launched => Err(crate::NothingToShow {
-                why: crate::one_line(&e),
+            Some(status) if launched => Err(Error::NothingToShow {
+                why: superprof_unwind::one_line(&e),
                 status,
-            }
-            .into()),
+            }),
             _ => Err(e),
         };
     }

@@ -30,7 +30,7 @@ impl Session {
         if crate::engine::is_calibration_region(&region.name) {
             return Ok(()); // superprof's own code, which it wrote
         }
-        let refuse = |why: String| anyhow!("region '{}': {why}; nothing was probed", region.name);
+        let refuse = |why: String| err!("region '{}': {why}; nothing was probed", region.name);
         for &(at, site) in &region.sites {
             let (code, bias) =
                 code_at(&mut self.codes, pid, at).map_err(|e| refuse(format!("{at:#x}: {e}")))?;

@@ -3,19 +3,21 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use anyhow::Result;
+/// Writing to a String fails only where a value's own Display does.
+type Result<T> = std::result::Result<T, std::fmt::Error>;
 use serde_json::json;
 use superprof_profile::escape;
 
+use super::Mode;
 use super::{BlockRow, ElfCode, Report};
-use crate::cli::{BlocksFormat, BlocksMode};
+use crate::Format;
 use superprof_analyze::Isa;
 
-fn mode_name(m: BlocksMode) -> &'static str {
+fn mode_name(m: Mode) -> &'static str {
     match m {
-        BlocksMode::Count => "count",
-        BlocksMode::Coverage => "coverage",
-        BlocksMode::Sample => "sample",
+        Mode::Count => "count",
+        Mode::Coverage => "coverage",
+        Mode::Sample => "sample",
     }
 }
 
@@ -34,7 +36,7 @@ fn short_location(b: &BlockRow) -> String {
 /// (One function of 239 lines: one match over the formats, each arm writing its whole document
 /// (JSON, CSV, or the table with its summary lines) top to bottom from the same `total` and
 /// `share`.)
-pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String> {
+pub fn render(r: &Report, format: Format, annotate: bool) -> Result<String> {
     let total: u64 = r.blocks.iter().map(|b| b.count).sum();
     let share = |n: u64| {
         if total == 0 {
@@ -43,10 +45,10 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             100.0 * n as f64 / total as f64
         }
     };
-    let coverage = r.mode == BlocksMode::Coverage;
+    let coverage = r.mode == Mode::Coverage;
     let mut out = String::new();
     match format {
-        BlocksFormat::Json => {
+        Format::Json => {
             let blocks: Vec<_> = r
                 .blocks
                 .iter()
@@ -109,9 +111,9 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 doc["breakpoint_blocks"] = json!(r.breakpoint_blocks);
             }
             match r.mode {
-                BlocksMode::Sample => doc["samples_elsewhere"] = json!(r.samples_elsewhere),
-                BlocksMode::Coverage => doc["stops"] = json!(r.stops),
-                BlocksMode::Count => {
+                Mode::Sample => doc["samples_elsewhere"] = json!(r.samples_elsewhere),
+                Mode::Coverage => doc["stops"] = json!(r.stops),
+                Mode::Count => {
                     doc["stops"] = json!(r.stops);
                     doc["branches_emulated"] = json!(r.emulated);
                 }
@@ -119,10 +121,10 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
             if coverage {
                 doc["blocks_hit"] = json!(r.blocks.iter().filter(|b| b.hit == Some(true)).count());
             }
-            out = serde_json::to_string_pretty(&doc)?;
+            out = serde_json::to_string_pretty(&doc).map_err(|_| std::fmt::Error)?;
             out.push('\n');
         }
-        BlocksFormat::Csv => {
+        Format::Csv => {
             out.push_str("start,end,function,file,line,instructions,count,share,module");
             out.push_str(if coverage { ",hit\n" } else { "\n" });
             for b in &r.blocks {
@@ -145,7 +147,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 out.push('\n');
             }
         }
-        BlocksFormat::Table => {
+        Format::Table => {
             for p in &r.regions {
                 let _ = writeln!(
                     out,
@@ -157,9 +159,9 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 );
             }
             let what = match r.mode {
-                BlocksMode::Count => "executions",
-                BlocksMode::Coverage => "hit",
-                BlocksMode::Sample => "samples",
+                Mode::Count => "executions",
+                Mode::Coverage => "hit",
+                Mode::Sample => "samples",
             };
             let _ = writeln!(
                 out,
@@ -185,7 +187,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                 );
             }
             match r.mode {
-                BlocksMode::Coverage => {
+                Mode::Coverage => {
                     let hit = r.blocks.iter().filter(|b| b.hit == Some(true)).count();
                     let how = match r.engine {
                         Some("uprobe") => "counted by uprobes".to_owned(),
@@ -203,7 +205,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                         },
                     );
                 }
-                BlocksMode::Count if r.engine == Some("in-process") => {
+                Mode::Count if r.engine == Some("in-process") => {
                     let _ = writeln!(
                         out,
                         "{} blocks, {total} block executions; {}",
@@ -211,7 +213,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                         in_process(r)
                     );
                 }
-                BlocksMode::Count if r.engine == Some("uprobe") => {
+                Mode::Count if r.engine == Some("uprobe") => {
                     let _ = writeln!(
                         out,
                         "{} blocks, {total} block executions; counted by uprobes (the program \
@@ -219,7 +221,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                         r.blocks.len(),
                     );
                 }
-                BlocksMode::Count => {
+                Mode::Count => {
                     let _ = writeln!(
                         out,
                         "{} blocks, {total} block executions; {} ptrace stops, {} branches worked \
@@ -229,7 +231,7 @@ pub fn render(r: &Report, format: BlocksFormat, annotate: bool) -> Result<String
                         r.emulated
                     );
                 }
-                BlocksMode::Sample => {
+                Mode::Sample => {
                     let _ = writeln!(
                         out,
                         "{} blocks, {total} samples in the regions, {} elsewhere",
@@ -303,7 +305,7 @@ fn annotated(r: &Report) -> String {
         );
         let ranges: Vec<(String, u64, u64)> = if p.name.contains('/')
             || code.functions_in(lo, hi).count() <= 1
-            || r.mode == BlocksMode::Count
+            || r.mode == Mode::Count
         {
             vec![(p.name.clone(), lo, hi)]
         } else {
@@ -338,7 +340,7 @@ fn annotated(r: &Report) -> String {
                     continue;
                 };
                 let margin = match by_start.get(&(p.file.path.as_path(), at)) {
-                    Some(b) if r.mode == BlocksMode::Coverage => {
+                    Some(b) if r.mode == Mode::Coverage => {
                         if b.hit == Some(true) { "hit" } else { "-" }.to_owned()
                     }
                     Some(b) => b.count.to_string(),
