@@ -37,6 +37,7 @@ mod aarch64;
 mod analyzer;
 pub mod elf_code;
 mod emulate;
+mod lab;
 mod learn;
 pub mod patch;
 mod x86;
@@ -44,6 +45,7 @@ mod x86;
 pub use analyzer::{Analyzer, AnalyzerStats, BlockEnd, Decode, Probed};
 pub use elf_code::ElfCode;
 pub use emulate::{x86_branch, Taken, X86Regs};
+pub use lab::Lab;
 pub use learn::Learn;
 
 pub use superprof_unwind::Arch;

@@ -29,8 +29,10 @@
 #![deny(missing_docs)]
 
 mod gdb;
+pub mod profile;
 mod qmp;
 pub mod sampler;
+pub mod session;
 pub mod tdesc;
 
 pub use gdb::Gdb;

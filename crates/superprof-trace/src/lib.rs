@@ -43,10 +43,10 @@
 
 pub mod blocked;
 mod janitor;
-mod lab;
 mod launch;
 mod names;
 mod posix;
+pub mod raw;
 pub mod sampler;
 mod sigtrap;
 mod status;
@@ -55,7 +55,6 @@ mod syscall_tables;
 pub mod syscalls;
 mod tracer;
 
-pub use lab::Lab;
 pub use launch::{
     inherited_ignored, kill, launched_a_command, note_inherited_signals, proc_stat_fields,
     process_alive, process_tree_cpu_time, reset_signals_for_exec, resolve_command, try_wait,

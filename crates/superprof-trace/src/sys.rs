@@ -18,6 +18,7 @@ fn ptrace(req: libc::c_uint, tid: u32, addr: usize, data: usize) -> io::Result<l
     check(unsafe { libc::ptrace(req, tid as libc::pid_t, addr, data) })
 }
 
+/// PTRACE_O_TRACESYSGOOD: system-call stops report SIGTRAP | 0x80.
 pub const PTRACE_O_TRACESYSGOOD: usize = 1;
 pub const PTRACE_O_TRACEFORK: usize = 1 << 1;
 pub const PTRACE_O_TRACEVFORK: usize = 1 << 2;
@@ -508,6 +509,7 @@ pub fn set_pc(tid: u32, pc: u64) -> io::Result<()> {
     set_raw_regs(tid, &r)
 }
 
+/// Resumes stopped thread `tid` for one instruction, delivering `sig` (0: none).
 pub fn single_step(tid: u32, sig: i32) -> io::Result<()> {
     ptrace(libc::PTRACE_SINGLESTEP, tid, 0, sig as usize).map(drop)
 }
@@ -768,6 +770,7 @@ pub fn syscall_result(r: &RawRegs) -> i64 {
 /// The full user register set of a stopped thread (`user_regs_struct` of this architecture).
 pub type RawRegs = libc::user_regs_struct;
 
+/// The general registers of stopped thread `tid` (x86_64: PTRACE_GETREGS).
 #[cfg(target_arch = "x86_64")]
 pub fn raw_regs(tid: u32) -> io::Result<RawRegs> {
     // SAFETY: user_regs_struct is plain old data; zero is a valid value.

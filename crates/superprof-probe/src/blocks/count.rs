@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use superprof_analyze::{Analyzer, Arch, BlockEnd, Isa};
-use superprof_trace::{Lab, Tracer};
+use superprof_analyze::{Analyzer, Arch, BlockEnd, Isa, Lab};
+use superprof_trace::Tracer;
 
 /// Why a thread is being single-stepped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,10 +15,9 @@ use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use superprof_analyze::Probed;
+use superprof_trace::raw::{self, RawRegs};
 
-use crate::posix;
-use crate::sys::{self, RawRegs};
+use crate::Probed;
 
 /// Pages of code the lab holds at most before it unmaps them all and starts again.
 const MAX_PAGES: usize = 4096;
@@ -95,12 +94,12 @@ const CONDITION_BITS: &[u32] = &[28, 29, 30, 31];
 impl Lab {
     /// Makes the lab. Fails where superprof cannot fork or trace its own child.
     pub fn new() -> io::Result<Lab> {
-        let pid = posix::fork_stopped_tracee()?;
+        let pid = raw::fork_stopped_tracee()?;
         let mut lab = match Lab::adopt(pid) {
             Ok(lab) => lab,
             Err(e) => {
-                posix::kill(pid, libc::SIGKILL);
-                let _ = posix::waitpid(pid, false);
+                raw::kill(pid, libc::SIGKILL);
+                let _ = raw::waitpid(pid, false);
                 return Err(e);
             }
         };
@@ -116,13 +115,13 @@ impl Lab {
                 "the lab stopped with signal {status}"
             )));
         }
-        sys::set_options(pid, sys::PTRACE_O_EXITKILL | sys::PTRACE_O_TRACESYSGOOD)?;
-        let base = sys::raw_regs(pid)?;
+        raw::set_options(pid, raw::PTRACE_O_EXITKILL | raw::PTRACE_O_TRACESYSGOOD)?;
+        let base = raw::raw_regs(pid)?;
         // It stopped right after its own kill system call: the instruction before its pc.
-        let insn = sys::SYSCALL_INSN;
-        let gadget = sys::pc_of(&base).wrapping_sub(insn.len() as u64);
+        let insn = raw::SYSCALL_INSN;
+        let gadget = raw::pc_of(&base).wrapping_sub(insn.len() as u64);
         let mut code = vec![0u8; insn.len()];
-        if sys::read_memory(pid, gadget, &mut code) != insn.len() || code != insn {
+        if raw::read_memory(pid, gadget, &mut code) != insn.len() || code != insn {
             return Err(io::Error::other(
                 "the lab's stop is not after a system call",
             ));
@@ -162,7 +161,7 @@ impl Lab {
             return Err(io::Error::from_raw_os_error(-home as i32));
         }
         let home = home as u64;
-        self.mem.write_all_at(sys::SYSCALL_INSN, home)?;
+        self.mem.write_all_at(raw::SYSCALL_INSN, home)?;
         self.gadget = home;
         self.home = home;
         // The system call instruction out of the runs' reach.
@@ -177,7 +176,7 @@ impl Lab {
         self.syscall(CLOSE_RANGE, [0, u32::MAX as u64, 0, 0, 0, 0])?;
         // The kernel writes to a registered restartable-sequences area when the lab returns
         // to user space; unmapped, that write would kill it: unregister it first.
-        if let Some((area, size, signature)) = sys::rseq_configuration(self.pid) {
+        if let Some((area, size, signature)) = raw::rseq_configuration(self.pid) {
             const RSEQ_FLAG_UNREGISTER: u64 = 1;
             let r = self.syscall(
                 nr::RSEQ,
@@ -234,15 +233,15 @@ impl Lab {
             r.regs[8] = nr;
             r.regs[..6].copy_from_slice(&args);
         }
-        sys::set_regs_outside_syscall(self.pid, &r)?;
-        sys::single_step(self.pid, 0)?;
+        raw::set_regs_outside_syscall(self.pid, &r)?;
+        raw::single_step(self.pid, 0)?;
         let sig = wait_stop(self.pid)?;
         if sig != libc::SIGTRAP {
             return Err(io::Error::other(format!(
                 "a system call ({nr}) in the lab stopped with signal {sig}"
             )));
         }
-        Ok(sys::syscall_result(&sys::raw_regs(self.pid)?))
+        Ok(raw::syscall_result(&raw::raw_regs(self.pid)?))
     }
 
     /// Maps the pages of `[addr, addr + len)` in the lab, if they are not yet.
@@ -281,7 +280,7 @@ impl Lab {
 
     /// Whether the lab still runs (it stops for superprof).
     pub fn alive(&self) -> bool {
-        matches!(posix::waitpid(self.pid, true), Ok(None))
+        matches!(raw::waitpid(self.pid, true), Ok(None))
     }
 
     /// Runs the instruction whose bytes start `code` (`len` bytes long) at `addr` and says
@@ -295,7 +294,7 @@ impl Lab {
     pub fn probe(&mut self, addr: u64, code: &[u8], len: u64) -> io::Result<Probed> {
         // Superprof and the lab hand the CPU to each other at every run: on one CPU, with no
         // wakeup across CPUs, a run costs a third of the time.
-        let _pin = posix::pin_with(self.pid);
+        let _pin = raw::pin_with(self.pid);
         self.map(addr, code.len() as u64)?;
         self.mem.write_all_at(code, addr)?;
         let next = addr.wrapping_add(len);
@@ -373,14 +372,14 @@ impl Lab {
         // trap before it runs anything. An instruction that really stays on itself (a `rep`
         // string instruction, an iteration each step) stays again.
         for _ in 0..2 {
-            sys::set_regs_outside_syscall(self.pid, &r)?;
-            sys::sysemu_step(self.pid)?;
+            raw::set_regs_outside_syscall(self.pid, &r)?;
+            raw::sysemu_step(self.pid)?;
             let sig = wait_stop(self.pid)?;
             if sig == libc::SIGTRAP | 0x80 {
                 return Ok(Trial::Syscall);
             }
-            let after = sys::raw_regs(self.pid)?;
-            let pc = sys::pc_of(&after);
+            let after = raw::raw_regs(self.pid)?;
+            let pc = raw::pc_of(&after);
             if sig != libc::SIGTRAP && pc == addr {
                 return Ok(Trial::Fault);
             }
@@ -409,7 +408,7 @@ fn same_regs(a: &RawRegs, b: &RawRegs) -> bool {
 /// Waits for the lab to stop; its stop signal. An error if it ended.
 fn wait_stop(pid: u32) -> io::Result<i32> {
     loop {
-        match posix::waitpid(pid, false) {
+        match raw::waitpid(pid, false) {
             Ok(Some(status)) if status & 0xff == 0x7f => return Ok((status >> 8) & 0xff),
             Ok(Some(status)) => {
                 return Err(io::Error::other(format!(
@@ -425,8 +424,8 @@ fn wait_stop(pid: u32) -> io::Result<i32> {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        posix::kill(self.pid, libc::SIGKILL);
-        let _ = posix::waitpid(self.pid, false);
+        raw::kill(self.pid, libc::SIGKILL);
+        let _ = raw::waitpid(self.pid, false);
     }
 }
 
