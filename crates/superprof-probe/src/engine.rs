@@ -84,7 +84,9 @@ fn uprobe_usable() -> Result<UprobePmu, String> {
 /// uprobe engine's cost per call depends on it, so it is measured on a region of each kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EntryKind {
+    /// The kernel emulates the instruction (no single step out of line).
     Emulated,
+    /// The kernel single-steps a copy of it out of line.
     Stepped,
 }
 
@@ -118,6 +120,7 @@ impl EntryKind {
         }
     }
 
+    /// Its name in the output and in `__stat-calibration`'s arguments.
     pub fn name(self) -> &'static str {
         match self {
             EntryKind::Emulated => "emulated",

@@ -1,11 +1,12 @@
 //! Regions of a program, as `stat` and `blocks` take them: a function, an address range of the
 //! executable, or a range of source lines.
 
-use crate::{bail, err, Result};
+use crate::{bail, err, Context, Result};
 
 /// A region the user asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegionSpec {
+    /// A function by name (exact, else a unique substring).
     Function(String),
     /// ELF virtual addresses of the executable, END exclusive.
     Range(u64, u64),
@@ -14,6 +15,7 @@ pub enum RegionSpec {
 }
 
 impl RegionSpec {
+    /// Reads `0xSTART-0xEND`, `FILE:LINE-LINE`, `FILE:LINE-FILE:LINE`, else a function name.
     pub fn parse(s: &str) -> Result<RegionSpec> {
         if let Some((a, b)) = s.split_once('-') {
             if let (Some(a), Some(b)) = (a.strip_prefix("0x"), b.strip_prefix("0x")) {
@@ -39,6 +41,7 @@ impl RegionSpec {
         Ok(RegionSpec::Function(s.to_owned()))
     }
 
+    /// The region as the user wrote it (a canonical spelling).
     pub fn label(&self) -> String {
         match self {
             RegionSpec::Function(f) => f.clone(),
@@ -163,6 +166,63 @@ pub fn unique_function(
         ),
         other => Ok(other),
     }
+}
+
+/// A region found in a process: runtime addresses `[lo, hi)` (a function without a size in its
+/// symbol table: `hi == lo`).
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// The function's own name (a region given by a substring of it), else the spec's label.
+    pub name: String,
+    pub lo: u64,
+    pub hi: u64,
+    /// The function a function region is.
+    pub function: Option<superprof_symbols::FunctionAddress>,
+}
+
+/// Where region `spec` is in process `pid`, the one turning of a spec into addresses that
+/// `stat` and `blocks` share: a function by [`unique_function`] (`substrings` as there), source
+/// lines by [`line_range`], an address range moved by the executable's load bias. Ok(None): a
+/// function or source lines not found (yet: in a library not loaded).
+pub fn find(
+    pid: u32,
+    spec: &RegionSpec,
+    symbols: &mut superprof_symbols::Symbolizer,
+    substrings: bool,
+) -> Result<Option<Found>> {
+    Ok(match spec {
+        RegionSpec::Function(name) => unique_function(pid, name, substrings)?.map(|f| Found {
+            name: f.name.clone(),
+            lo: f.addr,
+            hi: f.addr.saturating_add(f.size),
+            function: Some(f),
+        }),
+        RegionSpec::Lines(f1, l1, f2, l2) => {
+            line_range(symbols, pid, (f1, *l1), (f2, *l2)).map(|(lo, hi)| Found {
+                name: spec.label(),
+                lo,
+                hi,
+                function: None,
+            })
+        }
+        RegionSpec::Range(a, b) => {
+            let bias = exe_bias(pid).context("cannot find the executable's load address")?;
+            Some(Found {
+                name: spec.label(),
+                lo: a.wrapping_add(bias),
+                hi: b.wrapping_add(bias),
+                function: None,
+            })
+        }
+    })
+}
+
+/// The error for source lines with no code.
+pub fn no_code(spec: &RegionSpec) -> crate::Error {
+    err!(
+        "no code for {} (is the program built with -g, and is the file name right?)",
+        spec.label()
+    )
 }
 
 /// The message for a function never found, with near names.

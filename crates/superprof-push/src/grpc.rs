@@ -81,14 +81,18 @@ fn protocol(e: impl std::fmt::Display) -> CallError {
 /// A server's address as a URL gives it: `http[s]://HOST[:PORT][/PREFIX]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// `https`: over TLS.
     pub tls: bool,
+    /// The host name or address.
     pub host: String,
+    /// The port (the scheme's default where the URL gives none).
     pub port: u16,
     /// A path the method's goes under (a proxy's), without the final '/'.
     pub prefix: String,
 }
 
 impl Endpoint {
+    /// Reads `http[s]://HOST[:PORT][/PREFIX]`; an error says what is wrong with it.
     pub fn parse(url: &str) -> Result<Endpoint, String> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
             (false, r)

@@ -26,7 +26,7 @@
 //! push(&dest, &profile(), &opts, &|| false)?;
 //! # Ok::<(), superprof_push::Error>(())
 //! ```
-
+#![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod grpc;
@@ -65,7 +65,12 @@ pub enum Dest {
     /// Parca's gRPC WriteRaw.
     Parca(String),
     /// An OTLP profiles receiver: over gRPC, or over HTTP (`http`).
-    Otlp { url: String, http: bool },
+    Otlp {
+        /// The receiver's base URL.
+        url: String,
+        /// OTLP over HTTP (protobuf bodies) rather than gRPC.
+        http: bool,
+    },
 }
 
 impl Dest {
@@ -111,6 +116,7 @@ pub struct PushOptions {
     pub app: Option<String>,
     /// KEY=VALUE labels, checked.
     pub labels: Vec<(String, String)>,
+    /// The tenant, sent as `X-Scope-OrgID` (multi-tenant servers).
     pub tenant: Option<String>,
 }
 
@@ -120,9 +126,13 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(8);
 /// What `--push` asks, unchecked (record's and the agent's).
 #[derive(Debug, Clone)]
 pub struct PushArgs {
+    /// `pyroscope:URL`, `parca:URL`, `otlp:URL` or `otlp-http:URL`.
     pub dest: String,
+    /// `--app NAME`.
     pub app: Option<String>,
+    /// Each `--label KEY=VALUE`.
     pub labels: Vec<String>,
+    /// `--tenant ID`.
     pub tenant: Option<String>,
 }
 
@@ -214,7 +224,9 @@ pub fn ingest_url(base: &str, profile: &Profile, app: &str, opts: &PushOptions) 
 
 /// One try's failure: whether another try may help.
 pub struct Failure {
+    /// What went wrong, in one line.
     pub message: String,
+    /// Another try may help (the server unreachable, busy or failing for now).
     pub transient: bool,
 }
 
@@ -312,7 +324,9 @@ fn otlp_resource(profile: &Profile, app: &str, opts: &PushOptions) -> Vec<(Strin
 
 /// What was sent: its size and what it was, for the line that says so.
 pub struct Sent {
+    /// Bytes of the request's body.
     pub bytes: usize,
+    /// What was sent, for the line that says so.
     pub what: String,
 }
 

@@ -30,6 +30,7 @@ pub struct AgentConfig {
     pub push: PushArgs,
     /// How long each profile covers.
     pub interval: Duration,
+    /// Samples per second per CPU (or per thread with `pids`).
     pub frequency: u32,
     /// The processes to sample; none: every process, per CPU.
     pub pids: Vec<u32>,

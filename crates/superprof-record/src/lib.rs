@@ -6,6 +6,7 @@
 //! Nothing here parses arguments, installs signal handlers or prints a table: the caller
 //! (the `superprof` binary) gives a config with a `stop` check and shows the result.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod agent;
 mod collect;
@@ -26,21 +27,27 @@ pub enum Error {
     /// The config asks for something that cannot be done.
     #[error("{0}")]
     Invalid(String),
+    /// perf_event_open or its rings failed.
     #[error("{0}")]
     Sample(#[from] SampleError),
+    /// The ptrace sampler's tracer failed.
     #[error("{0}")]
     Trace(#[from] superprof_trace::TraceError),
     /// The command could not be run (the shell's 126 or 127).
     #[error("{0}")]
     CannotRun(#[from] superprof_trace::CannotRun),
+    /// A push to the agent's server failed.
     #[error("{0}")]
     Push(#[from] superprof_push::Error),
+    /// Another system call failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
     /// `source`, with what was being done.
     #[error("{what}: {source}")]
     While {
+        /// What was being done.
         what: String,
+        /// What went wrong.
         #[source]
         source: Box<Error>,
     },
@@ -56,23 +63,30 @@ impl Error {
     }
 }
 
+/// A result whose error is an [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What to sample.
 #[derive(Debug, Clone)]
 pub enum Target {
+    /// A running process, attached to (all its threads).
     Pid(u32),
+    /// A command to launch: the program and its arguments.
     Command(Vec<std::ffi::OsString>),
 }
 
 /// A recording, as [`record`] takes it.
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
+    /// The rate, the stack bytes copied per sample, off-CPU time.
     pub sampler: SamplerConfig,
+    /// perf_event_open, ptrace, or the first that works.
     pub sampler_kind: SamplerKind,
+    /// How long to sample (none: until the target ends or `stop`).
     pub duration: Option<Duration>,
     /// A progress line on stderr while recording (when it is a terminal).
     pub progress: bool,
+    /// What is sampled.
     pub target: Target,
     /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while sampling.
     pub stop: fn() -> bool,
@@ -95,6 +109,7 @@ impl RecordConfig {
 
 /// The recording's result, before outputs are written.
 pub struct Recorded {
+    /// The samples, symbolized, and the run's metadata.
     pub profile: Profile,
     /// Exit status of a launched command.
     pub exit: Option<ExitStatus>,
@@ -143,7 +158,9 @@ impl Recorded {
 /// Which sampler `record` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SamplerKind {
+    /// perf_event_open (per task, or per CPU in a cgroup of the command's own as root).
     Perf,
+    /// The ptrace sampler (where perf_event_open is denied: containers).
     Ptrace,
     /// perf_event_open, or ptrace with a notice when perf_event_open is refused.
     Auto,

@@ -129,9 +129,7 @@ fn run(command: cli::Command) -> anyhow::Result<i32> {
             calls,
             kind,
             gap_us,
-        } => Ok(superprof_probe::engine::calibration_workload(
-            calls, &kind, gap_us,
-        )),
+        } => Ok(superprof_probe::calibration_workload(calls, &kind, gap_us)),
         cli::Command::DemoWorkload { seconds } => {
             demo::workload(seconds);
             Ok(0)

@@ -1,5 +1,5 @@
 //! The binary's kernel interfaces: the stop signals, signal state for launched commands,
-//! the terminal's width, shared memory for the in-process engine, mapped-file guards.
+//! the terminal's width, the guard against SIGBUS from files cut while mapped.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

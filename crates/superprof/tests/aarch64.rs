@@ -305,7 +305,7 @@ fn commands() -> Vec<(String, String)> {
     // The learning analyzer's lab on AArch64's own branches (its unit tests).
     v.push((
         "lab-unit".into(),
-        "superprof-trace-unit-tests lab --test-threads=1".into(),
+        "superprof-analyze-unit-tests lab --test-threads=1".into(),
     ));
     // The learner without a lab (the fallback), training, on glibc's string functions.
     v.push((
@@ -615,8 +615,8 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
             .arg(root.join("bin/superprof"))
             .arg(&superprof),
     );
-    // The coordinator's unit tests (the lab's are run in the guest).
-    let unit = root_dir().join("target/aarch64/superprof-trace-unit-tests");
+    // The analyzer's unit tests (the lab's are run in the guest).
+    let unit = root_dir().join("target/aarch64/superprof-analyze-unit-tests");
     assert!(
         unit.exists(),
         "{} is missing: scripts/aarch64-build makes it",
@@ -626,7 +626,7 @@ fn prepare() -> (TempDir, PathBuf, PathBuf) {
         Command::new("aarch64-linux-gnu-strip")
             .arg("--strip-debug")
             .arg("-o")
-            .arg(root.join("bin/superprof-trace-unit-tests"))
+            .arg(root.join("bin/superprof-analyze-unit-tests"))
             .arg(&unit),
     );
     // libsuperprof.so beside it (preload looks there) and where programs linked with it look.

@@ -3,7 +3,7 @@
 //! Three modes ([`Mode`]) share the region handling and the output:
 //! - `count` (trace.rs): exact executions of every block of a region. In-process (the default
 //!   on x86_64 and AArch64), a jump to a counting trampoline replaces each block's start
-//!   ([`crate::inprocess`]); on uprobes, a counting uprobe sits on each. On ptrace,
+//!   (inprocess.rs); on uprobes, a counting uprobe sits on each. On ptrace,
 //!   breakpoints sit at the entry of the region and at the last instruction of each block
 //!   execution reaches; a thread that stops at a block's end is single-stepped, and where its
 //!   pc lands starts the next block. The dynamic code analyzer (decode or learn) says where
@@ -28,7 +28,7 @@ use superprof_trace::ExitStatus;
 
 pub use superprof_analyze::ElfCode;
 
-use crate::region::{exe_bias, line_range, unique_function, RegionSpec};
+use crate::region::RegionSpec;
 use crate::EngineKind;
 use superprof_record::Target;
 
@@ -60,7 +60,9 @@ pub struct BlocksConfig {
     /// Regions as the user writes them (see [`RegionSpec::parse`]); none: the whole
     /// executable (coverage, sample).
     pub regions: Vec<String>,
+    /// Count, coverage or sample.
     pub mode: Mode,
+    /// How the ptrace engine learns where blocks end.
     pub analyzer: AnalyzerKind,
     /// Single-step every block end (ptrace) instead of working branches out.
     pub step_branches: bool,
@@ -68,7 +70,9 @@ pub struct BlocksConfig {
     pub engine: Option<EngineKind>,
     /// Sample mode's sampling rate.
     pub frequency: u32,
+    /// How long to run (none: until the target ends or `stop`).
     pub duration: Option<Duration>,
+    /// The process attached to, or the command launched.
     pub target: Target,
     /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while running.
     pub stop: fn() -> bool,
@@ -77,9 +81,13 @@ pub struct BlocksConfig {
 /// A region placed in the process: runtime addresses [lo, hi) in `file`.
 #[derive(Debug, Clone)]
 pub struct Placed {
+    /// The region's name (a function's own, else the spec's label).
     pub name: String,
+    /// Its first address.
     pub lo: u64,
+    /// The address after its last byte.
     pub hi: u64,
+    /// The file that maps it, with its load bias.
     pub file: MappedFile,
 }
 
@@ -98,12 +106,19 @@ impl Placed {
 /// One block of the results, in the ELF file's own addresses.
 #[derive(Debug, Clone)]
 pub struct BlockRow {
+    /// The block's first address.
     pub start: u64,
+    /// The address after its last instruction.
     pub end: u64,
+    /// The ELF file it is in.
     pub module: PathBuf,
+    /// The function it is in, where the symbols say.
     pub function: Option<String>,
+    /// Its first instruction's source file and line, where the DWARF says.
     pub file: Option<String>,
+    /// (See `file`.)
     pub line: Option<u32>,
+    /// Instructions in the block.
     pub instructions: u32,
     /// Executions (count), samples (sample), 1 or 0 (coverage).
     pub count: u64,
@@ -113,8 +128,11 @@ pub struct BlockRow {
 
 /// Everything `blocks` prints.
 pub struct Report {
+    /// What was measured.
     pub mode: Mode,
+    /// The analyzer count mode used on ptrace, and what it did.
     pub analyzer: Option<(&'static str, AnalyzerStats)>,
+    /// The regions, placed.
     pub regions: Vec<Placed>,
     /// Hottest first.
     pub blocks: Vec<BlockRow>,
@@ -129,7 +147,9 @@ pub struct Report {
     /// In-process engine: blocks counted by a patch, and, not patchable, by a uprobe (as
     /// root) or else by a breakpoint.
     pub patched: usize,
+    /// (See `patched`.)
     pub uprobe_blocks: usize,
+    /// (See `patched`.)
     pub breakpoint_blocks: usize,
 }
 
@@ -182,62 +202,39 @@ fn exe_file(pid: u32) -> Result<MappedFile> {
         .ok_or_else(|| err!("cannot find the executable's load address"))
 }
 
-/// Places region `spec` in `pid`. Ok(None): a function not found (yet). `substrings`: a
-/// function name may match a substring (the libraries are mapped).
+/// Places region `spec` in `pid` ([`crate::region::find`]), with the file that maps it.
+/// Ok(None): a function not found (yet). `substrings`: a function name may match a substring
+/// (the libraries are mapped).
 fn place(
     pid: u32,
     spec: &RegionSpec,
     symbols: &mut superprof_symbols::Symbolizer,
     substrings: bool,
 ) -> Result<Option<Placed>> {
-    Ok(match spec {
-        RegionSpec::Function(name) => {
-            let Some(f) = unique_function(pid, name, substrings)? else {
-                return Ok(None);
-            };
-            if f.size == 0 {
-                bail!(
-                    "function '{}' has no size in the symbol table: give its range as 0xSTART-0xEND",
-                    f.name
-                );
-            }
-            let file = superprof_symbols::mapped_files(pid)?
-                .into_iter()
-                .find(|m| m.path == f.module)
-                .ok_or_else(|| err!("cannot find where {} is loaded", f.module.display()))?;
-            Some(Placed {
-                name: f.name.clone(),
-                lo: f.addr,
-                hi: f.addr + f.size,
-                file,
-            })
-        }
-        RegionSpec::Range(a, b) => {
-            let bias = exe_bias(pid).context("cannot find the executable's load address")?;
-            let file = exe_file(pid)?;
-            Some(Placed {
-                name: spec.label(),
-                lo: a.wrapping_add(bias),
-                hi: b.wrapping_add(bias),
-                file,
-            })
-        }
-        RegionSpec::Lines(f1, l1, f2, l2) => {
-            let Some((lo, hi)) = line_range(symbols, pid, (f1, *l1), (f2, *l2)) else {
-                bail!(
-                    "no code for {} (is the program built with -g, and is the file name right?)",
-                    spec.label()
-                );
-            };
-            let file = file_at(pid, lo).ok_or_else(|| err!("no file maps {lo:#x}"))?;
-            Some(Placed {
-                name: spec.label(),
-                lo,
-                hi,
-                file,
-            })
-        }
-    })
+    let Some(found) = crate::region::find(pid, spec, symbols, substrings)? else {
+        return match spec {
+            RegionSpec::Lines(..) => Err(crate::region::no_code(spec)),
+            _ => Ok(None),
+        };
+    };
+    let file = match &found.function {
+        Some(f) if f.size == 0 => bail!(
+            "function '{}' has no size in the symbol table: give its range as 0xSTART-0xEND",
+            f.name
+        ),
+        Some(f) => superprof_symbols::mapped_files(pid)?
+            .into_iter()
+            .find(|m| m.path == f.module)
+            .ok_or_else(|| err!("cannot find where {} is loaded", f.module.display()))?,
+        None if matches!(spec, RegionSpec::Range(..)) => exe_file(pid)?,
+        None => file_at(pid, found.lo).ok_or_else(|| err!("no file maps {:#x}", found.lo))?,
+    };
+    Ok(Some(Placed {
+        name: found.name,
+        lo: found.lo,
+        hi: found.hi,
+        file,
+    }))
 }
 
 /// The error for a region that was never placed.

@@ -33,7 +33,7 @@ use superprof_sample::{Counter, EventKind, EventSpec, Reading};
 use superprof_trace::{ExitStatus, TraceEvent, TraceOptions, Tracer};
 
 use crate::engine::{Engine, EntryKind};
-use crate::region::{exe_bias, line_range, not_found, unique_function, Placement, RegionSpec};
+use crate::region::{not_found, Placement, RegionSpec};
 use crate::{bail, err, Context, EngineKind, Error, Result};
 use exits::*;
 
@@ -51,7 +51,9 @@ pub struct StatConfig {
     pub groups: Vec<String>,
     /// The engine asked for (none: the fastest that reads every event).
     pub engine: Option<EngineKind>,
+    /// The process attached to, or the command launched.
     pub target: Target,
+    /// How long to count (none: until the target ends or `stop`).
     pub duration: Option<Duration>,
     /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while tracing.
     pub stop: fn() -> bool,
@@ -59,6 +61,7 @@ pub struct StatConfig {
 
 /// What a `stat` run measured.
 pub struct Measured {
+    /// The regions' figures.
     pub results: Results,
     /// Exit status of a launched command.
     pub exit: Option<ExitStatus>,
@@ -69,9 +72,13 @@ pub struct Measured {
 /// Totals of one event over a region's calls.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
+    /// The sum over the calls, the engine's cost taken off (see [`Stats::total()`]).
     pub total: f64,
+    /// The least of one call.
     pub min: f64,
+    /// The most of one call.
     pub max: f64,
+    /// Some call's count was scaled for multiplexing.
     pub scaled: bool,
     /// The standard error of the mean per call: the calls' own spread and the error of the
     /// engine's cost taken off them.
@@ -109,14 +116,18 @@ impl Stats {
 /// One invocation (for --per-call).
 #[derive(Debug, Clone)]
 pub struct Call {
+    /// The region's index.
     pub region: usize,
+    /// The thread that made the call.
     pub tid: u32,
     /// The engine that measured it, and how the kernel ran its first instruction (the
     /// engine's cost for such calls is taken off when the run ends).
     pub engine: &'static str,
+    /// (See `engine`.)
     pub kind: EntryKind,
     /// Which events were scaled for multiplexing (bit per event).
     pub scaled: u64,
+    /// Each event's count in the call, `time-elapsed-ns` last.
     pub values: Vec<f64>,
 }
 
@@ -129,12 +140,15 @@ pub struct Results {
     /// measured for: see [`EntryKind`]): what it adds to a call, per event and last elapsed
     /// ns, measured on an empty region and taken off every call.
     pub engines: Vec<EngineCost>,
+    /// The regions' names (a function's own name where a substring found it).
     pub regions: Vec<String>,
     /// Event names, `time-elapsed-ns` last.
     pub events: Vec<String>,
+    /// Each region's outermost calls.
     pub calls: Vec<u64>,
     /// Each region's figures, one per event (`stats[region][event]`).
     pub stats: Vec<Vec<Stats>>,
+    /// Every call, in the order they ended.
     pub per_call: Vec<Call>,
     /// Probe hits lost (a ring overwritten before superprof read it): the counts are then
     /// not exact.
@@ -150,10 +164,13 @@ pub struct Results {
 /// An engine's own cost per call, per event and last elapsed ns.
 #[derive(Debug, Clone)]
 pub struct EngineCost {
+    /// The engine's name.
     pub engine: &'static str,
+    /// The kind of first instruction it was measured on.
     pub kind: EntryKind,
+    /// Its mean cost per call, per event and last elapsed ns.
     pub cost: Vec<f64>,
-    /// The standard error of each event's cost (see [`crate::engine::trimmed_mean_and_error`]).
+    /// The standard error of each event's cost (a trimmed mean's, engine.rs's `trimmed_mean_and_error`).
     pub error: Vec<f64>,
 }
 

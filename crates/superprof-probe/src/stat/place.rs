@@ -50,20 +50,19 @@ impl Session {
         Ok(())
     }
 
-    /// (One function of 131 lines: one pass over the region specs, a match turning each kind
-    /// (function, lines, range) into a Region, then the one code that proves and places it, reading
-    /// the `function` and `all` that the arms set.)
+    /// (One function of 113 lines: one pass over the region specs, each found
+    /// ([`crate::region::find`]) and turned into a Region (a function with its inlined copies),
+    /// then the one code that proves and places it.)
     pub(super) fn place(&mut self, tracer: &mut Tracer, pid: u32, explain: bool) -> Result<bool> {
         let mut all = true;
         for (i, spec) in self.specs.clone().iter().enumerate() {
             if self.regions.len() > i && self.regions[i].entry != 0 {
                 continue;
             }
-            let mut function = None;
-            let region = match spec {
-                RegionSpec::Function(name) => {
-                    let found = unique_function(pid, name, self.libraries_mapped)?;
-                    function.clone_from(&found);
+            let found = crate::region::find(pid, spec, &mut self.symbols, self.libraries_mapped)?;
+            let function = found.as_ref().and_then(|f| f.function.clone());
+            let region = match (spec, found) {
+                (RegionSpec::Function(name), found) => {
                     let mut sites: Vec<(u64, Site)> = found
                         .as_ref()
                         .map(|f| {
@@ -71,7 +70,7 @@ impl Session {
                                 end: None,
                                 ends_at_return: true,
                             };
-                            vec![(f.addr, site)]
+                            vec![(f.lo, site)]
                         })
                         .unwrap_or_default();
                     // Its inlined copies are sites of the same region (the calibration
@@ -84,7 +83,7 @@ impl Session {
                             &mut self.symbols,
                             pid,
                             target,
-                            found.as_ref().map(|f| &f.module),
+                            function.as_ref().map(|f| &f.module),
                         )
                     };
                     for (start, end) in inlined {
@@ -113,42 +112,25 @@ impl Session {
                         }
                     }
                 }
-                RegionSpec::Lines(f1, l1, f2, l2) => match line_range(&mut self.symbols, pid, (f1, *l1), (f2, *l2)) {
-                    Some((start, end)) => {
-                        let site = Site {
-                            end: Some(end),
-                            ends_at_return: superprof_symbols::function_at(pid, start)?.is_some(),
-                        };
-                        Region {
-                            name: spec.label(),
-                            entry: start,
-                            sites: vec![(start, site)],
-                        }
-                    }
-                    None if explain => bail!(
-                        "no code for {} (is the program built with -g, and is the file name right?)",
-                        spec.label()
-                    ),
-                    None => {
-                        all = false;
-                        Region {
-                            name: spec.label(),
-                            entry: 0,
-                            sites: Vec::new(),
-                        }
-                    }
-                },
-                RegionSpec::Range(a, b) => {
-                    let bias =
-                        exe_bias(pid).context("cannot find the executable's load address")?;
+                // Source lines or an address range: one site, from its start to its end.
+                (_, Some(f)) => {
                     let site = Site {
-                        end: Some(b + bias),
-                        ends_at_return: superprof_symbols::function_at(pid, a + bias)?.is_some(),
+                        end: Some(f.hi),
+                        ends_at_return: superprof_symbols::function_at(pid, f.lo)?.is_some(),
                     };
                     Region {
+                        name: f.name,
+                        entry: f.lo,
+                        sites: vec![(f.lo, site)],
+                    }
+                }
+                (_, None) if explain => return Err(crate::region::no_code(spec)),
+                (_, None) => {
+                    all = false;
+                    Region {
                         name: spec.label(),
-                        entry: a + bias,
-                        sites: vec![(a + bias, site)],
+                        entry: 0,
+                        sites: Vec::new(),
                     }
                 }
             };
