@@ -39,7 +39,7 @@ def build(arch, variant):
 def main():
     os.makedirs(OUT, exist_ok=True)
     subprocess.run(f"cargo build --release --quiet --manifest-path {ROOT}/Cargo.toml", shell=True, check=True)
-    sp = os.path.join(ROOT, "target", "release", "superprof")
+    sp = os.environ.get("SUPERPROF", os.path.join(ROOT, "target", "release", "superprof"))
     print(f"{'guest':11} {'backend':34} {'samples/s':>10} {'us/sample':>10} {'unwound':>8} {'unwound/s':>10}")
     for arch, variant in [("x86_64", ""), ("x86_64", "-hh"), ("aarch64", ""), ("aarch64", "-hh")]:
         k, u = build(arch, variant)
