@@ -243,33 +243,13 @@ pub fn not_found(pid: u32, name: &str) -> String {
     )
 }
 
-/// Function names close to `name` (by edit distance), for an error message.
+/// Function names close to `name` (see [`superprof_profile::near_names`]), for an error
+/// message.
 pub fn suggestions(pid: u32, name: &str) -> Vec<String> {
-    let names = superprof_symbols::function_names(pid).unwrap_or_default();
-    let mut scored: Vec<(usize, String)> = names
-        .into_iter()
-        .map(|n| (edit_distance(&n, name), n))
-        .filter(|(d, n)| *d <= name.len().max(3) / 2 || n.contains(name))
-        .collect();
-    scored.sort();
-    scored.into_iter().take(3).map(|(_, n)| n).collect()
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            cur.push(
-                (prev[j] + (ca != *cb) as usize)
-                    .min(prev[j + 1] + 1)
-                    .min(cur[j] + 1),
-            );
-        }
-        prev = cur;
-    }
-    prev[b.len()]
+    superprof_profile::near_names(
+        name,
+        superprof_symbols::function_names(pid).unwrap_or_default(),
+    )
 }
 
 /// When the regions of a program are looked for, the same for `stat` and `blocks`: at exec

@@ -39,7 +39,55 @@ fn matching(profile: &Profile, pattern: &str) -> HashSet<StrId> {
         .collect()
 }
 
+/// The names of `candidates` closest to `name` (at most three, by edit distance, or
+/// containing it), for a "did you mean" in an error message: the one such search of superprof
+/// (report's `--focus`, stat's and blocks' regions).
+pub fn near_names(name: &str, candidates: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut scored: Vec<(usize, String)> = candidates
+        .into_iter()
+        .map(|n| (edit_distance(&n, name), n))
+        .filter(|(d, n)| *d <= name.len().max(3) / 2 || n.contains(name))
+        .collect();
+    scored.sort();
+    scored.dedup_by(|a, b| a.1 == b.1);
+    scored.into_iter().take(3).map(|(_, n)| n).collect()
+}
+
+/// Levenshtein's distance between two names, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push(
+                (prev[j] + (ca != *cb) as usize)
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1),
+            );
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 impl Filter {
+    /// `--focus` or `--exclude` names no function of `p`: the flag, the pattern, and the
+    /// names closest to it. (A focus that matches nothing keeps no sample: a typo, not an
+    /// empty profile.)
+    pub fn unmatched(&self, p: &Profile) -> Vec<(&'static str, String, Vec<String>)> {
+        let mut out = Vec::new();
+        for (flag, pattern) in [("--focus", &self.focus), ("--exclude", &self.exclude)] {
+            let Some(pattern) = pattern else { continue };
+            if matching(p, pattern).is_empty() {
+                let names: HashSet<StrId> = p.frames().iter().map(|f| f.function).collect();
+                let near = near_names(pattern, names.into_iter().map(|n| p.str(n).to_owned()));
+                out.push((flag, pattern.clone(), near));
+            }
+        }
+        out
+    }
+
     /// Whether no condition is set (the filter keeps every sample).
     pub fn is_empty(&self) -> bool {
         self.tids.is_empty()
@@ -176,6 +224,26 @@ fn copy_frame(from: &Profile, to: &mut Profile, f: FrameId) -> FrameId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn near_names_are_the_closest_or_containing() {
+        let names = [
+            "crunch_numbers",
+            "hash_strings",
+            "walk_list",
+            "crunch",
+            "main",
+        ];
+        let near = near_names("crunch_nubmers", names.iter().map(|s| s.to_string()));
+        assert_eq!(near[0], "crunch_numbers");
+        assert!(near_names("xyzzy", names.iter().map(|s| s.to_string())).is_empty());
+        // A part of a name finds the names holding it.
+        assert_eq!(
+            near_names("hash", names.iter().map(|s| s.to_string())),
+            vec!["hash_strings".to_owned()]
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
     use crate::SampleKind;
 
     /// Two processes, two threads in the first, stacks sharing frames across processes.

@@ -51,7 +51,7 @@ pub mod top;
 pub mod tree;
 
 pub use escape::escape;
-pub use filter::Filter;
+pub use filter::{near_names, Filter};
 pub use model::{
     Frame, FrameId, Meta, Profile, Sample, SampleKind, SampleLog, StackId, StackNode, StrId, Thread,
 };

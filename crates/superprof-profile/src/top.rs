@@ -322,7 +322,7 @@ pub fn summary(profile: &Profile) -> String {
         hz => format!(" ({hz:.0} Hz delivered)"),
     };
     format!(
-        "{} samples of {} at {} Hz{delivered}, {} threads, {} lost",
+        "{} samples of {} at {} Hz{delivered}, {} thread{}, {} lost",
         on_cpu,
         if profile.meta.event.is_empty() {
             "?".into()
@@ -331,6 +331,7 @@ pub fn summary(profile: &Profile) -> String {
         },
         profile.meta.frequency,
         threads.len(),
+        if threads.len() == 1 { "" } else { "s" },
         profile.meta.lost_samples
     )
 }

@@ -12,6 +12,7 @@ pub mod agent;
 mod collect;
 mod perf;
 mod ptrace;
+pub mod runtime;
 
 use std::time::Duration;
 
@@ -90,6 +91,9 @@ pub struct RecordConfig {
     pub target: Target,
     /// Whether the caller was asked to stop (Ctrl-C, SIGTERM): checked while sampling.
     pub stop: fn() -> bool,
+    /// A launched runtime (node, java, python) is asked to name its JIT code, and an
+    /// attached one's missing flag is named (see [`runtime`]).
+    pub runtime_setup: bool,
 }
 
 impl RecordConfig {
@@ -103,6 +107,7 @@ impl RecordConfig {
             progress: false,
             target,
             stop: || false,
+            runtime_setup: true,
         }
     }
 }
@@ -138,12 +143,13 @@ impl Recorded {
             )
         };
         format!(
-            "superprof: {} samples ({} at {} Hz{delivered}{}{off_cpu}) from {} threads in {:.2} s; {} lost, {} truncated stacks{}",
+            "superprof: {} samples ({} at {} Hz{delivered}{}{off_cpu}) from {} thread{} in {:.2} s; {} lost, {} truncated stacks{}",
             samples,
             p.meta.event,
             p.meta.frequency,
             if self.kernel { "" } else { ", user space only" },
             threads.len(),
+            if threads.len() == 1 { "" } else { "s" },
             p.meta.duration_ns as f64 / 1e9,
             p.meta.lost_samples,
             p.meta.truncated_stacks,
@@ -210,6 +216,8 @@ struct Started {
     /// The launched command's own cgroup, when it is sampled per CPU (removed when dropped,
     /// after the loop).
     cgroup: Option<superprof_sample::Cgroup>,
+    /// An attached JVM, asked for its perf map at the end.
+    java: bool,
 }
 
 /// Per-CPU sampling of a launched command's cgroup (see `cgroup`), where it may be made and
@@ -307,7 +315,18 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
             let program = first.to_string_lossy();
             let path = superprof_trace::resolve_command(first)
                 .ok_or_else(|| superprof_trace::CannotRun::not_found(first))?;
-            let mut child = PendingChild::spawn(&path, cmd)
+            let setup = if cfg.runtime_setup {
+                runtime::setup(&path, cmd, |k| std::env::var_os(k))
+            } else {
+                runtime::Setup {
+                    command: cmd.clone(),
+                    ..runtime::Setup::default()
+                }
+            };
+            if let Some(notice) = &setup.notice {
+                superprof_unwind::say!("{notice}");
+            }
+            let mut child = PendingChild::spawn_with_env(&path, &setup.command, &setup.env)
                 .map_err(|e| Error::from(e).while_(format!("cannot start '{program}'")))?;
             if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid) {
                 let clock = Clock::now();
@@ -329,6 +348,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                     command: lossy(cmd),
                     clock,
                     cgroup: Some(cg),
+                    java: false,
                 });
             }
             let source = match open_source(cfg, child.pid, TargetMode::Launched) {
@@ -353,6 +373,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 command: lossy(cmd),
                 clock,
                 cgroup: None,
+                java: false,
             })
         }
         Target::Pid(pid) => {
@@ -367,6 +388,13 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 }
             }
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+            if cfg.runtime_setup {
+                let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                if let Some(hint) = runtime::attach_hint(&exe, &cmdline, &environ) {
+                    superprof_unwind::say!("{hint}");
+                }
+            }
             let command = cmdline
                 .split(|&b| b == 0)
                 .filter(|a| !a.is_empty())
@@ -379,6 +407,8 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 command,
                 clock,
                 cgroup: None,
+                java: cfg.runtime_setup
+                    && runtime::Runtime::of_program(&exe) == Some(runtime::Runtime::Java),
             })
         }
     }
@@ -522,6 +552,14 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     // can come before the loop starts, by as long as the setup took) to its end.
     profile.meta.duration_ns = ended_ns.saturating_sub(started.clock.monotonic_ns);
     superprof_resolve::stamp(&mut profile.meta);
+    // An attached JVM's compiled methods, named by the map it writes when asked (a launched
+    // one writes it at exit: see `runtime`).
+    if started.java && superprof_trace::process_alive(pid) && !runtime::java_perf_map(pid) {
+        superprof_unwind::say!(
+            "superprof: the JVM did not write its perf map (jcmd {pid} Compiler.perfmap): its \
+             compiled methods stay unnamed"
+        );
+    }
     let profile = collector.finish(profile, started.clock.monotonic_ns);
     // Per task, a timer starts again in every new task: a tree of short ones goes partly
     // unseen. Say how much, where the rate tells (perf's cpu-clock keeps its rate per task).

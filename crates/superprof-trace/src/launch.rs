@@ -179,6 +179,16 @@ impl PendingChild {
     /// Forks; the child blocks until released, then execs `program` with `args` (`args[0]`
     /// included) and the current environment.
     pub fn spawn(program: &Path, args: &[std::ffi::OsString]) -> io::Result<PendingChild> {
+        PendingChild::spawn_with_env(program, args, &[])
+    }
+
+    /// As [`PendingChild::spawn`], with the variables of `env` set (added to the current
+    /// environment, or replacing a variable of the same name).
+    pub fn spawn_with_env(
+        program: &Path,
+        args: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+    ) -> io::Result<PendingChild> {
         use std::os::unix::ffi::OsStrExt;
         let prog = CString::new(program.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in command"))?;
@@ -189,11 +199,47 @@ impl PendingChild {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in argument"))?;
         let mut argv: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
         argv.push(std::ptr::null());
+        // The whole environment, made before the fork (the child may not allocate).
+        let cenv: Option<Vec<CString>> = if env.is_empty() {
+            None
+        } else {
+            let mut vars: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+                .filter(|(k, _)| !env.iter().any(|(e, _)| e == k))
+                .collect();
+            vars.extend(env.iter().cloned());
+            Some(
+                vars.iter()
+                    .map(|(k, v)| {
+                        let mut kv = k.as_bytes().to_vec();
+                        kv.push(b'=');
+                        kv.extend_from_slice(v.as_bytes());
+                        CString::new(kv)
+                    })
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::InvalidInput, "NUL in environment")
+                    })?,
+            )
+        };
+        let envp: Option<Vec<*const libc::c_char>> = cenv.as_ref().map(|c| {
+            c.iter()
+                .map(|v| v.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        });
         let (go_r, go_w) = posix::pipe(libc::O_CLOEXEC)?;
         let (st_r, st_w) = posix::pipe(libc::O_CLOEXEC)?;
         // The command starts with no signal blocked (superprof blocks SIGCHLD) and the
         // dispositions it would have alone (superprof ignores SIGPIPE, handles SIGINT).
-        let pid = posix::fork_held_exec(&prog, &argv, &go_r, &go_w, &st_w, reset_signals_for_exec)?;
+        let pid = posix::fork_held_exec(
+            &prog,
+            &argv,
+            envp.as_deref(),
+            &go_r,
+            &go_w,
+            &st_w,
+            reset_signals_for_exec,
+        )?;
         drop(go_r);
         drop(st_w);
         LAUNCHED.store(pid, Ordering::SeqCst);

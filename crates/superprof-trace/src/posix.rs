@@ -72,13 +72,14 @@ pub fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Forks a child that first calls `before_exec`, then waits until `go` (a pipe's read end)
 /// reaches end-of-file (`go_w`, the write end, is closed in the child so that only the
-/// parent's copy counts), then execs `prog` with `argv` (null-terminated) and this process's
-/// environment; if exec fails, its errno goes to `status` (4 bytes) and the child exits 127.
+/// parent's copy counts), then execs `prog` with `argv` (null-terminated) and `envp`
+/// (null-terminated; None: this process's environment); if exec fails, its errno goes to `status` (4 bytes) and the child exits 127.
 /// Returns the child's pid. `before_exec` runs in the child of a possibly multi-threaded
 /// process: it must call only async-signal-safe functions.
 pub fn fork_held_exec(
     prog: &CStr,
     argv: &[*const libc::c_char],
+    envp: Option<&[*const libc::c_char]>,
     go: &OwnedFd,
     go_w: &OwnedFd,
     status: &OwnedFd,
@@ -88,6 +89,10 @@ pub fn fork_held_exec(
         argv.last().is_some_and(|p| p.is_null()),
         "argv ends in null"
     );
+    assert!(
+        envp.is_none_or(|e| e.last().is_some_and(|p| p.is_null())),
+        "envp ends in null"
+    );
     // SAFETY: the child only calls async-signal-safe functions (close, before_exec, read,
     // execve, write, _exit) on memory prepared before the fork.
     let pid = unsafe { libc::fork() };
@@ -96,7 +101,7 @@ pub fn fork_held_exec(
     }
     if pid == 0 {
         // SAFETY: see above; `environ` is the process environment, unchanged since fork;
-        // `argv` is null-terminated and its strings outlive the exec.
+        // `argv` and `envp` are null-terminated and their strings outlive the exec.
         unsafe {
             libc::close(go_w.as_raw_fd());
             before_exec();
@@ -105,7 +110,8 @@ pub fn fork_held_exec(
             extern "C" {
                 static environ: *const *const libc::c_char;
             }
-            libc::execve(prog.as_ptr(), argv.as_ptr(), environ);
+            let env = envp.map_or(environ, |e| e.as_ptr());
+            libc::execve(prog.as_ptr(), argv.as_ptr(), env);
             let err = *libc::__errno_location();
             let bytes = err.to_ne_bytes();
             libc::write(status.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, 4);

@@ -56,7 +56,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Sample a program (launched after `--`, or attached with -p) with full call stacks
+    /// Sample a program (launched: `record PROG ARGS...` or after `--`; or attached with -p)
+    /// with full call stacks
     Record(RecordArgs),
     /// Read a profile file (.parquet) and show or convert it, optionally filtered
     Report(ReportArgs),
@@ -153,6 +154,10 @@ pub struct RecordArgs {
     /// Bytes of user stack copied with each sample
     #[arg(long = "stack-size", value_name = "BYTES", default_value_t = 32768)]
     pub stack_size: u32,
+    /// Call graphs, as perf's -g asks: superprof always records whole stacks (unwound from
+    /// the CFI, frame pointers or not), so this changes nothing
+    #[arg(short = 'g')]
+    pub call_graph: bool,
     /// Do not print the top table
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -163,6 +168,11 @@ pub struct RecordArgs {
     /// auto (perf, falling back to ptrace with a notice)
     #[arg(long, value_enum, default_value_t = SamplerArg::Auto)]
     pub sampler: SamplerArg,
+    /// Leave a launched node, java or python as it is (by default superprof asks them to
+    /// name their JIT-compiled code: --perf-basic-prof, -XX:+PreserveFramePointer
+    /// -XX:+DumpPerfMapAtExit, PYTHONPERFSUPPORT=1)
+    #[arg(long = "no-runtime-setup")]
+    pub no_runtime_setup: bool,
     /// Also record the time each thread spends off the CPU (blocked, sleeping, preempted),
     /// with the stack it waited in: the profile adds up to wall-clock time per thread
     #[arg(long = "off-cpu")]
@@ -295,7 +305,7 @@ pub struct StatArgs {
     )]
     pub events: Vec<String>,
     /// Events opened as one group, comma-separated (repeat for several groups)
-    #[arg(short = 'g', long = "group", value_name = "EVENT,...")]
+    #[arg(long = "group", value_name = "EVENT,...")]
     pub groups: Vec<String>,
     /// Print every invocation instead of the summary
     #[arg(long = "per-call")]
@@ -324,8 +334,12 @@ pub struct StatArgs {
     /// uprobe where allowed, else ptrace)
     #[arg(long, value_enum, value_name = "ENGINE")]
     pub engine: Option<EngineArg>,
-    /// The command to launch (after `--`)
-    #[arg(last = true, value_name = "CMD", required_unless_present_any = ["pid", "list"])]
+    /// The command to launch: its arguments are its own (after `--` too)
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        required_unless_present_any = ["pid", "list"]
+    )]
     pub command: Vec<std::ffi::OsString>,
 }
 
@@ -482,12 +496,13 @@ pub struct PreloadArgs {
     /// Full function names in the table (templates and argument lists kept)
     #[arg(short = 'v', long)]
     pub verbose: bool,
-    /// The command (after `--`)
-    #[arg(last = true, value_name = "CMD", required = true)]
+    /// The command to launch: its arguments are its own (after `--` too)
+    #[arg(value_name = "CMD", trailing_var_arg = true, required = true)]
     pub command: Vec<std::ffi::OsString>,
 }
 
-/// The process to work on: attached with -p, or a command launched after `--`.
+/// The process to work on: attached with -p, or a command launched (its arguments are its
+/// own, after `--` or not).
 #[derive(Debug, Args)]
 pub struct TargetArgs {
     /// Attach to this running process and all its threads
@@ -498,8 +513,12 @@ pub struct TargetArgs {
         conflicts_with = "command"
     )]
     pub pid: Option<u32>,
-    /// The command to launch (after `--`)
-    #[arg(last = true, value_name = "CMD", required_unless_present = "pid")]
+    /// The command to launch: its arguments are its own (after `--` too)
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        required_unless_present = "pid"
+    )]
     pub command: Vec<std::ffi::OsString>,
 }
 

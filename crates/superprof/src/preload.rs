@@ -27,8 +27,9 @@ fn library() -> Result<PathBuf> {
         .filter(|p| p.is_file())
         .ok_or_else(|| {
             anyhow!(
-                "libsuperprof.so is not next to {} (cargo build --release builds it), and \
-                 SUPERPROF_LIB is not set",
+                "libsuperprof.so is not next to {} and SUPERPROF_LIB is not set: build it with \
+                 `cargo build --release -p libsuperprof` and put target/release/libsuperprof.so \
+                 there, or name it in SUPERPROF_LIB",
                 exe.display()
             )
         })?;
@@ -119,11 +120,12 @@ pub fn run(args: &PreloadArgs) -> Result<i32> {
     let processes: std::collections::BTreeSet<u32> =
         profile.threads.iter().map(|t| t.pid).collect();
     superprof_unwind::say!(
-        "superprof: {} samples from {} process{} ({} threads) in {:.2} s; {} dropped",
+        "superprof: {} samples from {} process{} ({} thread{}) in {:.2} s; {} dropped",
         profile.samples.len(),
         processes.len(),
         if processes.len() == 1 { "" } else { "es" },
         profile.threads.len(),
+        if profile.threads.len() == 1 { "" } else { "s" },
         started.elapsed().as_secs_f64(),
         profile.meta.lost_samples
     );

@@ -37,6 +37,8 @@ pub struct Record {
 
 impl Record {
     pub fn from_args(a: RecordArgs) -> Record {
+        // perf's -g: whole stacks are always recorded, with it or without.
+        let _ = a.call_graph;
         let target = a.target.target();
         let sampler = SamplerConfig {
             frequency: a.frequency,
@@ -51,6 +53,7 @@ impl Record {
                     crate::cli::SamplerArg::Auto => SamplerKind::Auto,
                 },
                 duration: a.duration,
+                runtime_setup: !a.no_runtime_setup,
                 ..record_config(target, sampler, a.quiet)
             },
             outputs: a.outputs,

@@ -84,7 +84,33 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
             cfg.filter.apply(&profile)
         })
     };
-    let profile = read(&cfg.file)?;
+    let profile = superprof_profile::parquet::read(&cfg.file)
+        .with_context(|| format!("cannot read profile '{}'", cfg.file.display()))?;
+    // A --focus that names no function keeps nothing: a typo, said with the names near it.
+    for (flag, pattern, near) in cfg.filter.unmatched(&profile) {
+        let near: Vec<String> = near
+            .iter()
+            .map(|n| superprof_profile::escape(n).into_owned())
+            .collect();
+        let message = format!(
+            "{flag} '{}' names no function of the profile{}",
+            superprof_profile::escape(&pattern),
+            if near.is_empty() {
+                String::new()
+            } else {
+                format!("; did you mean {}?", near.join(", "))
+            }
+        );
+        if flag == "--focus" {
+            bail!("{message}");
+        }
+        superprof_unwind::say!("superprof: {message}: nothing is left out");
+    }
+    let profile = if cfg.filter.is_empty() {
+        profile
+    } else {
+        cfg.filter.apply(&profile)
+    };
     let before = cfg.diff.as_deref().map(read).transpose()?;
     if let Some(b) = &before {
         if cfg.absolute

@@ -2,7 +2,8 @@
 //! and Java `-XX:+DumpPerfMapAtExit` (written at exit) write /tmp/perf-PID.map, node
 //! `--perf-prof` and a JVMTI agent write jit-PID.dump; `record` names their compiled functions
 //! with it, as perf does on the same program, with each program's own split of its time between
-//! two hot functions within 4σ.
+//! two hot functions within 4σ. Launched with no flags (issue 34), node, java and python 3.12+
+//! are set up by superprof to name their code, and do the same with their output unchanged.
 
 mod common;
 
@@ -393,4 +394,299 @@ fn node_jitdump_names_js_functions() {
         })
         .expect("node's jit-PID.dump");
     assert!(!std::path::Path::new(&format!("/tmp/perf-{pid}.map")).exists());
+}
+
+/// The frames a thread's stack ends in when it is whole: every JVM thread (the Java main
+/// thread too, which the launcher starts) begins in glibc's start_thread, the launcher's own
+/// thread in __libc_start_main.
+const THREAD_ROOTS: [&str; 4] = [
+    "start_thread",
+    "__libc_start_call_main",
+    "__libc_start_main",
+    "_start",
+];
+
+/// Issue 34: node launched with no flags gets `--perf-basic-prof` through NODE_OPTIONS from
+/// superprof (said once on stderr): its JIT functions are named, hotA's share of the two
+/// within 4σ of the program's own figure, as with the flag given by hand.
+#[test]
+fn node_launched_with_no_flags_is_named() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-node-noflags");
+    let js = fixtures_dir().join("jit/hot.js");
+    check(
+        &dir,
+        &["node", js.to_str().unwrap()],
+        js_name,
+        Named::OwnFigure,
+        Perf::No,
+        false,
+    );
+}
+
+/// Issue 34: java launched with no flags gets -XX:+PreserveFramePointer and
+/// -XX:+DumpPerfMapAtExit on its command line from superprof: its methods are named, the
+/// split of its time between them is its own within 4σ, and its stacks reach their thread's
+/// root (start_thread, or the launcher's main) in at least 95% of the samples.
+#[test]
+fn java_launched_with_no_flags_is_named_and_unwound() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-java-noflags");
+    compile_hot_java(&dir);
+    check(
+        &dir,
+        &[
+            "java",
+            "-XX:CompileCommand=quiet",
+            "-XX:CompileCommand=dontinline,Hot::hot*",
+            "-cp",
+            dir.0.to_str().unwrap(),
+            "Hot",
+        ],
+        java_name,
+        Named::AtLeast(0.85),
+        Perf::No,
+        true,
+    );
+    let f = Folded::read(&dir.path("jit.folded"));
+    let whole: u64 =
+        f.0.iter()
+            .filter(|(s, _)| s.iter().any(|fr| THREAD_ROOTS.contains(&fr.as_str())))
+            .map(|(_, n)| n)
+            .sum();
+    let share = whole as f64 / f.total() as f64;
+    assert!(
+        share >= 0.95,
+        "{whole} of {} samples reach their thread's root ({share:.3})",
+        f.total()
+    );
+}
+
+/// A run's exit status, stdout and stderr.
+type Ran = (Option<i32>, String, String);
+
+/// The output and exit status of `cmd` run alone, and under `superprof record` with the
+/// runtime's setup (the program's own output is all of its stdout and stderr lines that are
+/// not superprof's).
+fn alone_and_recorded(dir: &TempDir, cmd: &[&str]) -> (Ran, Ran) {
+    let alone = Command::new(cmd[0])
+        .args(&cmd[1..])
+        .current_dir(&dir.0)
+        .output()
+        .unwrap();
+    let recorded = superprof()
+        .args(["record", "-q", "-o"])
+        .arg(dir.path("x.folded"))
+        .args(cmd)
+        .current_dir(&dir.0)
+        .output()
+        .unwrap();
+    let own = |b: &[u8]| -> String {
+        String::from_utf8_lossy(b)
+            .lines()
+            .filter(|l| !l.starts_with("superprof:"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    (
+        (alone.status.code(), own(&alone.stdout), own(&alone.stderr)),
+        (
+            recorded.status.code(),
+            own(&recorded.stdout),
+            own(&recorded.stderr),
+        ),
+    )
+}
+
+/// Issue 34: the runtime's setup changes nothing a program does or says: node and java (given
+/// without `--`, as perf takes a command) print the same lines on stdout and stderr and exit
+/// with the same status under `record` as alone; superprof says what it set, once.
+#[test]
+fn runtime_setup_leaves_output_and_status_unchanged() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-unchanged");
+    let js = "let x = 0; for (let i = 0; i < 3e7; i++) x = (x * 31 + i) % 1000003; \
+              console.log('sum', x, process.execArgv.length); console.error('to stderr'); \
+              process.exit(3)";
+    let (alone, recorded) = alone_and_recorded(&dir, &["node", "-e", js]);
+    assert_eq!(alone.0, Some(3));
+    assert_eq!(alone, recorded);
+    std::fs::write(
+        dir.path("Exit3.java"),
+        "public class Exit3 { public static void main(String[] a) { long x = 0; \
+         for (long i = 0; i < 300_000_000L; i++) x = (x * 31 + i) % 1000003; \
+         System.out.println(\"sum \" + x + \" \" + String.join(\",\", a)); \
+         System.err.println(\"to stderr\"); System.exit(3); } }",
+    )
+    .unwrap();
+    run_ok(Command::new("javac").arg("Exit3.java").current_dir(&dir.0));
+    let (alone, recorded) = alone_and_recorded(
+        &dir,
+        &["java", "-cp", dir.0.to_str().unwrap(), "Exit3", "a", "-b"],
+    );
+    assert_eq!(alone.0, Some(3));
+    assert_eq!(alone, recorded);
+    // Said once, and not at all when switched off.
+    let out = superprof()
+        .args(["record", "-q", "-o"])
+        .arg(dir.path("y.folded"))
+        .args(["node", "-e", js])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr)
+        .matches("--perf-basic-prof")
+        .count();
+    assert_eq!(said, 1, "{}", String::from_utf8_lossy(&out.stderr));
+    let out = superprof()
+        .args(["record", "-q", "--no-runtime-setup", "-o"])
+        .arg(dir.path("z.folded"))
+        .args(["node", "-e", js])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("perf-basic-prof"));
+}
+
+/// Issue 34: `--no-runtime-setup` leaves node as it is: no JS function named.
+#[test]
+fn no_runtime_setup_leaves_node_unnamed() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-node-off");
+    let js = fixtures_dir().join("jit/hot.js");
+    let folded = dir.path("off.folded");
+    run_ok(
+        superprof()
+            .args(["record", "-q", "--no-runtime-setup", "-o"])
+            .arg(&folded)
+            .args(["node", js.to_str().unwrap()]),
+    );
+    let f = Folded::read(&folded);
+    let named: u64 = leaves(&f)
+        .iter()
+        .filter(|(k, _)| js_name(k).is_some())
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(named, 0, "{:?}", leaves(&f));
+}
+
+/// Issue 34: attached to a node started without --perf-basic-prof, where superprof cannot
+/// change it, `record -p` says so in one line naming the flag.
+#[test]
+fn attached_node_without_perf_maps_gets_a_hint() {
+    let _cpu = cpu_lock();
+    let js = fixtures_dir().join("jit/hot.js");
+    let mut node = Command::new("node")
+        .arg(&js)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let dir = TempDir::new("jit-node-attach");
+    let out = superprof()
+        .args(["record", "-q", "--duration", "0.5", "-o"])
+        .arg(dir.path("attached.folded"))
+        .arg("-p")
+        .arg(node.id().to_string())
+        .output()
+        .unwrap();
+    let _ = node.kill();
+    let _ = node.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let hints: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("--perf-basic-prof"))
+        .collect();
+    assert_eq!(hints.len(), 1, "{stderr}");
+}
+
+/// The newest CPython of 3.12 or later on this machine (pyenv's builds, or on PATH).
+fn python_with_trampolines() -> Option<std::path::PathBuf> {
+    let mut found: Vec<(u32, std::path::PathBuf)> = Vec::new();
+    if let Ok(dirs) = std::fs::read_dir("/root/.pyenv/versions") {
+        for d in dirs.flatten() {
+            let name = d.file_name().to_string_lossy().into_owned();
+            let mut parts = name.split('.');
+            let (Some(Ok(3)), Some(Ok(minor))) = (
+                parts.next().map(str::parse::<u32>),
+                parts.next().map(str::parse::<u32>),
+            ) else {
+                continue;
+            };
+            let exe = d.path().join(format!("bin/python3.{minor}"));
+            if minor >= 12 && exe.exists() {
+                found.push((minor, exe));
+            }
+        }
+    }
+    for minor in 12..20 {
+        let exe = std::path::PathBuf::from(format!("/usr/bin/python3.{minor}"));
+        if exe.exists() {
+            found.push((minor, exe));
+        }
+    }
+    found.sort();
+    found.pop().map(|(_, p)| p)
+}
+
+/// Issue 34: python 3.12 and later launched with no flags gets PYTHONPERFSUPPORT=1: its
+/// Python functions are named (`py::hot_a:...`), hot_a's share of the two within 4σ of the
+/// script's own figure.
+#[test]
+fn python_launched_with_no_flags_names_its_functions() {
+    let Some(python) = python_with_trampolines() else {
+        // (Debian 12 ships 3.11 only; pyenv's builds on this kind of machine have 3.12.)
+        superprof_unwind::say!("no CPython 3.12 or later here: nothing to test");
+        return;
+    };
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("jit-python");
+    let script = dir.path("hot.py");
+    std::fs::write(
+        &script,
+        "import time\n\
+         def hot_a(n):\n    x = 1\n    for i in range(n):\n        x = (x * 1103515245 + 12345) % 2147483648\n    return x\n\
+         def hot_b(n):\n    y = 3\n    for i in range(n):\n        y = (y * 69069 + 1) % 4294967296\n    return y\n\
+         ta = tb = 0.0\n\
+         start = time.process_time()\n\
+         while time.process_time() - start < 1.5:\n\
+         \x20   t0 = time.process_time(); hot_a(20000); t1 = time.process_time(); hot_b(10000); t2 = time.process_time()\n\
+         \x20   ta += t1 - t0; tb += t2 - t1\n\
+         print(f'share hotA={ta / (ta + tb):.4f} hot={(ta + tb) / time.process_time():.4f}')\n",
+    )
+    .unwrap();
+    let folded = dir.path("py.folded");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&folded)
+            .arg(&python)
+            .arg(&script),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("PYTHONPERFSUPPORT=1"), "{stderr}");
+    let own = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let f = Folded::read(&folded);
+    // Each sample's innermost Python function (its trampoline's name: py::NAME:FILE).
+    let (mut a, mut b) = (0u64, 0u64);
+    for (stack, n) in &f.0 {
+        match stack.iter().rev().find(|fr| fr.starts_with("py::")) {
+            Some(fr) if fr.starts_with("py::hot_a:") => a += n,
+            Some(fr) if fr.starts_with("py::hot_b:") => b += n,
+            _ => {}
+        }
+    }
+    // Named in as many samples as the script spent its CPU time in the two, less 4σ.
+    let (hot, total) = (own["hot"], f.total() as f64);
+    let floor = hot - 4.0 * (hot * (1.0 - hot) / total).sqrt();
+    assert!(
+        (a + b) as f64 >= floor * total,
+        "hot_a {a} + hot_b {b} of {total}, under {floor:.3}: {:?}",
+        leaves(&f)
+    );
+    let share = a as f64 / (a + b) as f64;
+    let want = own["hotA"];
+    let sigma = (want * (1.0 - want) / (a + b) as f64).sqrt();
+    assert!(
+        (share - want).abs() < 4.0 * sigma,
+        "hot_a {share:.3} of the two, the script says {want:.3}"
+    );
 }

@@ -682,6 +682,7 @@ fn debians_python_waits_as_it_measures_them() {
             .stderr
             .split(" threads in ")
             .nth(1)
+            .or_else(|| r.stderr.split(" thread in ").nth(1))
             .and_then(|rest| rest.split(' ').next())
             .and_then(|x| x.parse().ok())
             .expect("the summary gives the recording's length");

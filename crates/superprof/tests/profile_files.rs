@@ -326,6 +326,28 @@ fn filters_give_the_expected_subsets() {
     assert_eq!(one.total(), all.total());
     let none = report(&["--format", "folded", "--tid", "1"]);
     assert!(none.trim().is_empty());
+    // A --focus that names no function is an error naming the near ones (issue 34), not an
+    // empty profile; an --exclude that names none is said, and leaves everything.
+    let typo = superprof()
+        .arg("report")
+        .arg(&r.parquet)
+        .args(["--format", "folded", "--focus", "work_betta"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&typo, "did you mean work_beta");
+    assert!(typo.stdout.is_empty());
+    let out = superprof()
+        .arg("report")
+        .arg(&r.parquet)
+        .args(["--format", "folded", "--exclude", "no_such_function_here"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names no function"));
+    assert_eq!(
+        Folded::parse(&String::from_utf8_lossy(&out.stdout)).total(),
+        all.total()
+    );
 }
 
 #[test]

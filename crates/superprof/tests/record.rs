@@ -423,6 +423,38 @@ fn command_output_and_exit_status_are_forwarded() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("to-stderr"));
 }
 
+/// Issue 34: the command without `--`, as perf and samply take it: every word after the
+/// program is the program's own (`-c`, `-q` here are sh's, not superprof's), and superprof's
+/// options before it still count (perf's `-g` among them). The summary says "1 thread", not
+/// "1 threads".
+#[test]
+fn a_command_given_without_dashes_keeps_its_arguments() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("no-dashes");
+    let folded = dir.path("sh.folded");
+    let out = superprof()
+        .args(["record", "-o"])
+        .arg(&folded)
+        .args([
+            "-q",
+            "-g",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo \"$0 $1\"; exit 5",
+            "-q",
+            "-o",
+        ])
+        .current_dir(&dir.0)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "-q -o\n");
+    // -q was superprof's (no table) before the program, and the profile went to -o's file.
+    assert!(Folded::read(&folded).total() > 0);
+    assert!(stderr.contains(" from 1 thread in "), "{stderr}");
+}
+
 #[test]
 fn svg_output_is_a_flamegraph() {
     let _cpu = cpu_lock();

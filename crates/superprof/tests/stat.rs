@@ -18,7 +18,7 @@ const ENGINES: [&str; 3] = ["uprobe", "ptrace", "in-process"];
 fn on<'a>(engine: &'a str, args: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec!["--engine", engine];
     v.extend_from_slice(args);
-    if engine == "in-process" && !args.contains(&"-e") && !args.contains(&"-g") {
+    if engine == "in-process" && !args.contains(&"-e") && !args.contains(&"--group") {
         v.extend(["-e", "task-clock"]);
     }
     v
@@ -762,7 +762,10 @@ fn a_function_in_a_library_loaded_later_with_dlopen() {
         let steal = Steal::start();
         let (doc, out) = stat_doc(
             &dir,
-            &on(engine, &["-r", "lib_hot", "-g", "task-clock,page-faults"]),
+            &on(
+                engine,
+                &["-r", "lib_hot", "--group", "task-clock,page-faults"],
+            ),
             &[exe.as_os_str(), lib.as_os_str(), "0.3".as_ref()],
         );
         assert_eq!(calls_of(&doc, "lib_hot"), Some(1), "{engine}: {doc}");
