@@ -48,7 +48,7 @@ pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
 }
 
 /// A name as one frame of a folded line: escaped, and no `;` that would split it.
-fn clean(name: &str) -> Cow<'_, str> {
+pub(crate) fn clean(name: &str) -> Cow<'_, str> {
     match crate::escape(name) {
         Cow::Borrowed(s) if !s.contains(';') => Cow::Borrowed(s),
         e => Cow::Owned(e.replace(';', ":")),

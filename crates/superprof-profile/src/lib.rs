@@ -43,6 +43,7 @@ pub mod parca;
 pub mod parquet;
 pub mod pprof;
 pub mod pprof_pb;
+pub mod sort;
 pub mod speedscope;
 pub mod spill;
 mod strings;

@@ -238,6 +238,11 @@ pub struct ReportArgs {
     /// Drop stacks through this function
     #[arg(long, value_name = "FUNC")]
     pub exclude: Option<String>,
+    /// Group the samples by these keys, as perf report --sort: comm, pid, tid, dso, sym (any
+    /// of them, comma-separated); for the table (each group's share) and folded stacks (rooted
+    /// at the process and thread keys, frames named by the frame keys)
+    #[arg(long, value_name = "KEYS")]
+    pub sort: Option<String>,
     /// Keep only on-CPU samples (of a profile recorded with --off-cpu)
     #[arg(long = "on-cpu", conflicts_with = "off_cpu")]
     pub on_cpu: bool,

@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context, Result};
+use superprof_profile::sort::SortKey;
 use superprof_profile::{Filter, OutputFormat};
 
 use crate::cli::ReportArgs;
@@ -19,6 +20,8 @@ pub struct ReportConfig {
     pub absolute: bool,
     /// Full function names in the table.
     pub verbose: bool,
+    /// `--sort KEYS`: the table and folded stacks by those keys.
+    pub sort: Option<Vec<SortKey>>,
 }
 
 impl ReportConfig {
@@ -40,7 +43,14 @@ impl ReportConfig {
                 None => Ok(None),
             }
         };
+        let sort = a
+            .sort
+            .as_deref()
+            .map(SortKey::parse_list)
+            .transpose()
+            .map_err(|e| anyhow!(e))?;
         Ok(ReportConfig {
+            sort,
             file: a.file,
             format,
             output: a.output,
@@ -74,6 +84,11 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
     }
     if cfg.diff.is_some() && !superprof_profile::diff::supports(cfg.format) {
         bail!("--diff writes top, folded or svg");
+    }
+    if cfg.sort.is_some()
+        && (cfg.diff.is_some() || !matches!(cfg.format, OutputFormat::Top | OutputFormat::Folded))
+    {
+        bail!("--sort groups the table and folded stacks (not with --diff)");
     }
     let read = |file: &std::path::Path| -> Result<superprof_profile::Profile> {
         let profile = superprof_profile::parquet::read(file)
@@ -150,10 +165,16 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
                 };
                 superprof_profile::diff::write(b, &profile, cfg.format, opts, &title, w)
             }
-            None if cfg.format == OutputFormat::Top => {
-                superprof_profile::top::write_styled(&profile, &style, w)
-            }
-            None => superprof_profile::output::write(&profile, cfg.format, &title, w),
+            None => match (&cfg.sort, cfg.format) {
+                (Some(keys), OutputFormat::Top) => {
+                    superprof_profile::sort::write_table(&profile, keys, 40, w)
+                }
+                (Some(keys), _) => superprof_profile::sort::write_folded(&profile, keys, w),
+                (None, OutputFormat::Top) => {
+                    superprof_profile::top::write_styled(&profile, &style, w)
+                }
+                (None, format) => superprof_profile::output::write(&profile, format, &title, w),
+            },
         }
     };
     match &cfg.output {

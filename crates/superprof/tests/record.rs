@@ -563,6 +563,107 @@ fn children_of_a_launched_command_are_profiled() {
     assert!(work > 0.9, "work share {work}");
 }
 
+/// Issue 34: `report --sort comm` splits a command's processes by name, as perf report
+/// --sort comm does: two copies of one program under two names, run one after the other
+/// (0.4 s and 0.8 s of CPU), each group's samples what DuckDB counts for that process in the
+/// Parquet file, their split within 4σ of the 1:2 they ran; the folded stacks rooted at each
+/// process's name.
+#[test]
+fn report_sort_comm_splits_a_commands_programs_by_name() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("sort-comm");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    for name in ["alpha_prog", "beta_prog"] {
+        std::fs::copy(&exe, dir.path(name)).unwrap();
+    }
+    let parquet = dir.path("s.parquet");
+    let script = format!(
+        "{} 0.4; {} 0.8",
+        dir.path("alpha_prog").display(),
+        dir.path("beta_prog").display()
+    );
+    run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&parquet)
+            .args(["sh", "-c", &script]),
+    );
+    let table = String::from_utf8(
+        run_ok(
+            superprof()
+                .arg("report")
+                .arg(&parquet)
+                .args(["--sort", "comm"]),
+        )
+        .stdout,
+    )
+    .unwrap();
+    let samples = |name: &str| -> u64 {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+    };
+    let (a, b) = (samples("alpha_prog"), samples("beta_prog"));
+    let duck = run_ok(Command::new("python3").arg("-c").arg(
+        "import duckdb, sys\n\
+         for name, n in duckdb.sql(f\"select thread_name, count(*) from read_parquet('{sys.argv[1]}') \
+         where pid = tid group by thread_name\").fetchall(): print(name, n)",
+    ).arg(&parquet));
+    let duck: BTreeMap<String, u64> = String::from_utf8_lossy(&duck.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect();
+    assert_eq!((a, b), (duck["alpha_prog"], duck["beta_prog"]), "{table}");
+    assert_share(
+        "alpha_prog of the two",
+        a as f64 / (a + b) as f64,
+        1.0 / 3.0,
+        a + b,
+    );
+    let folded = Folded::parse(
+        &String::from_utf8(
+            run_ok(
+                superprof()
+                    .arg("report")
+                    .arg(&parquet)
+                    .args(["--sort", "comm", "--format", "folded"]),
+            )
+            .stdout,
+        )
+        .unwrap(),
+    );
+    let per_root = |name: &str| -> u64 {
+        folded
+            .0
+            .iter()
+            .filter(|(s, _)| s[0] == name)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert_eq!((per_root("alpha_prog"), per_root("beta_prog")), (a, b));
+    // perf's other keys, and a key it does not know.
+    let out = run_ok(
+        superprof()
+            .arg("report")
+            .arg(&parquet)
+            .args(["--sort", "pid,dso,sym"]),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("work_alpha"));
+    let bad = superprof()
+        .arg("report")
+        .arg(&parquet)
+        .args(["--sort", "cpu"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&bad, "unknown sort key 'cpu'");
+}
+
 #[test]
 fn demo_writes_demo_svg_with_the_planned_split() {
     let _cpu = cpu_lock();
