@@ -21,9 +21,12 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
     } else {
         1.0
     };
-    // Shared frames, keyed as speedscope shows them.
+    // Shared frames, one per function (and file), as speedscope takes a frame: a function
+    // whose samples are at several lines (main calling two functions) is one frame, or its
+    // Sandwich and Left Heavy views would split it and never show it at 100% (issue 34). Its
+    // line is the lowest seen, the nearest its start.
     let mut frames: Vec<serde_json::Value> = Vec::new();
-    let mut frame_index: HashMap<(crate::StrId, Option<crate::StrId>, u32), usize> = HashMap::new();
+    let mut frame_index: HashMap<(crate::StrId, Option<crate::StrId>), usize> = HashMap::new();
     // Each distinct list of frame indexes (root first) by a number of its own, and the number
     // of each stack's list (two stacks of different addresses may show as one list).
     let mut stack_number: HashMap<Option<StackId>, u32> = HashMap::new();
@@ -40,19 +43,21 @@ pub fn write(profile: &Profile, w: &mut dyn Write) -> io::Result<()> {
                 .stack_frames(s.stack)
                 .map(|fid| {
                     let f = profile.frame(fid);
-                    *frame_index
-                        .entry((f.function, f.file, f.line))
-                        .or_insert_with(|| {
-                            let mut v = json!({ "name": profile.str(f.function) });
-                            if let Some(file) = f.file {
-                                v["file"] = json!(profile.str(file));
-                                if f.line > 0 {
-                                    v["line"] = json!(f.line);
-                                }
-                            }
-                            frames.push(v);
-                            frames.len() - 1
-                        })
+                    let i = *frame_index.entry((f.function, f.file)).or_insert_with(|| {
+                        let mut v = json!({ "name": profile.str(f.function) });
+                        if let Some(file) = f.file {
+                            v["file"] = json!(profile.str(file));
+                        }
+                        frames.push(v);
+                        frames.len() - 1
+                    });
+                    if f.file.is_some() && f.line > 0 {
+                        let v = &mut frames[i];
+                        if v["line"].as_u64().is_none_or(|l| u64::from(f.line) < l) {
+                            v["line"] = json!(f.line);
+                        }
+                    }
+                    i
                 })
                 .collect();
             list.reverse();
@@ -163,5 +168,37 @@ mod tests {
         assert_eq!(profiles[0]["weights"], json!([2e6, 1e6, 3e6]));
         assert_eq!(profiles[0]["endValue"], json!(6e6));
         assert_eq!(profiles[1]["samples"], json!([[1]]));
+    }
+
+    #[test]
+    fn a_function_seen_at_several_lines_is_one_frame() {
+        let mut p = Profile::default();
+        p.meta.frequency = 1000;
+        let t = p.add_thread(1, 1, "main");
+        // main calling f at line 7 and g at line 4: one main, at its lowest line.
+        let main7 = p.intern_frame_named("main", "m", Some("a.c"), 7, 1, false);
+        let main4 = p.intern_frame_named("main", "m", Some("a.c"), 4, 2, false);
+        let f = p.intern_frame_named("f", "m", Some("a.c"), 20, 3, false);
+        let g = p.intern_frame_named("g", "m", Some("a.c"), 30, 4, false);
+        let s7 = p.intern_stack(None, main7);
+        let s4 = p.intern_stack(None, main4);
+        let sf = p.intern_stack(Some(s7), f);
+        let sg = p.intern_stack(Some(s4), g);
+        p.add_sample(0, t, 0, 1, Some(sf));
+        p.add_sample(1, t, 0, 1, Some(sg));
+        let mut out = Vec::new();
+        write(&p, &mut out).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let frames = doc["shared"]["frames"].as_array().unwrap();
+        let mains: Vec<&serde_json::Value> =
+            frames.iter().filter(|v| v["name"] == "main").collect();
+        assert_eq!(
+            mains,
+            vec![&json!({"name": "main", "file": "a.c", "line": 4})]
+        );
+        // Both samples' stacks start at that one frame.
+        let samples = doc["profiles"][0]["samples"].as_array().unwrap();
+        let root = |i: usize| samples[i][0].clone();
+        assert_eq!(root(0), root(1));
     }
 }
