@@ -11,10 +11,24 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
-use crate::{Profile, StackId};
+use crate::{Frame, Profile, StackId};
 
-/// The folded lines as a map from stack text to weight.
+/// The folded lines as a map from stack text to weight: each stack under its thread's name.
 pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
+    collapse_with(
+        profile,
+        |thread| vec![profile.thread_name(thread).to_owned()],
+        |f| profile.str(f.function).to_owned(),
+    )
+}
+
+/// The folded lines of `profile`, each stack under the root frames `root` gives its thread
+/// (index), its frames named by `frame`; names made safe for the format here.
+pub(crate) fn collapse_with(
+    profile: &Profile,
+    root: impl Fn(u32) -> Vec<String>,
+    frame: impl Fn(&Frame) -> String,
+) -> BTreeMap<String, u64> {
     // Weight per (thread, leaf), then one text per distinct pair: the work and the memory
     // follow the size of the output, whatever the depth of the stacks.
     let mut per_leaf: HashMap<(u32, Option<StackId>), u64> = HashMap::new();
@@ -26,19 +40,25 @@ pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
     let mut frames = Vec::new();
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for ((thread, leaf), weight) in per_leaf {
-        let mut text = clean(profile.thread_name(thread)).into_owned();
+        let mut text = root(thread)
+            .iter()
+            .map(|r| clean(r).into_owned())
+            .collect::<Vec<_>>()
+            .join(";");
         match leaf {
             Some(_) => {
                 frames.clear();
                 frames.extend(profile.stack_frames(leaf));
                 for f in frames.iter().rev() {
-                    let name = names[f.0 as usize].get_or_insert_with(|| {
-                        clean(profile.str(profile.frame(*f).function)).into_owned()
-                    });
-                    text.push(';');
+                    let name = names[f.0 as usize]
+                        .get_or_insert_with(|| clean(&frame(profile.frame(*f))).into_owned());
+                    if !text.is_empty() {
+                        text.push(';');
+                    }
                     text.push_str(name);
                 }
             }
+            None if text.is_empty() => text.push_str("[unknown]"),
             None => text.push_str(";[unknown]"),
         }
         let w = lines.entry(text).or_default();
@@ -48,7 +68,7 @@ pub fn collapse(profile: &Profile) -> BTreeMap<String, u64> {
 }
 
 /// A name as one frame of a folded line: escaped, and no `;` that would split it.
-pub(crate) fn clean(name: &str) -> Cow<'_, str> {
+fn clean(name: &str) -> Cow<'_, str> {
     match crate::escape(name) {
         Cow::Borrowed(s) if !s.contains(';') => Cow::Borrowed(s),
         e => Cow::Owned(e.replace(';', ":")),

@@ -117,15 +117,24 @@ fn values(
         .collect()
 }
 
+/// The samples' weight per (thread index, leaf stack).
+fn weight_per_leaf(p: &Profile) -> HashMap<(u32, Option<StackId>), u64> {
+    let mut per_leaf: HashMap<(u32, Option<StackId>), u64> = HashMap::new();
+    for s in &p.samples {
+        let e = per_leaf.entry((s.thread, s.stack)).or_default();
+        *e = e.saturating_add(s.weight);
+    }
+    per_leaf
+}
+
 /// The groups of `keys` with their weights, heaviest first (then by their values).
 pub fn groups(p: &Profile, keys: &[SortKey]) -> Vec<(Vec<String>, u64)> {
     let names = process_names(p);
     let mut acc: HashMap<Vec<String>, u64> = HashMap::new();
-    for s in &p.samples {
-        let w = acc
-            .entry(values(p, &names, keys, (s.thread, s.stack)))
-            .or_default();
-        *w = w.saturating_add(s.weight);
+    // The keys' texts once per distinct (thread, leaf), not once per sample.
+    for (pair, weight) in weight_per_leaf(p) {
+        let w = acc.entry(values(p, &names, keys, pair)).or_default();
+        *w = w.saturating_add(weight);
     }
     let mut out: Vec<(Vec<String>, u64)> = acc.into_iter().collect();
     out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -203,31 +212,11 @@ pub fn write_folded(p: &Profile, keys: &[SortKey], w: &mut dyn Write) -> io::Res
             _ => p.str(f.function).to_owned(),
         }
     };
-    let mut lines: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut per_leaf: HashMap<(u32, Option<StackId>), u64> = HashMap::new();
-    for s in &p.samples {
-        let e = per_leaf.entry((s.thread, s.stack)).or_default();
-        *e = e.saturating_add(s.weight);
-    }
-    for ((thread, leaf), weight) in per_leaf {
-        let mut parts: Vec<String> = values(p, &names, &roots, (thread, leaf));
-        let mut frames: Vec<String> = p
-            .stack_frames(leaf)
-            .map(|f| frame_name(p.frame(f)))
-            .collect();
-        frames.reverse();
-        if frames.is_empty() {
-            frames.push("[unknown]".into());
-        }
-        parts.extend(frames);
-        let text = parts
-            .iter()
-            .map(|x| crate::folded::clean(x).into_owned())
-            .collect::<Vec<_>>()
-            .join(";");
-        let e = lines.entry(text).or_default();
-        *e = e.saturating_add(weight);
-    }
+    let lines = crate::folded::collapse_with(
+        p,
+        |thread| values(p, &names, &roots, (thread, None)),
+        frame_name,
+    );
     for (stack, count) in lines {
         writeln!(w, "{stack} {count}")?;
     }
@@ -307,5 +296,8 @@ mod tests {
         );
         let f = text(|w| write_folded(&p, &[SortKey::Pid, SortKey::Tid, SortKey::Dso], w));
         assert!(f.contains("10;11;cc;cc;libc.so.6 1\n"), "{f}");
+        // Frame keys only: no root, the stacks by module.
+        let f = text(|w| write_folded(&p, &[SortKey::Dso], w));
+        assert_eq!(f, "cc;cc 3\ncc;cc;libc.so.6 5\n");
     }
 }
