@@ -19,6 +19,9 @@ pub struct Filter {
     pub exclude: Option<String>,
     /// Keep only on-CPU samples (`Some(false)`) or only off-CPU ones (`Some(true)`).
     pub off_cpu: Option<bool>,
+    /// Keep only the samples of this event (of a profile of several, `record -e A,B`): the
+    /// profile becomes one of that event alone.
+    pub event: Option<String>,
 }
 
 /// The functions a name selects: those named exactly so, or, when none is, those whose name
@@ -77,6 +80,12 @@ impl Filter {
     /// empty profile.)
     pub fn unmatched(&self, p: &Profile) -> Vec<(&'static str, String, Vec<String>)> {
         let mut out = Vec::new();
+        if let Some(name) = &self.event {
+            let names: Vec<String> = p.meta.event_list().into_iter().map(|e| e.name).collect();
+            if !names.contains(name) {
+                out.push(("--event", name.clone(), names));
+            }
+        }
         for (flag, pattern) in [("--focus", &self.focus), ("--exclude", &self.exclude)] {
             let Some(pattern) = pattern else { continue };
             if matching(p, pattern).is_empty() {
@@ -96,6 +105,7 @@ impl Filter {
             && self.focus.is_none()
             && self.exclude.is_none()
             && self.off_cpu.is_none()
+            && self.event.is_none()
     }
 
     /// A new profile with the samples (and stacks) the filter keeps.
@@ -104,12 +114,25 @@ impl Filter {
         let exclude = self.exclude.as_deref().map(|f| matching(p, f));
         let mut out = Profile::default();
         out.meta = p.meta.clone();
+        let events = p.meta.event_list();
+        let event = self
+            .event
+            .as_ref()
+            .map(|name| events.iter().position(|e| e.name == *name));
+        if let Some(i) = event {
+            let e = i.and_then(|i| events.get(i)).cloned();
+            out.meta.event = e.as_ref().map_or_else(String::new, |e| e.name.clone());
+            out.meta.events = e.into_iter().filter(|e| e.counted).collect();
+        }
         let mut threads: HashMap<u32, u32> = HashMap::new();
         let mut frames: HashMap<FrameId, FrameId> = HashMap::new();
         // Old stack -> new stack (None inside: keep the sample with no stack; outer None: drop).
         let mut stacks: HashMap<Option<StackId>, Option<Option<StackId>>> = HashMap::new();
         for s in &p.samples {
             let t = &p.threads[s.thread as usize];
+            if event.is_some_and(|e| e != Some(s.event as usize)) {
+                continue;
+            }
             if self.off_cpu.is_some_and(|off| s.kind.is_off_cpu() != off) {
                 continue;
             }
@@ -149,7 +172,12 @@ impl Filter {
                 let name = p.str(t.name).to_owned();
                 out.add_thread(t.pid, t.tid, &name)
             });
-            out.add_sample_of(s.kind, s.time_ns, thread, s.cpu, s.weight, stack);
+            out.samples.push(crate::Sample {
+                thread,
+                stack,
+                event: if event.is_some() { 0 } else { s.event },
+                ..s
+            });
         }
         out
     }

@@ -54,6 +54,7 @@ pub mod tree;
 pub use escape::escape;
 pub use filter::{near_names, Filter};
 pub use model::{
-    Frame, FrameId, Meta, Profile, Sample, SampleKind, SampleLog, StackId, StackNode, StrId, Thread,
+    EventInfo, Frame, FrameId, Meta, Profile, Sample, SampleKind, SampleLog, StackId, StackNode,
+    StrId, Thread,
 };
 pub use output::{write_atomic, OutputFormat};

@@ -109,6 +109,9 @@ pub struct Sample {
     pub stack: Option<StackId>,
     /// On-CPU time, or a wait or preemption off the CPU.
     pub kind: SampleKind,
+    /// The event it is a sample of: an index into [`Meta::event_list`] (0 where one event
+    /// was sampled).
+    pub event: u8,
 }
 
 impl crate::spill::Spill for Sample {
@@ -122,7 +125,7 @@ impl crate::spill::Spill for Sample {
         out.extend_from_slice(&self.thread.to_le_bytes());
         out.extend_from_slice(&self.cpu.to_le_bytes());
         out.extend_from_slice(&self.stack.map_or(0, |s| s.0).to_le_bytes());
-        out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, 0, 0]);
+        out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, self.event, 0]);
     }
     fn get(b: &[u8]) -> Option<Sample> {
         use crate::spill::{le_u32, le_u64};
@@ -136,6 +139,7 @@ impl crate::spill::Spill for Sample {
                 _ => Some(StackId(le_u32(b, 24)?)),
             },
             kind: *SampleKind::ALL.get(*b.get(29)? as usize)?,
+            event: *b.get(30)?,
         })
     }
 }
@@ -150,8 +154,11 @@ pub struct Meta {
     /// The profiled program's command line (program and arguments); empty when not known.
     pub command: Vec<String>,
     /// What was sampled, as the sampler names it (`cycles`, `cpu-clock`, `cpu-time (SIGPROF,
-    /// in process)`...).
+    /// in process)`...); the events' names, comma-separated, where `events` lists several.
     pub event: String,
+    /// The events of a `record -e` (each sample's [`Sample::event`] indexes them); empty for
+    /// one event of CPU time, `event`.
+    pub events: Vec<EventInfo>,
     /// Samples per second asked for (or lowered to the kernel's maximum); 0 when not known.
     pub frequency: u32,
     /// Wall-clock start (Unix epoch, ns).
@@ -175,7 +182,63 @@ pub struct Meta {
     pub off_cpu: String,
 }
 
+/// An event sampled by `record -e`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventInfo {
+    /// Its name as perf spells it: `page-faults`, `cycles:u`, `sched:sched_switch`.
+    pub name: String,
+    /// A sample's weight counts occurrences of the event (the sample's period), not
+    /// sampling periods of CPU time (`cpu-clock` and `task-clock` are time; any other event
+    /// is counted).
+    pub counted: bool,
+}
+
 impl Meta {
+    /// The events sampled, in the order of [`Sample::event`]: `events`, or the one event of
+    /// CPU time named `event`.
+    pub fn event_list(&self) -> Vec<EventInfo> {
+        if self.events.is_empty() {
+            vec![EventInfo {
+                name: self.event.clone(),
+                counted: false,
+            }]
+        } else {
+            self.events.clone()
+        }
+    }
+
+    /// Whether the profile's weights count events rather than periods of time: its only
+    /// event is a counted one.
+    pub fn counted(&self) -> bool {
+        matches!(self.events.as_slice(), [e] if e.counted)
+    }
+
+    /// The index of event `e` in [`Meta::event_list`], added to the list where it is not in it
+    /// (at most 256 events: later ones share the last index).
+    pub fn event_index(&mut self, e: EventInfo) -> u8 {
+        // A profile with no event yet takes this one.
+        if self.events.is_empty() && self.event.is_empty() {
+            self.event = e.name.clone();
+            if e.counted {
+                self.events.push(e);
+            }
+            return 0;
+        }
+        let list = self.event_list();
+        if let Some(i) = list.iter().position(|x| *x == e) {
+            return i.min(255) as u8;
+        }
+        self.events = list;
+        self.events.push(e);
+        self.event = self
+            .events
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        (self.events.len() - 1).min(255) as u8
+    }
+
     /// The sampling period in nanoseconds (1 s / `frequency`; `frequency` 0 counts as 1 Hz).
     pub fn period_ns(&self) -> u64 {
         1_000_000_000 / u64::from(self.frequency.max(1))
@@ -291,11 +354,19 @@ impl Profile {
                 ..smp
             });
         }
+        // The other's events, by name in this one's list (added where missing).
+        let events: Vec<u8> = other
+            .meta
+            .event_list()
+            .into_iter()
+            .map(|e| self.meta.event_index(e))
+            .collect();
         for smp in &other.samples {
             self.samples.push(Sample {
                 time_ns: smp.time_ns.saturating_add(shift),
                 thread: threads[smp.thread as usize],
                 stack: smp.stack.map(|s| stacks[s.0 as usize]),
+                event: events.get(smp.event as usize).copied().unwrap_or(0),
                 ..smp
             });
         }
@@ -437,6 +508,7 @@ impl Profile {
             weight,
             stack,
             kind,
+            event: 0,
         });
     }
 
@@ -506,6 +578,7 @@ mod tests {
                 weight: 3,
                 stack: Some(StackId(0)),
                 kind: SampleKind::OffCpu,
+                event: 7,
             },
             Sample {
                 time_ns: 0,
@@ -514,6 +587,7 @@ mod tests {
                 weight: 1,
                 stack: None,
                 kind: SampleKind::OnCpu,
+                event: 0,
             },
         ] {
             let mut b = Vec::new();

@@ -109,6 +109,14 @@ impl OutputFormat {
         NAMES.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
     }
 
+    /// Its name on the command line (`--format NAME`).
+    pub fn name(self) -> &'static str {
+        NAMES
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map_or("?", |&(n, _)| n)
+    }
+
     /// The names `--format` takes, for messages ("top, tree, ... or html").
     pub fn names() -> String {
         let all: Vec<&str> = NAMES.iter().map(|(n, _)| *n).collect();
@@ -134,6 +142,13 @@ pub fn write(
     title: &str,
     w: &mut (dyn Write + Send),
 ) -> io::Result<()> {
+    // A profile of several events: the table shows each, Parquet keeps all; the other
+    // formats show one, the first (`report --event` picks another).
+    if !matches!(format, OutputFormat::Top | OutputFormat::Parquet) {
+        if let Some(one) = first_event(profile, format.name()) {
+            return write(&one, format, title, w);
+        }
+    }
     match format {
         OutputFormat::Top => crate::top::write(profile, 40, w),
         OutputFormat::Tree => crate::tree::write(profile, w),
@@ -145,6 +160,26 @@ pub fn write(
         OutputFormat::Firefox => crate::firefox::write(profile, w),
         OutputFormat::Html => crate::html::write(profile, title, w),
     }
+}
+
+/// A profile of several events (`record -e A,B`) made one of its first event, for an output
+/// (`what`) that shows one, said on stderr; None for a profile of one event.
+pub fn first_event(profile: &Profile, what: &str) -> Option<Profile> {
+    let events = profile.meta.event_list();
+    let first = events.first().filter(|_| events.len() > 1)?.name.clone();
+    superprof_unwind::say!(
+        "superprof: the {what} output shows one event, {}, of {} (report --event NAME for \
+         another)",
+        crate::escape(&first),
+        crate::escape(&profile.meta.event)
+    );
+    Some(
+        crate::Filter {
+            event: Some(first),
+            ..Default::default()
+        }
+        .apply(profile),
+    )
 }
 
 /// Creates `path`, which must not exist yet (not even as a symlink): O_CREAT|O_EXCL|O_NOFOLLOW,

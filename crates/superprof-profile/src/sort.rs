@@ -185,7 +185,12 @@ pub fn write_table(
         l
     };
     let headers: Vec<String> = keys.iter().map(|k| k.header().to_owned()).collect();
-    writeln!(w, "{}", line("Overhead".into(), "Samples".into(), &headers))?;
+    let count = if p.meta.counted() {
+        "Events"
+    } else {
+        "Samples"
+    };
+    writeln!(w, "{}", line("Overhead".into(), count.into(), &headers))?;
     for ((_, weight), c) in rows.iter().zip(&cells) {
         let share = format!("{:.2}%", 100.0 * *weight as f64 / total as f64);
         writeln!(w, "{}", line(share, weight.to_string(), c))?;

@@ -321,15 +321,26 @@ pub fn summary(profile: &Profile) -> String {
         0.0 => String::new(),
         hz => format!(" ({hz:.0} Hz delivered)"),
     };
+    // A counted event's weights are its occurrences, not samples.
+    let (samples, rate) = if profile.meta.counted() {
+        (
+            profile.samples.len() as u64,
+            format!(" ({} events)", profile.total_weight()),
+        )
+    } else {
+        (
+            on_cpu,
+            format!(" at {} Hz{delivered}", profile.meta.frequency),
+        )
+    };
     format!(
-        "{} samples of {} at {} Hz{delivered}, {} thread{}, {} lost",
-        on_cpu,
+        "{} samples of {}{rate}, {} thread{}, {} lost",
+        samples,
         if profile.meta.event.is_empty() {
             "?".into()
         } else {
             escape(&profile.meta.event)
         },
-        profile.meta.frequency,
         threads.len(),
         if threads.len() == 1 { "" } else { "s" },
         profile.meta.lost_samples
@@ -343,6 +354,22 @@ pub fn write(profile: &Profile, limit: usize, w: &mut dyn Write) -> io::Result<(
 
 /// Writes the table as `style` says.
 pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) -> io::Result<()> {
+    // A profile of several events: a table of each, in turn (as perf report shows them).
+    let events = profile.meta.event_list();
+    if events.len() > 1 {
+        for (i, e) in events.into_iter().enumerate() {
+            if i > 0 {
+                writeln!(w)?;
+            }
+            let one = crate::Filter {
+                event: Some(e.name),
+                ..Default::default()
+            }
+            .apply(profile);
+            write_styled(&one, style, w)?;
+        }
+        return Ok(());
+    }
     let total = profile.total_weight();
     writeln!(w, "{}", summary(profile))?;
     if total == 0 {
@@ -397,7 +424,11 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
             "{:>8} {:>8} {:>9}  {}",
             "Self%",
             "Total%",
-            "Samples",
+            if profile.meta.counted() {
+                "Events"
+            } else {
+                "Samples"
+            },
             layout.header()
         )?;
     }

@@ -77,7 +77,7 @@ pub fn run(args: &AgentConfig) -> Result<()> {
     let config = SamplerConfig {
         frequency: args.frequency,
         stack_size: args.stack_size,
-        off_cpu: false,
+        ..SamplerConfig::default()
     };
     let mut samplers = Vec::new();
     if args.pids.is_empty() {

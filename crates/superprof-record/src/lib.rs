@@ -74,6 +74,16 @@ pub enum Target {
     Pid(u32),
     /// A command to launch: the program and its arguments.
     Command(Vec<std::ffi::OsString>),
+    /// One thread of a process (perf's `-t TID`), and the threads it starts.
+    Thread(u32),
+    /// Every process of the machine (perf's `-a`; root), kernel frames too: on these CPUs
+    /// (perf's `-C`; None: all), while `command` runs (empty: until the duration or `stop`).
+    System {
+        /// The CPUs sampled (None: every online CPU).
+        cpus: Option<Vec<u32>>,
+        /// A command launched and waited for (its status is the recording's); empty: none.
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 /// A recording, as [`record`] takes it.
@@ -132,6 +142,9 @@ impl Recorded {
             0.0 => String::new(),
             hz => format!(", {hz:.0} Hz delivered"),
         };
+        if !p.meta.events.is_empty() {
+            return self.summary_of_events(threads.len());
+        }
         let off_cpu = if p.meta.off_cpu.is_empty() {
             String::new()
         } else {
@@ -150,6 +163,47 @@ impl Recorded {
             if self.kernel { "" } else { ", user space only" },
             threads.len(),
             if threads.len() == 1 { "" } else { "s" },
+            p.meta.duration_ns as f64 / 1e9,
+            p.meta.lost_samples,
+            p.meta.truncated_stacks,
+            match p.meta.truncation_reasons() {
+                r if r.is_empty() => String::new(),
+                r => format!(" ({r})"),
+            }
+        )
+    }
+}
+
+impl Recorded {
+    /// [`Recorded::summary`] of a recording of `-e` events: each one's samples, and the
+    /// occurrences they stand for where it is counted.
+    fn summary_of_events(&self, threads: usize) -> String {
+        let p = &self.profile;
+        let events = p.meta.event_list();
+        let mut samples = vec![0u64; events.len()];
+        let mut weight = vec![0u64; events.len()];
+        for s in &p.samples {
+            if let Some(n) = samples.get_mut(s.event as usize) {
+                *n += 1;
+                weight[s.event as usize] = weight[s.event as usize].saturating_add(s.weight);
+            }
+        }
+        let each: Vec<String> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                if e.counted {
+                    format!("{} of {} ({} events)", samples[i], e.name, weight[i])
+                } else {
+                    format!("{} of {} at {} Hz", samples[i], e.name, p.meta.frequency)
+                }
+            })
+            .collect();
+        format!(
+            "superprof: samples {}{} from {threads} thread{} in {:.2} s; {} lost, {} truncated stacks{}",
+            each.join(", "),
+            if self.kernel { "" } else { ", user space only" },
+            if threads == 1 { "" } else { "s" },
             p.meta.duration_ns as f64 / 1e9,
             p.meta.lost_samples,
             p.meta.truncated_stacks,
@@ -209,7 +263,11 @@ enum Source {
 /// A started recording, before its loop runs.
 struct Started {
     source: Source,
-    pid: u32,
+    /// The process (or thread) whose end ends the recording; None: the machine (`-a` with
+    /// no command), until the duration or `stop`.
+    pid: Option<u32>,
+    /// The whole machine is sampled (`-a`).
+    system: bool,
     launched: bool,
     command: Vec<String>,
     clock: Clock,
@@ -250,6 +308,19 @@ fn perf_denied(e: &SampleError) -> bool {
 /// Opens the sampler `cfg` asks for on `pid` (a launched child before exec, or a running
 /// process). `auto` falls back to ptrace, with a notice, where perf_event_open is refused.
 fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source> {
+    // The ptrace sampler samples CPU time, and nothing else.
+    let ptrace_refused = cfg
+        .sampler
+        .events
+        .iter()
+        .find(|e| !superprof_sample::is_time_event(e))
+        .map(|e| {
+            format!(
+                "the ptrace sampler samples CPU time only, not {}: sample it with \
+                 perf_event_open (--sampler perf)",
+                e.name
+            )
+        });
     let trace = || {
         let opts = TraceOptions {
             follow_forks: true,
@@ -261,6 +332,9 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
         }
     };
     if cfg.sampler_kind == SamplerKind::Ptrace {
+        if let Some(why) = ptrace_refused {
+            return Err(Error::Invalid(why));
+        }
         return Ok(Source::Ptrace(Box::new(trace()?)));
     }
     match PerfSampler::open(pid, mode, &cfg.sampler) {
@@ -282,52 +356,140 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
             }
             Ok(Source::Perf(Box::new(s)))
         }
-        Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => match trace() {
-            Ok(t) => {
-                if cfg.sampler.off_cpu {
-                    superprof_unwind::say!(
-                        "superprof: off-CPU time cannot be sampled with perf_event_open here \
-                         ({e}); sampling with ptrace in wall-clock mode instead"
-                    );
-                } else {
-                    superprof_unwind::say!(
-                        "superprof: perf_event_open is not available ({e}); sampling with \
-                         ptrace instead"
-                    );
-                }
-                Ok(Source::Ptrace(Box::new(t)))
+        Err(e) if cfg.sampler_kind == SamplerKind::Auto && perf_denied(&e) => {
+            if let Some(why) = ptrace_refused {
+                return Err(Error::Invalid(format!("{e}; and {why}")));
             }
-            Err(te) => Err(Error::Invalid(format!(
-                "{e}; the ptrace sampler cannot stand in: {te}"
-            ))),
-        },
+            fallback_to_ptrace(cfg, e, trace)
+        }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The ptrace sampler where perf_event_open was refused (`e`), with a notice.
+fn fallback_to_ptrace(
+    cfg: &RecordConfig,
+    e: SampleError,
+    trace: impl FnOnce() -> std::result::Result<Tracer, superprof_trace::TraceError>,
+) -> Result<Source> {
+    match trace() {
+        Ok(t) => {
+            if cfg.sampler.off_cpu {
+                superprof_unwind::say!(
+                    "superprof: off-CPU time cannot be sampled with perf_event_open here \
+                         ({e}); sampling with ptrace in wall-clock mode instead"
+                );
+            } else {
+                superprof_unwind::say!(
+                    "superprof: perf_event_open is not available ({e}); sampling with \
+                         ptrace instead"
+                );
+            }
+            Ok(Source::Ptrace(Box::new(t)))
+        }
+        Err(te) => Err(Error::Invalid(format!(
+            "{e}; the ptrace sampler cannot stand in: {te}"
+        ))),
+    }
+}
+
+/// A command, forked and waiting for its release to exec (with the runtime setup `cfg`
+/// asks for): the child, and the program's path.
+fn spawn_command(
+    cfg: &RecordConfig,
+    cmd: &[std::ffi::OsString],
+) -> Result<(PendingChild, std::path::PathBuf)> {
+    let first = cmd
+        .first()
+        .ok_or_else(|| Error::Invalid("no command given after --".into()))?;
+    let program = first.to_string_lossy();
+    let path = superprof_trace::resolve_command(first)
+        .ok_or_else(|| superprof_trace::CannotRun::not_found(first))?;
+    let setup = if cfg.runtime_setup {
+        runtime::setup(&path, cmd, |k| std::env::var_os(k))
+    } else {
+        runtime::Setup {
+            command: cmd.to_vec(),
+            ..runtime::Setup::default()
+        }
+    };
+    if let Some(notice) = &setup.notice {
+        superprof_unwind::say!("{notice}");
+    }
+    let child = PendingChild::spawn_with_env(&path, &setup.command, &setup.env)
+        .map_err(|e| Error::from(e).while_(format!("cannot start '{program}'")))?;
+    Ok((child, path))
+}
+
+/// Starts sampling the whole machine (on `cpus`), and `command` if one is given.
+fn start_system(
+    cfg: &RecordConfig,
+    cpus: Option<&[u32]>,
+    command: &[std::ffi::OsString],
+    collector: &mut Collector,
+) -> Result<Started> {
+    if cfg.sampler_kind == SamplerKind::Ptrace {
+        return Err(Error::Invalid(
+            "the ptrace sampler follows processes, not the machine: -a needs perf_event_open"
+                .into(),
+        ));
+    }
+    if cfg.sampler.off_cpu {
+        return Err(Error::Invalid(
+            "--off-cpu follows threads: it cannot go with -a or -C".into(),
+        ));
+    }
+    let sampler = PerfSampler::open_system_on(&cfg.sampler, cpus)?;
+    if let Some(notice) = sampler.throttle_notice() {
+        superprof_unwind::say!("{notice}");
+    }
+    let (pid, launched, command) = match command.first() {
+        Some(first) => {
+            let (mut child, path) = spawn_command(cfg, command)?;
+            let clock = Clock::now();
+            if let Err(e) = sampler.enable() {
+                child.abort();
+                return Err(e.into());
+            }
+            let pid = child.pid;
+            child
+                .release()
+                .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
+            return Ok(Started {
+                source: Source::Perf(Box::new(sampler)),
+                pid: Some(pid),
+                launched: true,
+                command: lossy(command),
+                clock,
+                cgroup: None,
+                java: false,
+                system: true,
+            });
+        }
+        None => (None, false, Vec::new()),
+    };
+    let clock = Clock::now();
+    sampler.enable()?;
+    let _ = collector;
+    Ok(Started {
+        source: Source::Perf(Box::new(sampler)),
+        pid,
+        launched,
+        command,
+        clock,
+        cgroup: None,
+        java: false,
+        system: true,
+    })
 }
 
 /// Starts sampling `cfg`'s target: a launched command is released to exec once its sampler runs.
 fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
     match &cfg.target {
+        Target::System { cpus, command } => start_system(cfg, cpus.as_deref(), command, collector),
         Target::Command(cmd) => {
-            let first = cmd
-                .first()
-                .ok_or_else(|| Error::Invalid("no command given after --".into()))?;
-            let program = first.to_string_lossy();
-            let path = superprof_trace::resolve_command(first)
-                .ok_or_else(|| superprof_trace::CannotRun::not_found(first))?;
-            let setup = if cfg.runtime_setup {
-                runtime::setup(&path, cmd, |k| std::env::var_os(k))
-            } else {
-                runtime::Setup {
-                    command: cmd.clone(),
-                    ..runtime::Setup::default()
-                }
-            };
-            if let Some(notice) = &setup.notice {
-                superprof_unwind::say!("{notice}");
-            }
-            let mut child = PendingChild::spawn_with_env(&path, &setup.command, &setup.env)
-                .map_err(|e| Error::from(e).while_(format!("cannot start '{program}'")))?;
+            let (mut child, path) = spawn_command(cfg, cmd)?;
+            let first = &cmd[0];
             if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid) {
                 let clock = Clock::now();
                 // Samples of the child before its exec are superprof's code: not kept.
@@ -343,12 +505,13 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                     .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
                 return Ok(Started {
                     source,
-                    pid: child.pid,
+                    pid: Some(child.pid),
                     launched: true,
                     command: lossy(cmd),
                     clock,
                     cgroup: Some(cg),
                     java: false,
+                    system: false,
                 });
             }
             let source = match open_source(cfg, child.pid, TargetMode::Launched) {
@@ -368,14 +531,16 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
             .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
             Ok(Started {
                 source,
-                pid: child.pid,
+                pid: Some(child.pid),
                 launched: true,
                 command: lossy(cmd),
                 clock,
                 cgroup: None,
                 java: false,
+                system: false,
             })
         }
+        Target::Thread(tid) => start_thread(cfg, *tid, collector),
         Target::Pid(pid) => {
             let pid = *pid;
             let source = open_source(cfg, pid, TargetMode::Attached)?;
@@ -402,16 +567,49 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 .collect();
             Ok(Started {
                 source,
-                pid,
+                pid: Some(pid),
                 launched: false,
                 command,
                 clock,
                 cgroup: None,
                 java: cfg.runtime_setup
                     && runtime::Runtime::of_program(&exe) == Some(runtime::Runtime::Java),
+                system: false,
             })
         }
     }
+}
+
+/// Starts sampling thread `tid` (and the threads it starts) of a running process.
+fn start_thread(cfg: &RecordConfig, tid: u32, collector: &mut Collector) -> Result<Started> {
+    if cfg.sampler_kind == SamplerKind::Ptrace {
+        return Err(Error::Invalid(
+            "the ptrace sampler follows whole processes: -t needs perf_event_open".into(),
+        ));
+    }
+    let sampler = PerfSampler::open_thread_only(tid, &cfg.sampler)?;
+    let pid = superprof_trace::tgid_of(tid).unwrap_or(tid);
+    collector.read_proc(pid, superprof_sample::monotonic_ns());
+    let clock = Clock::now();
+    sampler.enable()?;
+    if sampler.off_cpu_event().is_some() {
+        waits_under_way(collector, pid, cfg.sampler.stack_size);
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    Ok(Started {
+        source: Source::Perf(Box::new(sampler)),
+        pid: Some(tid),
+        launched: false,
+        command: cmdline
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+        clock,
+        cgroup: None,
+        java: false,
+        system: false,
+    })
 }
 
 /// The threads of an attached process that wait already (no switch out is to come for those
@@ -429,6 +627,7 @@ fn waits_under_way(collector: &mut Collector, pid: u32, stack_size: u32) {
             cpu: 0,
             period: 0,
             kernel_ips: Vec::new(),
+            user_ips: Vec::new(),
             regs: Some(superprof_unwind::UserRegs::at(b.pc, b.sp)),
             stack: &stack[..n],
             stack_full: n == stack.len(),
@@ -440,12 +639,16 @@ fn waits_under_way(collector: &mut Collector, pid: u32, stack_size: u32) {
 /// What a sampler loop reports.
 struct LoopResult {
     exit: Option<ExitStatus>,
-    event: &'static str,
+    event: String,
+    /// The events of `record -e`, and whether each is counted (empty: CPU time).
+    events: Vec<(String, bool)>,
     kernel: bool,
     /// The frequency sampled at (lower than asked when the kernel's maximum was).
     frequency: u32,
     /// How off-CPU time was recorded, if it was.
     off_cpu: Option<&'static str>,
+    /// The CPUs sampled.
+    cpus: u32,
 }
 
 /// Record's progress line: samples, threads and lost records so far.
@@ -483,18 +686,42 @@ impl Progress {
 
 /// Runs the sampler until the target ends, the duration passes or Ctrl-C.
 pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
+    if cfg.sampler.off_cpu {
+        if let Some(e) = cfg
+            .sampler
+            .events
+            .iter()
+            .find(|e| !superprof_sample::is_time_event(e))
+        {
+            return Err(Error::Invalid(format!(
+                "--off-cpu adds time off the CPU to CPU time: it cannot go with {}, which is \
+                 not time (sample cpu-clock, or leave -e out)",
+                e.name
+            )));
+        }
+    }
     let mut collector = Collector::default();
     let started = start(cfg, &mut collector)?;
     let mut progress = Progress::new(cfg);
     // The CPU time of what is profiled: a launched command's tree through the children's
     // rusage once it is waited for; an attached process through /proc.
+    // The whole machine (`-a`): the time of its CPUs sampled, idle or not (the clock samples
+    // the idle task too), set below.
     let (pid, launched) = (started.pid, started.launched);
-    let cpu_now = move || {
-        if launched {
-            Some(superprof_trace::children_cpu_time())
-        } else {
-            superprof_trace::process_tree_cpu_time(pid)
+    let system = started.system;
+    // One thread (`-t`): its own time.
+    let thread = match cfg.target {
+        Target::Thread(tid) => Some((superprof_trace::tgid_of(tid).unwrap_or(tid), tid)),
+        _ => None,
+    };
+    let cpu_now = move || match pid {
+        _ if system => None,
+        _ if launched => Some(superprof_trace::children_cpu_time()),
+        Some(_) if thread.is_some() => {
+            thread.and_then(|(p, t)| superprof_trace::thread_cpu_time(p, t))
         }
+        Some(pid) => superprof_trace::process_tree_cpu_time(pid),
+        None => None,
     };
     let cpu_before = cpu_now();
     let result = match started.source {
@@ -539,13 +766,29 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
         }
         _ => 0,
     };
+    if started.system {
+        profile.meta.cpu_time_ns = ended_ns
+            .saturating_sub(started.clock.monotonic_ns)
+            .saturating_mul(u64::from(result.cpus));
+    }
     profile.meta.command = started.command;
     profile.meta.event = if per_cpu {
         format!("{} (per CPU)", result.event)
     } else {
-        result.event.to_owned()
+        result.event.clone()
     };
     profile.meta.frequency = result.frequency;
+    // Several events, or one counted: each sample's event and what its weight counts.
+    if result.events.len() > 1 || result.events.iter().any(|e| e.1) {
+        profile.meta.events = result
+            .events
+            .iter()
+            .map(|(name, counted)| superprof_profile::EventInfo {
+                name: name.clone(),
+                counted: *counted,
+            })
+            .collect();
+    }
     profile.meta.off_cpu = result.off_cpu.unwrap_or_default().to_owned();
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
     // From the recording's start (before the command's exec: its first samples and waits
@@ -554,18 +797,28 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     superprof_resolve::stamp(&mut profile.meta);
     // An attached JVM's compiled methods, named by the map it writes when asked (a launched
     // one writes it at exit: see `runtime`).
-    if started.java && superprof_trace::process_alive(pid) && !runtime::java_perf_map(pid) {
-        superprof_unwind::say!(
-            "superprof: the JVM did not write its perf map (jcmd {pid} Compiler.perfmap): its \
+    if let Some(pid) = pid.filter(|&p| started.java && superprof_trace::process_alive(p)) {
+        if runtime::java_perf_map(pid) {
+            // (Named at the end, below.)
+        } else {
+            superprof_unwind::say!(
+                "superprof: the JVM did not write its perf map (jcmd {pid} Compiler.perfmap): its \
              compiled methods stay unnamed"
-        );
+            );
+        }
     }
     let profile = collector.finish(profile, started.clock.monotonic_ns);
     // Per task, a timer starts again in every new task: a tree of short ones goes partly
     // unseen. Say how much, where the rate tells (perf's cpu-clock keeps its rate per task).
     let cpu_s = profile.meta.cpu_time_ns as f64 / 1e9;
     let seen = profile.on_cpu_samples() as f64 / (cpu_s * f64::from(result.frequency.max(1)));
-    if launched && !per_cpu && result.event.starts_with("cpu-clock") && cpu_s > 0.05 && seen < 0.8 {
+    if launched
+        && !per_cpu
+        && !started.system
+        && result.event.starts_with("cpu-clock")
+        && cpu_s > 0.05
+        && seen < 0.8
+    {
         superprof_unwind::say!(
             "superprof: the samples cover {:.0}% of the {cpu_s:.2} s of {}CPU time the command's \
              processes used: tasks shorter than a sampling period are not seen when sampling per \

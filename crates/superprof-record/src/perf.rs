@@ -94,7 +94,7 @@ impl Drainer {
 pub(super) fn run(
     cfg: &RecordConfig,
     mut sampler: PerfSampler,
-    pid: u32,
+    pid: Option<u32>,
     launched: bool,
     collector: &mut Collector,
     progress: &mut Progress,
@@ -105,6 +105,11 @@ pub(super) fn run(
     if sampler.off_cpu_event().is_some() {
         collector.expect_switches();
     }
+    collector.set_events(
+        sampler.event_ids().clone(),
+        sampler.events().iter().map(|e| e.1).collect(),
+        sampler.fixed_period(),
+    );
     let mut drainer = Drainer::new(&sampler);
     let mut drain = |sampler: &mut PerfSampler, collector: &mut Collector, last: bool| {
         let horizon = if last { u64::MAX } else { Drainer::horizon() };
@@ -113,18 +118,20 @@ pub(super) fn run(
     let mut exit = None;
     let mut stopped_early = false;
     // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
-    let pidfd = superprof_trace::pidfd_open(pid);
+    let pidfd = pid.and_then(superprof_trace::pidfd_open);
     let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
     loop {
         sampler.wait(&extra, 50);
         drain(&mut sampler, collector, false);
-        if launched {
-            if let Some(status) = superprof_trace::try_wait(pid) {
-                exit = Some(status);
-                break;
+        match pid {
+            Some(pid) if launched => {
+                if let Some(status) = superprof_trace::try_wait(pid) {
+                    exit = Some(status);
+                    break;
+                }
             }
-        } else if !superprof_trace::process_alive(pid) {
-            break;
+            Some(pid) if !superprof_trace::process_alive(pid) => break,
+            _ => {}
         }
         if progress.should_stop(cfg) {
             stopped_early = true;
@@ -138,11 +145,13 @@ pub(super) fn run(
     drain(&mut sampler, collector, true);
     collector.close_waits(stopped);
     let off_cpu = sampler.off_cpu_event();
-    let event = sampler.event_name();
+    let event = sampler.event_name().to_owned();
+    let events = sampler.events().to_vec();
     let kernel = sampler.kernel_stacks();
     let frequency = sampler.frequency();
+    let cpus = sampler.cpus().len() as u32;
     drop(sampler); // closes every event: an attached process runs on untouched
-    if launched && exit.is_none() {
+    if let Some(pid) = pid.filter(|_| launched && exit.is_none()) {
         // Stopped by Ctrl-C or --duration: end the command as perf record does.
         if stopped_early {
             superprof_trace::kill(pid, libc::SIGTERM);
@@ -161,8 +170,10 @@ pub(super) fn run(
     Ok(LoopResult {
         exit,
         event,
+        events,
         kernel,
         frequency,
         off_cpu,
+        cpus,
     })
 }

@@ -84,7 +84,9 @@ pub(super) fn run(
     let killed = tracer.finish();
     Ok(LoopResult {
         exit: exit.or(killed),
-        event: "cpu-clock (ptrace)",
+        event: "cpu-clock (ptrace)".into(),
+        events: Vec::new(),
+        cpus: 0,
         off_cpu: cfg.sampler.off_cpu.then_some("ptrace wall-clock"),
         kernel: false,
         frequency: cfg.sampler.frequency,
@@ -101,6 +103,7 @@ fn record_of<'a>(s: &PtraceSample<'a>) -> SampleRecord<'a> {
         cpu: 0,
         period: 0,
         kernel_ips: Vec::new(),
+        user_ips: Vec::new(),
         regs: Some(s.regs),
         stack: s.stack,
         stack_full: s.stack_full,

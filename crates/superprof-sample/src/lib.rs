@@ -41,7 +41,8 @@ pub use cgroup::Cgroup;
 pub use counter::{probe, Counter, EventKind, EventSpec, Reading};
 pub use record::{cut_size, parse_record, split_records, stack_cut, Layout, Record, SampleRecord};
 pub use sampler::{
-    list_threads, max_sample_rate, online_cpus, PerfSampler, SampleError, SamplerConfig, TargetMode,
+    is_time_event, list_threads, max_sample_rate, online_cpus, parse_cpu_list, PerfSampler,
+    SampleError, SamplerConfig, TargetMode,
 };
 pub use sys::{euid, monotonic_ns, raise_fd_limit, vdso_image};
 

@@ -20,6 +20,7 @@ const PERF_RECORD_MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
 /// Callchain context markers (`enum perf_callchain_context`).
 const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
+const PERF_CONTEXT_USER: u64 = -512i64 as u64;
 
 /// One sample: where the thread was and the bytes of its user stack.
 #[derive(Debug)]
@@ -40,6 +41,9 @@ pub struct SampleRecord<'a> {
     /// Kernel frames, innermost first (empty when the sample was taken in user mode or kernel
     /// callchains are excluded).
     pub kernel_ips: Vec<u64>,
+    /// User frames the kernel walked by frame pointers (`--call-graph fp`), innermost (the
+    /// pc) first; empty otherwise.
+    pub user_ips: Vec<u64>,
     /// `None` when the sample has no user context (a kernel thread).
     pub regs: Option<UserRegs>,
     /// Copy of the user stack starting at `regs.sp`.
@@ -161,6 +165,12 @@ pub struct Layout {
     /// Number of user registers in each sample (bits set in `sample_regs_user`): at most 8; a
     /// sample parsed with more is refused as malformed.
     pub user_regs: usize,
+    /// Whether samples carry a copy of the user stack (PERF_SAMPLE_STACK_USER: not with
+    /// `--call-graph fp`).
+    pub stack_user: bool,
+    /// Whether samples carry their period (PERF_SAMPLE_PERIOD: not with a fixed period of
+    /// `record -c`, where the kernel would sample each software event, its period 1).
+    pub period: bool,
 }
 
 /// The most user registers a sample may carry for [`parse_record`].
@@ -234,9 +244,14 @@ pub fn stack_cut(
     read: impl Fn(usize) -> Option<u64>,
     layout: Layout,
 ) -> Option<(usize, usize, usize)> {
-    // Header 8, then IDENTIFIER, TID, TIME, CPU, PERIOD (8 each), CALLCHAIN's nr at 48.
-    let nr = usize::try_from(read(48)?).ok()?;
-    let abi_at = nr.checked_mul(8)?.checked_add(56)?;
+    if !layout.stack_user {
+        return None;
+    }
+    // Header 8, then IDENTIFIER, TID, TIME, CPU, PERIOD (8 each), CALLCHAIN's nr at 48
+    // (40 without PERIOD).
+    let nr_at = if layout.period { 48 } else { 40 };
+    let nr = usize::try_from(read(nr_at)?).ok()?;
+    let abi_at = nr.checked_mul(8)?.checked_add(nr_at + 8)?;
     let abi = read(abi_at)?;
     let regs = if abi != 0 { layout.user_regs } else { 0 };
     let size_at = abi_at.checked_add(8)?.checked_add(regs.checked_mul(8)?)?;
@@ -377,12 +392,18 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
     let time = c.u64()?;
     let cpu = c.u32()?;
     c.skip(4)?;
-    let period = c.u64()?;
+    let period = if layout.period { c.u64()? } else { 0 };
     let nr = c.u64()? as usize;
     let mut kernel_ips = Vec::new();
+    let mut user_ips = Vec::new();
+    let mut user = false;
     for _ in 0..nr {
         let ip = c.u64()?;
-        if ip < PERF_CONTEXT_MAX {
+        if ip >= PERF_CONTEXT_MAX {
+            user = ip == PERF_CONTEXT_USER;
+        } else if user {
+            user_ips.push(ip);
+        } else {
             kernel_ips.push(ip);
         }
     }
@@ -398,7 +419,11 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
     } else {
         None
     };
-    let size = c.u64()? as usize;
+    let size = if layout.stack_user {
+        c.u64()? as usize
+    } else {
+        0
+    };
     let (stack, stack_full) = if size > 0 {
         let data = c.bytes(size)?;
         let dyn_size = (c.u64()? as usize).min(size);
@@ -414,6 +439,7 @@ fn parse_sample<'a>(c: &mut Cursor<'a>, layout: Layout) -> Option<SampleRecord<'
         cpu,
         period,
         kernel_ips,
+        user_ips,
         regs,
         stack,
         stack_full,
@@ -449,7 +475,11 @@ mod tests {
 
     /// What the ring's cut drain writes for a record, done on a plain buffer.
     fn cut(r: &[u8]) -> Vec<u8> {
-        let layout = Layout { user_regs: 3 };
+        let layout = Layout {
+            user_regs: 3,
+            stack_user: true,
+            period: true,
+        };
         let read = |at: usize| Some(u64::from_ne_bytes(r.get(at..at + 8)?.try_into().ok()?));
         let Some((size_at, size, used)) = stack_cut(r.len(), read, layout) else {
             return r.to_vec();
@@ -468,7 +498,11 @@ mod tests {
 
     #[test]
     fn a_cut_stack_parses_as_the_whole_one() {
-        let layout = Layout { user_regs: 3 };
+        let layout = Layout {
+            user_regs: 3,
+            stack_user: true,
+            period: true,
+        };
         for (nr, size, used) in [(0, 4096, 0), (3, 4096, 100), (5, 4096, 4087), (2, 256, 13)] {
             let whole = sample_record(nr, size, used);
             let small = cut(&whole);
@@ -511,7 +545,16 @@ mod tests {
     }
 
     fn switch(misc: u16, body: &[u8]) -> Option<(u32, u64, bool, bool)> {
-        match parse_record(PERF_RECORD_SWITCH, misc, body, Layout { user_regs: 3 })? {
+        match parse_record(
+            PERF_RECORD_SWITCH,
+            misc,
+            body,
+            Layout {
+                user_regs: 3,
+                stack_user: true,
+                period: true,
+            },
+        )? {
             Record::Switch {
                 tid,
                 time,
@@ -544,7 +587,16 @@ mod tests {
     #[test]
     fn a_layout_of_too_many_registers_is_refused_not_a_panic() {
         fn parse(regs: usize, body: &[u8]) -> Option<Record<'_>> {
-            parse_record(PERF_RECORD_SAMPLE, 0, body, Layout { user_regs: regs })
+            parse_record(
+                PERF_RECORD_SAMPLE,
+                0,
+                body,
+                Layout {
+                    user_regs: regs,
+                    stack_user: true,
+                    period: true,
+                },
+            )
         }
         match parse(3, &sample_body(3)) {
             Some(Record::Sample(s)) => {

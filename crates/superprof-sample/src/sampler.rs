@@ -38,6 +38,17 @@ pub struct SamplerConfig {
     /// record PERF_RECORD_SWITCH records: off-CPU time (needs kernel sampling: root, or
     /// perf_event_paranoid at most 1).
     pub off_cpu: bool,
+    /// The events to sample (perf's `-e`), each into the same rings; empty: CPU time, by
+    /// `cycles` where the PMU counts them, else `cpu-clock`. An event without perf's
+    /// `:u`/`:k` modifiers samples the kernel too where the rights allow it.
+    pub events: Vec<crate::EventSpec>,
+    /// A fixed period for `events` (perf's `-c`): a sample every this many occurrences
+    /// (nanoseconds for cpu-clock and task-clock). None: `frequency` (tracepoints: every
+    /// occurrence).
+    pub period: Option<u64>,
+    /// perf's `--call-graph fp`: the kernel walks the user stack by frame pointers, and no
+    /// stack is copied (code built without frame pointers loses its callers).
+    pub frame_pointers: bool,
 }
 
 impl Default for SamplerConfig {
@@ -46,8 +57,19 @@ impl Default for SamplerConfig {
             frequency: 999,
             stack_size: 32 * 1024,
             off_cpu: false,
+            events: Vec::new(),
+            period: None,
+            frame_pointers: false,
         }
     }
+}
+
+/// Whether an event's samples are CPU time (cpu-clock, task-clock: each sample a period of
+/// 1 s / frequency), not occurrences of the event counted by their periods.
+pub fn is_time_event(spec: &crate::EventSpec) -> bool {
+    spec.type_ == sys::PERF_TYPE_SOFTWARE
+        && (spec.config == sys::PERF_COUNT_SW_CPU_CLOCK
+            || spec.config == sys::PERF_COUNT_SW_TASK_CLOCK)
 }
 
 /// Why the events could not be opened.
@@ -69,6 +91,17 @@ pub enum SampleError {
     /// [`SamplerConfig::frequency`] was 0.
     #[error("frequency must be at least 1 Hz")]
     ZeroFrequency,
+    /// [`SamplerConfig::period`] was 0.
+    #[error("the period must be at least 1")]
+    ZeroPeriod,
+    /// An event of [`SamplerConfig::events`] cannot be sampled here.
+    #[error("cannot sample {name}: {why}")]
+    Event {
+        /// The event, as given.
+        name: String,
+        /// The kernel's refusal, and what to do.
+        why: String,
+    },
     /// [`SamplerConfig::stack_size`] was 0, not a multiple of 8, or over 65528.
     #[error("stack size {0} is out of range: give a multiple of 8 between 8 and 65528 bytes")]
     BadStackSize(u32),
@@ -110,8 +143,14 @@ pub struct PerfSampler {
     /// Ring fds whose owning task exited: left out of poll, which would report them forever.
     hung_up: Vec<bool>,
     /// The event id accepted for each (tid, cpu); see [`PerfSampler::accept`].
-    owner: std::collections::HashMap<(u32, u32, bool), u64>,
-    event_name: &'static str,
+    owner: std::collections::HashMap<(u32, u32, u16), u64>,
+    event_name: String,
+    /// The events after the first one of `record -e A,B` (opened beside it, into its ring).
+    extra: Vec<PerfEventAttr>,
+    /// Each event's name, and whether its samples count occurrences (not CPU time).
+    events: Vec<(String, bool)>,
+    /// The event index of each event id, where several events are sampled.
+    event_ids: std::collections::HashMap<u64, u8>,
     kernel_stacks: bool,
     /// The frequency asked for, when the kernel's maximum was lower (see [`throttle`]).
     asked_frequency: Option<u32>,
@@ -121,6 +160,9 @@ pub struct PerfSampler {
     /// The ids of the context-switch events (an inherited event reports its parent's).
     switch_ids: std::collections::HashSet<u64>,
 }
+
+/// [`PerfSampler::accept`]'s tag of the context-switch event (others: their index).
+const SWITCH_TAG: u16 = 256;
 
 /// The frequency to sample at: the one asked for, or the kernel's maximum
 /// (perf_event_max_sample_rate) when that is lower. The kernel lowers its maximum by itself on
@@ -152,11 +194,36 @@ impl PerfSampler {
         Ok(sampler)
     }
 
+    /// Opens the events for one thread of a process (perf's `-t TID`), and the threads it
+    /// starts later; the process's other threads are not sampled. Enable them with
+    /// [`PerfSampler::enable`].
+    pub fn open_thread_only(tid: u32, config: &SamplerConfig) -> Result<Self, SampleError> {
+        let (mut sampler, config) = PerfSampler::empty(config)?;
+        if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
+            return Err(SampleError::NoSuchProcess(tid));
+        }
+        sampler.choose_attr_with(
+            tid,
+            TargetMode::Attached,
+            &config,
+            &|attr, cpu| sys::perf_event_open(attr, tid as i32, cpu),
+            &|_| {},
+        )?;
+        if config.off_cpu {
+            sampler.choose_switch_attr(tid, TargetMode::Attached)?;
+        }
+        sampler.open_thread(tid)?;
+        Ok(sampler)
+    }
+
     /// A sampler with no event open yet, for `config` checked (and its frequency throttled to
     /// the kernel's maximum); the config to open its events with.
     fn empty(config: &SamplerConfig) -> Result<(Self, SamplerConfig), SampleError> {
         if config.frequency == 0 {
             return Err(SampleError::ZeroFrequency);
+        }
+        if config.period == Some(0) {
+            return Err(SampleError::ZeroPeriod);
         }
         if config.stack_size == 0
             || !config.stack_size.is_multiple_of(8)
@@ -183,12 +250,18 @@ impl PerfSampler {
                 (ring_pages(config.stack_size) * 4)
                     .min(cap)
                     .max(ring_pages(config.stack_size))
+            } else if config.frame_pointers {
+                // (No stack copies: a callchain of at most 127 frames.)
+                ring_pages(1024)
             } else {
                 ring_pages(config.stack_size)
             },
             hung_up: Vec::new(),
             owner: Default::default(),
-            event_name: "cycles",
+            event_name: "cycles".into(),
+            extra: Vec::new(),
+            events: Vec::new(),
+            event_ids: Default::default(),
             kernel_stacks: true,
             asked_frequency: (frequency != config.frequency).then_some(config.frequency),
             frequency,
@@ -227,8 +300,13 @@ impl PerfSampler {
             let fd = sys::perf_event_open_cgroup(&sampler.attr, cgroup, cpu as i32).map_err(
                 io_err(format!("perf_event_open for the cgroup on CPU {cpu}")),
             )?;
+            sampler.note_event(&fd, 0)?;
             let ring = sampler.map_ring(&fd)?;
             sampler.add_ring(fd, ring);
+            let ring = sampler.rings.len() - 1;
+            sampler.open_extra(ring, &|attr| {
+                sys::perf_event_open_cgroup(attr, cgroup, cpu as i32)
+            })?;
         }
         sampler.threads.insert(pid);
         Ok(sampler)
@@ -239,7 +317,33 @@ impl PerfSampler {
     /// start disabled: [`PerfSampler::enable`] them. Samples need no [`PerfSampler::accept`]
     /// (one event per CPU, none inherited).
     pub fn open_system(config: &SamplerConfig) -> Result<Self, SampleError> {
+        PerfSampler::open_system_on(config, None)
+    }
+
+    /// [`PerfSampler::open_system`] on these CPUs only (perf's `-C`; None: every online
+    /// CPU). A CPU that is not online is refused.
+    pub fn open_system_on(
+        config: &SamplerConfig,
+        cpus: Option<&[u32]>,
+    ) -> Result<Self, SampleError> {
         let (mut sampler, config) = PerfSampler::empty(config)?;
+        if let Some(wanted) = cpus {
+            if let Some(off) = wanted.iter().find(|c| !sampler.cpus.contains(c)) {
+                return Err(SampleError::Event {
+                    name: format!("CPU {off}"),
+                    why: format!(
+                        "it is not online (online: {})",
+                        sampler
+                            .cpus
+                            .iter()
+                            .map(|c| c.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
+                });
+            }
+            sampler.cpus.retain(|c| wanted.contains(c));
+        }
         let config = &config;
         let untargeted = |attr: &mut PerfEventAttr| {
             attr.flags &= !(sys::FLAG_INHERIT | sys::FLAG_ENABLE_ON_EXEC);
@@ -266,8 +370,11 @@ impl PerfSampler {
         for &cpu in &sampler.cpus.clone() {
             let fd = sys::perf_event_open(&sampler.attr, -1, cpu as i32)
                 .map_err(io_err(format!("perf_event_open on CPU {cpu}")))?;
+            sampler.note_event(&fd, 0)?;
             let ring = sampler.map_ring(&fd)?;
             sampler.add_ring(fd, ring);
+            let ring = sampler.rings.len() - 1;
+            sampler.open_extra(ring, &|attr| sys::perf_event_open(attr, -1, cpu as i32))?;
         }
         Ok(sampler)
     }
@@ -299,6 +406,9 @@ impl PerfSampler {
         probe: &dyn Fn(&PerfEventAttr, i32) -> io::Result<OwnedFd>,
         tweak: &dyn Fn(&mut PerfEventAttr),
     ) -> Result<(), SampleError> {
+        if !config.events.is_empty() {
+            return self.choose_events(pid, mode, config, probe, tweak);
+        }
         let candidates = [
             (
                 "cycles",
@@ -339,7 +449,8 @@ impl PerfSampler {
                     attr.wakeup_events_or_watermark =
                         (self.data_pages * sys::page_size() / 4) as u32;
                     self.attr = attr;
-                    self.event_name = name;
+                    self.event_name = name.into();
+                    self.events = vec![(name.into(), false)];
                     self.kernel_stacks = kernel;
                     return Ok(());
                 }
@@ -467,6 +578,7 @@ impl PerfSampler {
                         },
                     }
                 })?;
+            self.note_event(&fd, 0)?;
             if let Some(leader) = self.rings.get(i) {
                 sys::set_output(&fd, leader).map_err(io_err("redirecting a perf event"))?;
                 self.others.push(fd);
@@ -474,6 +586,15 @@ impl PerfSampler {
                 let ring = self.map_ring(&fd)?;
                 self.add_ring(fd, ring);
             }
+            self.open_extra(i, &|attr| {
+                sys::perf_event_open(attr, tid as i32, cpu as i32)
+            })
+            .map_err(|e| match e {
+                SampleError::Io { source, .. } if source.raw_os_error() == Some(libc::ESRCH) => {
+                    SampleError::NoSuchProcess(tid)
+                }
+                e => e,
+            })?;
             if let Some((attr, _)) = &self.switch {
                 let fd = sys::perf_event_open(attr, tid as i32, cpu as i32).map_err(|e| match e
                     .raw_os_error()
@@ -493,6 +614,153 @@ impl PerfSampler {
             }
         }
         self.threads.insert(tid);
+        Ok(())
+    }
+
+    /// Opens the events after the first (`record -e A,B`) with `open`, into ring `ring`.
+    fn open_extra(
+        &mut self,
+        ring: usize,
+        open: &dyn Fn(&PerfEventAttr) -> io::Result<OwnedFd>,
+    ) -> Result<(), SampleError> {
+        for k in 0..self.extra.len() {
+            let fd = open(&self.extra[k]).map_err(io_err(format!(
+                "perf_event_open of {}",
+                self.events.get(k + 1).map_or("an event", |e| e.0.as_str())
+            )))?;
+            self.note_event(&fd, k + 1)?;
+            sys::set_output(&fd, &self.rings[ring]).map_err(io_err("redirecting a perf event"))?;
+            self.others.push(fd);
+        }
+        Ok(())
+    }
+
+    /// Remembers which event `fd` is (where several are sampled: samples name their event's
+    /// id, an inherited event its parent's).
+    fn note_event(&mut self, fd: &OwnedFd, index: usize) -> Result<(), SampleError> {
+        if self.events.len() > 1 {
+            let id = sys::event_id(fd).map_err(io_err("reading a perf event's id"))?;
+            self.event_ids.insert(id, index.min(255) as u8);
+        }
+        Ok(())
+    }
+
+    /// The events of `config.events`, each with kernel frames where its modifiers and the
+    /// rights allow, probed with `probe` after `tweak`: the first sizes the rings.
+    fn choose_events(
+        &mut self,
+        pid: u32,
+        mode: TargetMode,
+        config: &SamplerConfig,
+        probe: &dyn Fn(&PerfEventAttr, i32) -> io::Result<OwnedFd>,
+        tweak: &dyn Fn(&mut PerfEventAttr),
+    ) -> Result<(), SampleError> {
+        if config.events.len() > 256 {
+            return Err(SampleError::Event {
+                name: format!("{} events", config.events.len()),
+                why: "at most 256 events may be sampled at once".into(),
+            });
+        }
+        let mut attrs = Vec::new();
+        for (k, spec) in config.events.iter().enumerate() {
+            let modifiers = spec.exclude_user || spec.exclude_kernel || spec.exclude_hv;
+            let time = is_time_event(spec);
+            let kernels: &[bool] = if modifiers {
+                &[!spec.exclude_kernel]
+            } else {
+                &[true, false]
+            };
+            let mut last = None;
+            let mut chosen = None;
+            for &kernel in kernels {
+                let mut attr = make_attr(spec.type_, spec.config, kernel, mode, config);
+                attr.flags |= spec.exclude_flags();
+                if spec.exclude_kernel {
+                    attr.flags |= sys::FLAG_EXCLUDE_CALLCHAIN_KERNEL;
+                }
+                attr.flags &= !sys::FLAG_FREQ;
+                attr.sample_period_or_freq = match config.period {
+                    Some(c) => {
+                        // With PERIOD asked and a fixed period, the kernel samples every
+                        // occurrence of a software event (its period 1): the weight is `c`.
+                        attr.sample_type &= !sys::PERF_SAMPLE_PERIOD;
+                        c
+                    }
+                    None if time => 1_000_000_000 / u64::from(config.frequency.max(1)),
+                    None if spec.type_ == sys::PERF_TYPE_TRACEPOINT => 1,
+                    None => {
+                        attr.flags |= sys::FLAG_FREQ;
+                        u64::from(config.frequency)
+                    }
+                };
+                if k > 0 {
+                    // Its own mmap/comm/task records would repeat the first event's.
+                    attr.flags &= !(sys::FLAG_MMAP
+                        | sys::FLAG_MMAP2
+                        | sys::FLAG_COMM
+                        | sys::FLAG_COMM_EXEC
+                        | sys::FLAG_TASK);
+                }
+                tweak(&mut attr);
+                match probe(&attr, self.cpus[0] as i32) {
+                    Ok(fd) => {
+                        chosen = Some((attr, fd, kernel));
+                        break;
+                    }
+                    Err(e) => {
+                        match e.raw_os_error() {
+                            Some(libc::ESRCH) => return Err(SampleError::NoSuchProcess(pid)),
+                            Some(libc::ENOSYS) => return Err(SampleError::Unsupported(e)),
+                            _ => {}
+                        }
+                        last = Some(e);
+                    }
+                }
+            }
+            let Some((attr, fd, kernel)) = chosen else {
+                let e = last.expect("at least one way was tried");
+                let why = match e.raw_os_error() {
+                    Some(libc::EACCES) | Some(libc::EPERM) => permission_hint(),
+                    Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => format!(
+                        "{e}: this machine or kernel does not have it (a virtual machine has no \
+                         hardware PMU; `superprof stat --list` shows what can be counted)"
+                    ),
+                    _ => e.to_string(),
+                };
+                return Err(SampleError::Event {
+                    name: spec.name.clone(),
+                    why,
+                });
+            };
+            if k == 0 {
+                self.size_rings(fd, &|cpu| probe(&attr, cpu as i32))?;
+                self.kernel_stacks = kernel;
+            }
+            attrs.push(attr);
+        }
+        let watermark = (self.data_pages * sys::page_size() / 4) as u32;
+        for a in &mut attrs {
+            a.wakeup_events_or_watermark = watermark;
+        }
+        self.attr = attrs.remove(0);
+        self.extra = attrs;
+        self.events = config
+            .events
+            .iter()
+            .map(|e| (e.name.clone(), !is_time_event(e)))
+            .collect();
+        self.event_name = self
+            .events
+            .iter()
+            .map(|e| e.0.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        // A first event of CPU time with a period of its own: the frequency it makes.
+        if let (Some(c), Some(first)) = (config.period, config.events.first()) {
+            if is_time_event(first) {
+                self.frequency = (1_000_000_000 / c).clamp(1, u64::from(u32::MAX)) as u32;
+            }
+        }
         Ok(())
     }
 
@@ -576,18 +844,46 @@ impl PerfSampler {
     /// opened can carry both an inherited event and one of its own; counting both would double
     /// its samples, so only the first event seen per (thread, CPU) counts.
     pub fn accept(&mut self, sample: &crate::SampleRecord) -> bool {
-        let switch = self.is_switch(sample);
+        let tag = if self.is_switch(sample) {
+            SWITCH_TAG
+        } else {
+            u16::from(self.event_of(sample.id))
+        };
         *self
             .owner
-            .entry((sample.tid, sample.cpu, switch))
+            .entry((sample.tid, sample.cpu, tag))
             .or_insert(sample.id)
             == sample.id
+    }
+
+    /// The index in [`PerfSampler::events`] of the event with id `id` (0 where one event
+    /// is sampled).
+    pub fn event_of(&self, id: u64) -> u8 {
+        self.event_ids.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The events sampled, in the order of [`PerfSampler::event_of`]: each one's name, and
+    /// whether its samples count occurrences of it (by their periods) rather than CPU time.
+    pub fn events(&self) -> &[(String, bool)] {
+        &self.events
+    }
+
+    /// The occurrences a sample of a counted event stands for where its record does not say
+    /// (a fixed period, `record -c`); None where records carry their period.
+    pub fn fixed_period(&self) -> Option<u64> {
+        (self.attr.sample_type & sys::PERF_SAMPLE_PERIOD == 0)
+            .then_some(self.attr.sample_period_or_freq)
+    }
+
+    /// Each event id's index in [`PerfSampler::events`] (empty where one event is sampled).
+    pub fn event_ids(&self) -> &std::collections::HashMap<u64, u8> {
+        &self.event_ids
     }
 
     /// Whether to keep a switch record: as [`PerfSampler::accept`], the first event seen per
     /// (thread, CPU) only (a thread started while attaching may carry two).
     pub fn accept_switch(&mut self, tid: u32, cpu: u32, id: u64) -> bool {
-        *self.owner.entry((tid, cpu, true)).or_insert(id) == id
+        *self.owner.entry((tid, cpu, SWITCH_TAG)).or_insert(id) == id
     }
 
     /// Whether a sample is of the context-switch event (the thread leaving the CPU).
@@ -639,6 +935,8 @@ impl PerfSampler {
     pub fn layout(&self) -> Layout {
         Layout {
             user_regs: self.attr.sample_regs_user.count_ones() as usize,
+            stack_user: self.attr.sample_type & sys::PERF_SAMPLE_STACK_USER != 0,
+            period: self.attr.sample_type & sys::PERF_SAMPLE_PERIOD != 0,
         }
     }
 
@@ -659,14 +957,20 @@ impl PerfSampler {
         ))
     }
 
-    /// The event being sampled: `cycles` or `cpu-clock`.
-    pub fn event_name(&self) -> &'static str {
-        self.event_name
+    /// The event being sampled: `cycles` or `cpu-clock`, or those of `record -e`,
+    /// comma-separated.
+    pub fn event_name(&self) -> &str {
+        &self.event_name
     }
 
     /// Whether kernel frames are recorded (false when only user space may be sampled).
     pub fn kernel_stacks(&self) -> bool {
         self.kernel_stacks
+    }
+
+    /// The CPUs sampled.
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
     }
 
     /// Threads that had events opened directly (attach mode lists them all).
@@ -747,21 +1051,29 @@ fn make_attr(
         flags |=
             sys::FLAG_EXCLUDE_KERNEL | sys::FLAG_EXCLUDE_HV | sys::FLAG_EXCLUDE_CALLCHAIN_KERNEL;
     }
+    let mut sample_type = sys::PERF_SAMPLE_IDENTIFIER
+        | sys::PERF_SAMPLE_TID
+        | sys::PERF_SAMPLE_TIME
+        | sys::PERF_SAMPLE_CPU
+        | sys::PERF_SAMPLE_PERIOD
+        | sys::PERF_SAMPLE_CALLCHAIN
+        | sys::PERF_SAMPLE_REGS_USER
+        | sys::PERF_SAMPLE_STACK_USER;
+    let mut stack_user = cfg.stack_size;
+    if cfg.frame_pointers {
+        // The kernel's walk of the user stack: in the callchain, after PERF_CONTEXT_USER.
+        flags &= !sys::FLAG_EXCLUDE_CALLCHAIN_USER;
+        sample_type &= !sys::PERF_SAMPLE_STACK_USER;
+        stack_user = 0;
+    }
     PerfEventAttr {
         type_: ty,
         config,
         sample_period_or_freq: period,
-        sample_type: sys::PERF_SAMPLE_IDENTIFIER
-            | sys::PERF_SAMPLE_TID
-            | sys::PERF_SAMPLE_TIME
-            | sys::PERF_SAMPLE_CPU
-            | sys::PERF_SAMPLE_PERIOD
-            | sys::PERF_SAMPLE_CALLCHAIN
-            | sys::PERF_SAMPLE_REGS_USER
-            | sys::PERF_SAMPLE_STACK_USER,
+        sample_type,
         flags,
         sample_regs_user: UserRegs::PERF_REGS_MASK,
-        sample_stack_user: cfg.stack_size,
+        sample_stack_user: stack_user,
         clockid: libc::CLOCK_MONOTONIC,
         sample_max_stack: 127,
         ..Default::default()
@@ -812,22 +1124,44 @@ pub fn max_sample_rate() -> Option<u32> {
 /// Online CPU numbers from sysfs ("0-3,5,7-8").
 pub fn online_cpus() -> io::Result<Vec<u32>> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online")?;
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, "unreadable CPU list");
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) =
-                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-                cpus.extend(a..=b);
-            }
-            None => cpus.push(part.parse().map_err(|_| bad())?),
-        }
-    }
+    let mut cpus = parse_cpu_list(&text).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unreadable CPU list: {e}"),
+        )
+    })?;
     if cpus.is_empty() {
         cpus.push(0);
     }
     Ok(cpus)
+}
+
+/// A CPU list as sysfs writes it and perf's `-C` takes it: `0-3,5,7-8`, in increasing order
+/// with no repeat (at most 65,536 CPUs).
+pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
+    let mut cpus = std::collections::BTreeSet::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let num = |s: &str| -> Result<u32, String> {
+            s.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n < 65536)
+                .ok_or_else(|| format!("'{s}' is not a CPU number"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("'{part}' is not a range"));
+                }
+                cpus.extend(a..=b);
+            }
+            None => {
+                cpus.insert(num(part)?);
+            }
+        }
+    }
+    Ok(cpus.into_iter().collect())
 }
 
 // Thread ids of a process, from /proc (one lister for the samplers and the tracer).
@@ -836,6 +1170,20 @@ pub use superprof_unwind::maps::list_threads;
 #[cfg(test)]
 mod tests {
     use super::throttle;
+
+    #[test]
+    fn cpu_lists_read_as_perf_writes_them() {
+        use super::parse_cpu_list;
+        assert_eq!(
+            parse_cpu_list("0-3,5,7-8\n").unwrap(),
+            [0, 1, 2, 3, 5, 7, 8]
+        );
+        assert_eq!(parse_cpu_list("1,0,1").unwrap(), [0, 1]);
+        assert_eq!(parse_cpu_list("").unwrap(), Vec::<u32>::new());
+        assert!(parse_cpu_list("3-1").is_err());
+        assert!(parse_cpu_list("x").is_err());
+        assert!(parse_cpu_list("0-4294967295").is_err());
+    }
 
     #[test]
     fn no_such_process_names_a_process_or_a_thread() {

@@ -11,6 +11,7 @@ pub const PERF_TYPE_TRACEPOINT: u32 = 2;
 pub const PERF_COUNT_SW_CONTEXT_SWITCHES: u64 = 3;
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+pub const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
 
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
 pub const PERF_SAMPLE_TIME: u64 = 1 << 2;

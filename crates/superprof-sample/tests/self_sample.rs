@@ -14,7 +14,7 @@ fn samples_this_process_with_registers_and_stack() {
     let cfg = SamplerConfig {
         frequency: 999,
         stack_size: 8192,
-        off_cpu: false,
+        ..SamplerConfig::default()
     };
     let mut sampler = PerfSampler::open(pid, TargetMode::Attached, &cfg).expect("perf_event_open");
     sampler.enable().unwrap();

@@ -325,9 +325,25 @@ pub fn kill(pid: u32, sig: libc::c_int) {
 /// The fields of /proc/PID/stat after the command name (which may hold spaces and
 /// parentheses): the state (field 3) first.
 pub fn proc_stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&format!("/proc/{pid}/stat"))
+}
+
+/// The fields after the command name of a /proc stat file.
+fn stat_fields(path: &str) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(path).ok()?;
     let rest = stat.get(stat.rfind(')')? + 1..)?;
     Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// CPU time (user, system) of thread `tid` of process `pid` alone (/proc/PID/task/TID/stat;
+/// /proc/TID/stat gives the whole process's).
+pub fn thread_cpu_time(pid: u32, tid: u32) -> Option<(std::time::Duration, std::time::Duration)> {
+    let f = stat_fields(&format!("/proc/{pid}/task/{tid}/stat"))?;
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let hz = posix::clock_ticks_per_second();
+    let time =
+        |ticks: u64| std::time::Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / hz);
+    Some((time(field(11)), time(field(12))))
 }
 
 /// CPU time (user, system) of process `pid` and of the children it waited for (/proc/PID/stat:

@@ -57,12 +57,13 @@ mod tracer;
 
 pub use launch::{
     inherited_ignored, kill, launched_a_command, note_inherited_signals, proc_stat_fields,
-    process_alive, process_tree_cpu_time, reset_signals_for_exec, resolve_command, try_wait,
-    wait_child, wait_exit, wait_exit_timeout, wait_launched, CannotRun, ExitStatus, PendingChild,
+    process_alive, process_tree_cpu_time, reset_signals_for_exec, resolve_command, thread_cpu_time,
+    try_wait, wait_child, wait_exit, wait_exit_timeout, wait_launched, CannotRun, ExitStatus,
+    PendingChild,
 };
 pub use posix::{children_cpu_time, pidfd_open};
 pub use sys::{
-    block_sigchld, control_stack_enabled, monotonic_ns, read_memory, write_memory, CpuTime,
-    RawRegs, STUB as SYSCALL_STUB,
+    block_sigchld, control_stack_enabled, monotonic_ns, read_memory, tgid_of, write_memory,
+    CpuTime, RawRegs, STUB as SYSCALL_STUB,
 };
 pub use tracer::{TraceError, TraceEvent, TraceOptions, Tracer};

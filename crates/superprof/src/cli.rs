@@ -157,7 +157,28 @@ pub struct RecordArgs {
     /// Call graphs, as perf's -g asks: superprof always records whole stacks (unwound from
     /// the CFI, frame pointers or not), so this changes nothing
     #[arg(short = 'g')]
-    pub call_graph: bool,
+    pub g: bool,
+    /// How stacks are unwound: dwarf or dwarf,SIZE (the default: a copy of SIZE bytes of user
+    /// stack per sample, unwound from the CFI, frame pointers or not) or fp (the kernel
+    /// follows frame pointers: no stack copy, but code built without them loses callers)
+    #[arg(long = "call-graph", value_name = "MODE")]
+    pub call_graph: Option<String>,
+    /// Events to sample, as perf names them (comma-separated, or repeat -e): cycles,
+    /// instructions, cache-misses, page-faults, context-switches, l1d-read-miss,
+    /// sched:sched_switch, rNNN; :u or :k for user space or the kernel only. `superprof stat
+    /// --list` shows them. Default: CPU time (cycles where the CPU counts them, else
+    /// cpu-clock)
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "EVENT",
+        value_delimiter = ','
+    )]
+    pub events: Vec<String>,
+    /// Sample every PERIOD occurrences of the events instead of -F times a second (CPU-time
+    /// events: every PERIOD nanoseconds)
+    #[arg(short = 'c', long = "count", value_name = "PERIOD")]
+    pub period: Option<u64>,
     /// Do not print the top table
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -193,7 +214,73 @@ pub struct RecordArgs {
     #[arg(long, value_name = "ID", requires = "push")]
     pub tenant: Option<String>,
     #[command(flatten)]
-    pub target: TargetArgs,
+    pub target: RecordTargetArgs,
+}
+
+/// What `record` samples: a command, a process, a thread, or the machine.
+#[derive(Debug, Args)]
+pub struct RecordTargetArgs {
+    /// Attach to this running process and all its threads
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        conflicts_with_all = ["command", "tid", "all_cpus", "cpus"]
+    )]
+    pub pid: Option<u32>,
+    /// Attach to this thread only (and the threads it starts)
+    #[arg(
+        short = 't',
+        long = "tid",
+        value_name = "TID",
+        conflicts_with_all = ["command", "all_cpus", "cpus"]
+    )]
+    pub tid: Option<u32>,
+    /// Sample every process of the machine (root), kernel frames too, until --duration or
+    /// Ctrl-C, or while the command given runs
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all_cpus: bool,
+    /// Sample these CPUs only, every process on them (as -a): 0-3,5
+    #[arg(short = 'C', long = "cpu", value_name = "CPUS")]
+    pub cpus: Option<String>,
+    /// The command to launch: its arguments are its own (after `--` too)
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        required_unless_present_any = ["pid", "tid", "all_cpus", "cpus"]
+    )]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl RecordTargetArgs {
+    /// The process, thread, machine or command sampled (`-C`'s list checked).
+    pub fn target(&self) -> anyhow::Result<superprof_record::Target> {
+        use superprof_record::Target;
+        if let Some(pid) = self.pid {
+            return Ok(Target::Pid(pid));
+        }
+        if let Some(tid) = self.tid {
+            return Ok(Target::Thread(tid));
+        }
+        if self.all_cpus || self.cpus.is_some() {
+            let cpus = match &self.cpus {
+                Some(list) => {
+                    let cpus = superprof_sample::parse_cpu_list(list)
+                        .map_err(|e| anyhow::anyhow!("-C {list}: {e}"))?;
+                    if cpus.is_empty() {
+                        anyhow::bail!("-C names no CPU");
+                    }
+                    Some(cpus)
+                }
+                None => None,
+            };
+            return Ok(Target::System {
+                cpus,
+                command: self.command.clone(),
+            });
+        }
+        Ok(Target::Command(self.command.clone()))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -243,6 +330,10 @@ pub struct ReportArgs {
     /// at the process and thread keys, frames named by the frame keys)
     #[arg(long, value_name = "KEYS")]
     pub sort: Option<String>,
+    /// Show this event of a profile of several (`record -e A,B`); the table shows each in
+    /// turn, the other formats the first unless told
+    #[arg(long, value_name = "EVENT")]
+    pub event: Option<String>,
     /// Keep only on-CPU samples (of a profile recorded with --off-cpu)
     #[arg(long = "on-cpu", conflicts_with = "off_cpu")]
     pub on_cpu: bool,

@@ -114,7 +114,7 @@ fn after_failure() -> Option<superprof_trace::ExitStatus> {
 
 fn run(command: cli::Command) -> anyhow::Result<i32> {
     match command {
-        cli::Command::Record(args) => record::Record::from_args(args).run(),
+        cli::Command::Record(args) => record::Record::from_args(args).and_then(|r| r.run()),
         cli::Command::Agent(args) => agent::run(&args),
         cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Stat(args) => stat::run(&args),

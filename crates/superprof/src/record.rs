@@ -36,16 +36,28 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn from_args(a: RecordArgs) -> Record {
+    pub fn from_args(a: RecordArgs) -> Result<Record> {
         // perf's -g: whole stacks are always recorded, with it or without.
-        let _ = a.call_graph;
-        let target = a.target.target();
-        let sampler = SamplerConfig {
+        let _ = a.g;
+        let target = a.target.target()?;
+        let events = a
+            .events
+            .iter()
+            .filter(|e| !e.is_empty())
+            .map(|e| superprof_sample::EventSpec::parse(e).map_err(anyhow::Error::msg))
+            .collect::<Result<Vec<_>>>()?;
+        let mut sampler = SamplerConfig {
             frequency: a.frequency,
             stack_size: a.stack_size,
             off_cpu: a.off_cpu,
+            events,
+            period: a.period,
+            ..SamplerConfig::default()
         };
-        Record {
+        if let Some(mode) = &a.call_graph {
+            CallGraph::parse(mode)?.apply(&mut sampler);
+        }
+        Ok(Record {
             config: RecordConfig {
                 sampler_kind: match a.sampler {
                     crate::cli::SamplerArg::Perf => SamplerKind::Perf,
@@ -67,7 +79,7 @@ impl Record {
                 tenant: a.tenant,
             }),
             top_rows: 30,
-        }
+        })
     }
 
     /// Records, prints the table, writes the output; returns the exit code for superprof.
@@ -116,7 +128,11 @@ impl Record {
         if !self.quiet {
             // A launched command's output owns stdout.
             let console = self.console.unwrap_or_else(|| {
-                superprof_resolve::Console::of_run(matches!(self.config.target, Target::Command(_)))
+                superprof_resolve::Console::of_run(match &self.config.target {
+                    Target::Command(_) => true,
+                    Target::System { command, .. } => !command.is_empty(),
+                    Target::Pid(_) | Target::Thread(_) => false,
+                })
             });
             let style = sys::table_style(console, self.top_rows, self.verbose);
             console.write_with(|w| superprof_profile::top::write_styled(profile, &style, w))?;
@@ -127,6 +143,60 @@ impl Record {
     /// Validates the output paths before anything runs, so a bad -o costs nothing.
     pub fn check_outputs(&self) -> Result<Vec<(PathBuf, OutputFormat)>> {
         Ok(superprof_resolve::check_outputs(&self.outputs)?)
+    }
+}
+
+/// perf's `--call-graph MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallGraph {
+    /// `dwarf[,SIZE]`: stack copies of SIZE bytes (None: `--stack-size`), unwound from the
+    /// CFI.
+    Dwarf(Option<u32>),
+    /// `fp`: the kernel's frame-pointer walk, no stack copy.
+    FramePointers,
+}
+
+impl CallGraph {
+    /// `dwarf`, `dwarf,SIZE` or `fp`; perf's `lbr` is refused with the reason.
+    pub fn parse(mode: &str) -> Result<CallGraph> {
+        let (name, size) = match mode.split_once(',') {
+            Some((n, s)) => (n, Some(s)),
+            None => (mode, None),
+        };
+        match (name, size) {
+            ("dwarf", None) => Ok(CallGraph::Dwarf(None)),
+            ("dwarf", Some(s)) => {
+                let n: u32 = s.trim().parse().map_err(|_| {
+                    anyhow::anyhow!("--call-graph dwarf,SIZE: '{s}' is not a number of bytes")
+                })?;
+                if n == 0 || !n.is_multiple_of(8) || n > 65528 {
+                    bail!(
+                        "--call-graph dwarf,SIZE: {n} is out of range: give a multiple of 8 \
+                         between 8 and 65528 bytes"
+                    );
+                }
+                Ok(CallGraph::Dwarf(Some(n)))
+            }
+            ("fp", None) => Ok(CallGraph::FramePointers),
+            ("lbr", _) => bail!(
+                "--call-graph lbr needs Intel's last branch records, which superprof does not \
+                 read: use dwarf (the default) or fp"
+            ),
+            _ => bail!("--call-graph takes dwarf, dwarf,SIZE or fp, not '{mode}'"),
+        }
+    }
+
+    /// Sets `sampler` to unwind this way.
+    pub fn apply(self, sampler: &mut SamplerConfig) {
+        match self {
+            CallGraph::Dwarf(size) => {
+                if let Some(size) = size {
+                    sampler.stack_size = size;
+                }
+                sampler.frame_pointers = false;
+            }
+            CallGraph::FramePointers => sampler.frame_pointers = true,
+        }
     }
 }
 

@@ -68,6 +68,7 @@ impl ReportConfig {
                     (_, true) => Some(true),
                     _ => None,
                 },
+                event: a.event,
             },
         })
     }
@@ -107,6 +108,13 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
             .iter()
             .map(|n| superprof_profile::escape(n).into_owned())
             .collect();
+        if flag == "--event" {
+            bail!(
+                "--event '{}' is not an event of the profile, which has {}",
+                superprof_profile::escape(&pattern),
+                near.join(", ")
+            );
+        }
         let message = format!(
             "{flag} '{}' names no function of the profile{}",
             superprof_profile::escape(&pattern),
@@ -126,7 +134,18 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
     } else {
         cfg.filter.apply(&profile)
     };
+    // --sort and --diff show one event of a profile of several.
+    let profile = match (&cfg.sort, &cfg.diff) {
+        (None, None) => profile,
+        (Some(_), _) => {
+            superprof_profile::output::first_event(&profile, "--sort").unwrap_or(profile)
+        }
+        (_, Some(_)) => {
+            superprof_profile::output::first_event(&profile, "--diff").unwrap_or(profile)
+        }
+    };
     let before = cfg.diff.as_deref().map(read).transpose()?;
+    let before = before.map(|b| superprof_profile::output::first_event(&b, "--diff").unwrap_or(b));
     if let Some(b) = &before {
         if cfg.absolute
             && (b.meta.event != profile.meta.event || b.meta.frequency != profile.meta.frequency)

@@ -113,6 +113,11 @@ pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<
                 .ok_or_else(|| superprof_trace::CannotRun::not_found(cmd))?;
             (Target::Command(command.clone()), exe)
         }
+        Target::Thread(_) | Target::System { .. } => {
+            return Err(err!(
+                "blocks follows a command or a process (-p), not a thread or the machine"
+            ))
+        }
     };
     let exe = std::fs::canonicalize(&exe).unwrap_or(exe);
     if args.frequency == 0 {
@@ -123,7 +128,7 @@ pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<
             frequency: args.frequency,
             // Only the instruction pointer matters: the smallest stack copy.
             stack_size: 512,
-            off_cpu: false,
+            ..SamplerConfig::default()
         },
         sampler_kind: SamplerKind::Perf,
         duration: args.duration,

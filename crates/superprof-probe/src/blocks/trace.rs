@@ -643,6 +643,9 @@ pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<
     let (mut tracer, launched) = match &args.target {
         &Target::Pid(pid) => (Tracer::attach(pid, opts)?, false),
         Target::Command(command) => (Tracer::spawn(command, opts)?, true),
+        Target::Thread(_) | Target::System { .. } => {
+            bail!("blocks follows a command or a process (-p), not a thread or the machine")
+        }
     };
     let root = tracer.root();
     let analyzer: Box<dyn Analyzer> = match args.analyzer {

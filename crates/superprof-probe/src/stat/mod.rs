@@ -389,6 +389,9 @@ pub fn measure(args: &StatConfig) -> Result<Measured> {
     let (pid, command) = match &args.target {
         Target::Pid(pid) => (Some(*pid), &[][..]),
         Target::Command(command) => (None, &command[..]),
+        Target::Thread(_) | Target::System { .. } => {
+            bail!("stat follows a command or a process (-p), not a thread or the machine")
+        }
     };
     let (exit, signal_in_region) = session.trace(pid, command, args.duration)?;
     // Each engine's own cost per call (measured now that the program's tracer is gone), taken

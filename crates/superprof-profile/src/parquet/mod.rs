@@ -39,7 +39,7 @@ use parquet::file::properties::WriterProperties;
 use crate::{Frame, Meta, Profile, SampleKind, StackId, StrId};
 
 /// Version of the file layout, in the `superprof.format_version` metadata key.
-pub const FORMAT_VERSION: &str = "2";
+pub const FORMAT_VERSION: &str = "3";
 
 /// Why a profile could not be written or read as Parquet.
 #[derive(Debug, thiserror::Error)]
@@ -145,6 +145,7 @@ pub fn schema() -> Schema {
         Field::new("weight", DataType::Int64, false),
         Field::new("stack", DataType::List(Arc::new(frame)), false),
         Field::new("kind", dict(), false),
+        Field::new("event", dict(), false),
     ])
 }
 
@@ -170,6 +171,16 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
         ),
         ("superprof.cpu_time_ns", m.cpu_time_ns.to_string()),
         ("superprof.off_cpu", m.off_cpu.clone()),
+        (
+            "superprof.events",
+            serde_json::Value::Array(
+                m.events
+                    .iter()
+                    .map(|e| serde_json::json!({"name": e.name, "counted": e.counted}))
+                    .collect(),
+            )
+            .to_string(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| KeyValue::new(k.to_owned(), v))

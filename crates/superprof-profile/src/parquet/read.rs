@@ -163,7 +163,7 @@ fn in_stack(path: &parquet::schema::types::ColumnPath) -> bool {
 }
 
 /// The columns [`read`] decodes; any other column of the file is left alone.
-const COLUMNS: [&str; 8] = [
+const COLUMNS: [&str; 9] = [
     "time_ns",
     "pid",
     "tid",
@@ -172,6 +172,7 @@ const COLUMNS: [&str; 8] = [
     "weight",
     "stack",
     "kind",
+    "event",
 ];
 
 /// What each page's header declares, against the limits, before anything is decompressed (the
@@ -447,6 +448,7 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
         .with_projection(mask)
         .with_batch_size(1024)
         .build()?;
+    let events = p.meta.event_list();
     let mut threads: HashMap<(u32, u32, StrId), u32> = HashMap::new();
     let mut stack_buf: Vec<crate::FrameId> = Vec::new();
     let empty = budget.intern(&mut p, "")?;
@@ -470,6 +472,11 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
         // (Files of format 1 before off-CPU profiles have no kind: every sample is on-CPU.)
         let kind = match b.column_by_name("kind") {
             Some(c) => Some(StrCol::new(c, "kind", &mut p, &mut budget)?),
+            None => None,
+        };
+        // (Files before format 3 have no event column: one event.)
+        let event = match b.column_by_name("event") {
+            Some(c) => Some(StrCol::new(c, "event", &mut p, &mut budget)?),
             None => None,
         };
         let stack = prim::<ListArray>(&b, "stack", "list")?;
@@ -558,14 +565,29 @@ fn read_checked(path: &Path, limits: &Limits) -> Result<Profile, ParquetError> {
                 }
                 None => SampleKind::OnCpu,
             };
-            p.add_sample_of(
-                kind,
-                time.value(row).max(0) as u64,
+            let event = match &event {
+                Some(e) => {
+                    let name = e.get(row, &mut p, &mut budget)?;
+                    let name = name.map(|n| p.str(n)).unwrap_or("");
+                    let i = events.iter().position(|e| e.name == name).ok_or_else(|| {
+                        ParquetError::Schema(format!(
+                            "sample of event '{}', which superprof.events does not list",
+                            crate::escape::escape(name)
+                        ))
+                    })?;
+                    i.min(255) as u8
+                }
+                None => 0,
+            };
+            p.samples.push(crate::Sample {
+                time_ns: time.value(row).max(0) as u64,
                 thread,
-                cpu.value(row).max(0) as u32,
-                weight.value(row).max(0) as u64,
-                s,
-            );
+                cpu: cpu.value(row).max(0) as u32,
+                weight: weight.value(row).max(0) as u64,
+                stack: s,
+                kind,
+                event,
+            });
         }
     }
     Ok(p)
@@ -591,5 +613,23 @@ fn read_meta(kv: &HashMap<String, String>) -> Meta {
         truncated_by: serde_json::from_str(&get("truncated_by")).unwrap_or_default(),
         cpu_time_ns: num("cpu_time_ns"),
         off_cpu: get("off_cpu"),
+        events: read_events(&get("events")),
     }
+}
+
+/// `superprof.events`: `[{"name": ..., "counted": ...}, ...]` (at most 256; anything else
+/// in the list is left out).
+fn read_events(json: &str) -> Vec<crate::EventInfo> {
+    let Ok(serde_json::Value::Array(list)) = serde_json::from_str::<serde_json::Value>(json) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|e| {
+            Some(crate::EventInfo {
+                name: e.get("name")?.as_str()?.to_owned(),
+                counted: e.get("counted")?.as_bool()?,
+            })
+        })
+        .take(256)
+        .collect()
 }

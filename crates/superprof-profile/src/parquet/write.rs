@@ -76,6 +76,13 @@ fn batch(
 ) -> Result<RecordBatch, ParquetError> {
     let n = samples.len();
     let mut kind = Vec::with_capacity(n);
+    let mut event = Vec::with_capacity(n);
+    let events: Vec<String> = profile
+        .meta
+        .event_list()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     let (mut time, mut pid, mut tid, mut tname, mut cpu, mut weight) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -103,6 +110,8 @@ fn batch(
         cpu.push(s.cpu as i32);
         weight.push(s.weight as i64);
         kind.push(s.kind as i32);
+        // (An index past the list: the last event.)
+        event.push(i32::from(s.event).min(events.len() as i32 - 1));
         for fid in profile.stack_frames(s.stack) {
             let f = profile.frame(fid);
             func.push(f.function.0 as i32);
@@ -158,6 +167,10 @@ fn batch(
             Arc::new(StringArray::from(
                 SampleKind::ALL.map(SampleKind::as_str).to_vec(),
             )),
+        )),
+        Arc::new(DictionaryArray::<Int32Type>::new(
+            Int32Array::from(event),
+            Arc::new(StringArray::from(events)),
         )),
     ];
     Ok(RecordBatch::try_new(schema.clone(), columns)?)

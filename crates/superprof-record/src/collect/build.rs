@@ -146,7 +146,10 @@ impl Collector {
         for s in &self.samples {
             let t = *thread_index.entry(s.tid).or_insert_with(|| {
                 let (pid, name) = self.threads.get(&s.tid).cloned().unwrap_or_default();
-                let name = if name.is_empty() {
+                let name = if s.tid == 0 {
+                    // The idle task of every CPU (system-wide), named as perf names it.
+                    "swapper".to_owned()
+                } else if name.is_empty() {
                     format!("thread-{}", s.tid)
                 } else {
                     name
@@ -188,7 +191,15 @@ impl Collector {
             }
             let time = s.time.saturating_sub(start_ns);
             if !s.kind.is_off_cpu() {
-                profile.add_sample(time, t, s.cpu, s.periods, stack);
+                profile.samples.push(superprof_profile::Sample {
+                    time_ns: time,
+                    thread: t,
+                    cpu: s.cpu,
+                    weight: s.periods,
+                    stack,
+                    kind: SampleKind::OnCpu,
+                    event: s.event,
+                });
                 continue;
             }
             if let Some(periods) = carry.add((t, stack, s.kind), s.off_ns, time) {

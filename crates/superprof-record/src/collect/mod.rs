@@ -59,8 +59,10 @@ struct PendingSample {
     kind: SampleKind,
     /// Off-CPU time (nanoseconds) of an off-CPU sample.
     off_ns: u64,
-    /// Sampling periods an on-CPU sample stands for.
+    /// Sampling periods an on-CPU sample stands for (occurrences, for a counted event).
     periods: u64,
+    /// Its event's index (see [`Collector::set_events`]).
+    event: u8,
 }
 
 impl Spill for PendingSample {
@@ -75,7 +77,7 @@ impl Spill for PendingSample {
         out.extend_from_slice(&self.tid.to_le_bytes());
         out.extend_from_slice(&self.cpu.to_le_bytes());
         out.extend_from_slice(&self.stack.unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, 0, 0]);
+        out.extend_from_slice(&[self.stack.is_some() as u8, self.kind as u8, self.event, 0]);
     }
     fn get(b: &[u8]) -> Option<PendingSample> {
         use superprof_profile::spill::{le_u32, le_u64};
@@ -90,6 +92,7 @@ impl Spill for PendingSample {
                 _ => Some(le_u32(b, 32)?),
             },
             kind: *SampleKind::ALL.get(*b.get(37)? as usize)?,
+            event: *b.get(38)?,
         })
     }
 }
@@ -151,6 +154,12 @@ pub struct Collector {
     /// oldest first. A switch out (or its sample) committed late to another CPU's ring can
     /// come after the switch in that ended it: its wait ends at the first of these after it.
     last_ins: HashMap<u32, std::collections::VecDeque<(u64, bool)>>,
+    /// Each event id's index, where several events are sampled (`record -e A,B`).
+    event_ids: HashMap<u64, u8>,
+    /// Whether each event (by index) is counted: its samples weigh their periods.
+    counted: Vec<bool>,
+    /// What a counted event's sample with no period in its record stands for.
+    fixed_period: u64,
 }
 
 /// A file in a private temporary folder (0700, random name: no name in it can have been
@@ -447,6 +456,21 @@ impl Collector {
 
     /// Unwinds a sample's user stack into `self.scratch`, counting truncated stacks.
     fn unwind(&mut self, s: &SampleRecord) {
+        // Frames the kernel walked by frame pointers (`--call-graph fp`): the pc, then
+        // return addresses.
+        if !s.user_ips.is_empty() {
+            self.scratch.clear();
+            self.scratch
+                .extend(s.user_ips.iter().enumerate().filter_map(|(i, &ip)| {
+                    if i == 0 {
+                        Some(FrameAddress::from_instruction_pointer(ip))
+                    } else {
+                        FrameAddress::from_return_address(ip)
+                    }
+                }));
+            self.truncated_now = None;
+            return;
+        }
         let Some(regs) = &s.regs else { return };
         let process = self.processes.entry(s.pid).or_default();
         self.scratch.clear();
@@ -465,7 +489,32 @@ impl Collector {
         if self.switches {
             self.last_on_cpu.insert(s.tid, s.time);
         }
-        self.sample_as(s, None, 1, 0);
+        // A sample of a counted event stands for its period's occurrences.
+        let event = self.event_ids.get(&s.id).copied().unwrap_or(0);
+        let periods = if self.counted.get(event as usize) == Some(&true) {
+            if s.period > 0 {
+                s.period
+            } else {
+                self.fixed_period
+            }
+        } else {
+            1
+        };
+        self.sample_as(s, None, periods, 0);
+    }
+
+    /// The sampled events (`record -e`): each event id's index, and whether each event (by
+    /// index) is counted, so that its samples weigh their periods.
+    /// `fixed_period`: what a sample whose record has no period stands for (`record -c`).
+    pub fn set_events(
+        &mut self,
+        ids: HashMap<u64, u8>,
+        counted: Vec<bool>,
+        fixed_period: Option<u64>,
+    ) {
+        self.event_ids = ids;
+        self.counted = counted;
+        self.fixed_period = fixed_period.unwrap_or(1).max(1);
     }
 
     /// Context switches will be recorded (perf's off-CPU time): exits and on-CPU samples are
@@ -517,6 +566,7 @@ impl Collector {
                 kind: SampleKind::OnCpu,
                 off_ns: 0,
                 periods,
+                event: self.event_ids.get(&s.id).copied().unwrap_or(0),
             }),
         }
         if preempted_ns > 0 {
@@ -631,6 +681,7 @@ mod tests {
                 kind: SampleKind::Preempted,
                 off_ns: 12_345,
                 periods: 2,
+                event: 3,
             },
             PendingSample {
                 time: 1,
@@ -640,6 +691,7 @@ mod tests {
                 kind: SampleKind::OnCpu,
                 off_ns: 0,
                 periods: 1,
+                event: 0,
             },
         ];
         for p in all {
@@ -648,8 +700,8 @@ mod tests {
             assert_eq!(b.len(), PendingSample::SIZE);
             let q = PendingSample::get(&b).unwrap();
             assert_eq!(
-                (q.time, q.tid, q.cpu, q.stack, q.kind, q.off_ns, q.periods),
-                (p.time, p.tid, p.cpu, p.stack, p.kind, p.off_ns, p.periods)
+                (q.time, q.tid, q.cpu, q.stack, q.kind, q.off_ns, q.periods, q.event),
+                (p.time, p.tid, p.cpu, p.stack, p.kind, p.off_ns, p.periods, p.event)
             );
         }
         // A kind byte out of range is no sample.

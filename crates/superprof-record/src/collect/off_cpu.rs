@@ -62,6 +62,7 @@ impl Collector {
             kind: off.kind,
             off_ns: off.ns,
             periods: 0,
+            event: 0,
         });
     }
 
@@ -249,6 +250,7 @@ impl Collector {
             kind: off.kind,
             off_ns: off.ns,
             periods: 0,
+            event: 0,
         });
         leaf
     }
@@ -438,6 +440,7 @@ mod tests {
                     cpu: 1,
                     period: 1,
                     kernel_ips: Vec::new(),
+                    user_ips: Vec::new(),
                     regs: None,
                     stack: &[],
                     stack_full: false,
