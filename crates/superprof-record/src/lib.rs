@@ -686,6 +686,31 @@ impl Progress {
 
 /// Runs the sampler until the target ends, the duration passes or Ctrl-C.
 pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
+    record_with(cfg, None)
+}
+
+/// A live view's share of a recording (`superprof top`): every `every`, the samples of that
+/// interval, symbolized, go to `show`; it returns false to stop.
+pub struct Live<'a> {
+    /// How often `show` is called.
+    pub every: Duration,
+    /// Gets each interval's profile (its samples only); false stops the recording.
+    pub show: &'a mut dyn FnMut(Profile) -> bool,
+}
+
+/// [`record`], handing each interval's samples to `live` as they come (perf_event_open only:
+/// the ptrace sampler is refused). The profile returned holds what came after the last
+/// interval.
+pub fn record_live(cfg: &RecordConfig, live: Live) -> Result<Recorded> {
+    if cfg.sampler_kind == SamplerKind::Ptrace {
+        return Err(Error::Invalid(
+            "a live view needs perf_event_open (not --sampler ptrace)".into(),
+        ));
+    }
+    record_with(cfg, Some(live))
+}
+
+fn record_with(cfg: &RecordConfig, live: Option<Live>) -> Result<Recorded> {
     if cfg.sampler.off_cpu {
         if let Some(e) = cfg
             .sampler
@@ -732,7 +757,13 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
             started.launched,
             &mut collector,
             &mut progress,
+            live,
         )?,
+        Source::Ptrace(_) if live.is_some() => {
+            return Err(Error::Invalid(
+                "perf_event_open is refused here, and a live view needs it".into(),
+            ))
+        }
         Source::Ptrace(tracer) => {
             if cfg.sampler.frequency == 0 {
                 return Err(Error::Invalid("frequency must be at least 1 Hz".into()));

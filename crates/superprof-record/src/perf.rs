@@ -98,6 +98,7 @@ pub(super) fn run(
     launched: bool,
     collector: &mut Collector,
     progress: &mut Progress,
+    mut live: Option<crate::Live>,
 ) -> Result<LoopResult> {
     if sampler.kernel_stacks() {
         collector.expect_kernel_frames();
@@ -117,6 +118,27 @@ pub(super) fn run(
     };
     let mut exit = None;
     let mut stopped_early = false;
+    // A live view's intervals: each one's start, and the metadata of its profile.
+    let mut interval_start = superprof_sample::monotonic_ns();
+    let interval_meta = live.as_ref().map(|_| {
+        let mut m = superprof_profile::Meta {
+            event: sampler.event_name().to_owned(),
+            frequency: sampler.frequency(),
+            ..Default::default()
+        };
+        let events = sampler.events();
+        if events.len() > 1 || events.iter().any(|e| e.1) {
+            m.events = events
+                .iter()
+                .map(|(name, counted)| superprof_profile::EventInfo {
+                    name: name.clone(),
+                    counted: *counted,
+                })
+                .collect();
+        }
+        superprof_resolve::stamp(&mut m);
+        m
+    });
     // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
     let pidfd = pid.and_then(superprof_trace::pidfd_open);
     let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
@@ -136,6 +158,26 @@ pub(super) fn run(
         if progress.should_stop(cfg) {
             stopped_early = true;
             break;
+        }
+        if let (Some(l), Some(meta)) = (live.as_mut(), &interval_meta) {
+            let now = superprof_sample::monotonic_ns();
+            if now.saturating_sub(interval_start) >= l.every.as_nanos() as u64 {
+                let mut p = superprof_profile::Profile::default();
+                p.meta = meta.clone();
+                p.meta.duration_ns = now.saturating_sub(interval_start);
+                p.meta.start_time_unix_ns = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64)
+                    .saturating_sub(p.meta.duration_ns);
+                p.meta.lost_samples = collector.lost;
+                let p = collector.finish_interval(p, interval_start);
+                interval_start = now;
+                if !(l.show)(p) {
+                    stopped_early = true;
+                    break;
+                }
+            }
+            continue;
         }
         progress.update(collector);
     }

@@ -59,6 +59,9 @@ pub enum Command {
     /// Sample a program (launched: `record PROG ARGS...` or after `--`; or attached with -p)
     /// with full call stacks
     Record(RecordArgs),
+    /// A live table of the hottest functions, refreshed as perf top's: the whole machine
+    /// (root), or a process (-p), a thread (-t), a command; q or Ctrl-C quits
+    Top(TopArgs),
     /// Read a profile file (.parquet) and show or convert it, optionally filtered
     Report(ReportArgs),
     /// Log every syscall of every thread (strace-like), then a summary (like strace -c)
@@ -215,6 +218,67 @@ pub struct RecordArgs {
     pub tenant: Option<String>,
     #[command(flatten)]
     pub target: RecordTargetArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Sampling frequency in Hz
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
+    pub frequency: u32,
+    /// Events to sample, as record's -e (default: CPU time)
+    #[arg(
+        short = 'e',
+        long = "event",
+        value_name = "EVENT",
+        value_delimiter = ','
+    )]
+    pub events: Vec<String>,
+    /// Sample every PERIOD occurrences of the events instead of -F times a second
+    #[arg(short = 'c', long = "count", value_name = "PERIOD")]
+    pub period: Option<u64>,
+    /// Seconds between refreshes
+    #[arg(short = 'd', long = "delay", value_name = "SECS", default_value = "2", value_parser = parse_secs)]
+    pub delay: Duration,
+    /// The table covers the samples of this many last seconds (functions no longer hot fade
+    /// out)
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    pub window: Duration,
+    /// Stop after this many seconds
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub duration: Option<Duration>,
+    /// Full function names (templates and argument lists kept)
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// Attach to this running process and all its threads
+    #[arg(short = 'p', long = "pid", value_name = "PID", conflicts_with_all = ["command", "tid", "all_cpus", "cpus"])]
+    pub pid: Option<u32>,
+    /// Attach to this thread only
+    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with_all = ["command", "all_cpus", "cpus"])]
+    pub tid: Option<u32>,
+    /// The whole machine (the default without -p, -t or a command)
+    #[arg(short = 'a', long = "all-cpus")]
+    pub all_cpus: bool,
+    /// These CPUs only: 0-3,5
+    #[arg(short = 'C', long = "cpu", value_name = "CPUS")]
+    pub cpus: Option<String>,
+    /// A command to launch and watch (its output shares the terminal)
+    #[arg(value_name = "CMD", trailing_var_arg = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+impl TopArgs {
+    /// What is watched: record's targets, the machine by default.
+    pub fn target(&self) -> anyhow::Result<superprof_record::Target> {
+        let none = self.pid.is_none() && self.tid.is_none() && self.command.is_empty();
+        RecordTargetArgs {
+            pid: self.pid,
+            tid: self.tid,
+            all_cpus: self.all_cpus || (none && self.cpus.is_none()),
+            cpus: self.cpus.clone(),
+            command: self.command.clone(),
+        }
+        .target()
+    }
 }
 
 /// What `record` samples: a command, a process, a thread, or the machine.

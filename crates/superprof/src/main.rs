@@ -13,6 +13,7 @@ mod shell;
 mod stat;
 mod sys;
 mod syscalls;
+mod top;
 
 use std::process::ExitCode;
 
@@ -115,6 +116,7 @@ fn after_failure() -> Option<superprof_trace::ExitStatus> {
 fn run(command: cli::Command) -> anyhow::Result<i32> {
     match command {
         cli::Command::Record(args) => record::Record::from_args(args).and_then(|r| r.run()),
+        cli::Command::Top(args) => top::run(&args),
         cli::Command::Agent(args) => agent::run(&args),
         cli::Command::Syscalls(args) => syscalls::run(&args),
         cli::Command::Stat(args) => stat::run(&args),

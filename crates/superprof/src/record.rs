@@ -40,12 +40,7 @@ impl Record {
         // perf's -g: whole stacks are always recorded, with it or without.
         let _ = a.g;
         let target = a.target.target()?;
-        let events = a
-            .events
-            .iter()
-            .filter(|e| !e.is_empty())
-            .map(|e| superprof_sample::EventSpec::parse(e).map_err(anyhow::Error::msg))
-            .collect::<Result<Vec<_>>>()?;
+        let events = parse_events(&a.events)?;
         let mut sampler = SamplerConfig {
             frequency: a.frequency,
             stack_size: a.stack_size,
@@ -144,6 +139,15 @@ impl Record {
     pub fn check_outputs(&self) -> Result<Vec<(PathBuf, OutputFormat)>> {
         Ok(superprof_resolve::check_outputs(&self.outputs)?)
     }
+}
+
+/// `-e`'s events, as perf names them.
+pub fn parse_events(names: &[String]) -> Result<Vec<superprof_sample::EventSpec>> {
+    names
+        .iter()
+        .filter(|e| !e.is_empty())
+        .map(|e| superprof_sample::EventSpec::parse(e).map_err(anyhow::Error::msg))
+        .collect()
 }
 
 /// perf's `--call-graph MODE`.

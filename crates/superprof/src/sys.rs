@@ -107,6 +107,65 @@ pub fn table_style(
     }
 }
 
+/// Stops the run as a stop signal would (a key pressed in `top`).
+pub fn request_stop() {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// The terminal on stdin set to give keys as they are typed (no line editing, no echo;
+/// Ctrl-C still a signal) until dropped, when its settings come back.
+pub struct KeyMode {
+    saved: libc::termios,
+}
+
+impl KeyMode {
+    /// None where stdin is not a terminal.
+    pub fn new() -> Option<KeyMode> {
+        // SAFETY: isatty only asks the kernel about the descriptor.
+        if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
+            return None;
+        }
+        // SAFETY: a termios is plain integers; all zero is a valid value to be overwritten.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: tcgetattr writes one termios into `saved`, which outlives the call.
+        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } != 0 {
+            return None;
+        }
+        let mut raw = saved;
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO);
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        // SAFETY: tcsetattr reads the termios it is given.
+        if unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) } != 0 {
+            return None;
+        }
+        Some(KeyMode { saved })
+    }
+}
+
+impl Drop for KeyMode {
+    fn drop(&mut self) {
+        // SAFETY: tcsetattr reads the termios it is given (the settings found at the start).
+        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// The height of the terminal on stdout, in lines, if it is one (`LINES` first).
+pub fn console_height() -> Option<usize> {
+    // SAFETY: isatty only asks the kernel about the descriptor.
+    if unsafe { libc::isatty(libc::STDOUT_FILENO) } != 1 {
+        return None;
+    }
+    if let Some(l) = std::env::var("LINES").ok().and_then(|l| l.parse().ok()) {
+        return Some(l).filter(|&l: &usize| l > 0);
+    }
+    // SAFETY: a winsize is plain integers; all zero is a valid value.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call.
+    let r = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_row > 0).then_some(usize::from(ws.ws_row))
+}
+
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
         || (PIPE.load(Ordering::SeqCst)
