@@ -278,18 +278,29 @@ struct Started {
     java: bool,
 }
 
-/// Per-CPU sampling of a launched command's cgroup (see `cgroup`), where it may be made and
-/// perf's cgroup events work; None otherwise (the caller samples per task).
-fn open_cgroup_source(
-    cfg: &RecordConfig,
-    pid: u32,
-) -> Option<(PerfSampler, superprof_sample::Cgroup)> {
+/// A cgroup of its own for a launched command to be sampled per CPU (see `cgroup`), where
+/// one may be made (root, cgroup v2) and the command is sampled with perf_event_open.
+fn command_cgroup(cfg: &RecordConfig) -> Option<superprof_sample::Cgroup> {
     // (Off-CPU time is sampled per task: a thread's switch back in is its own event's.)
     if cfg.sampler_kind == SamplerKind::Ptrace || cfg.sampler.off_cpu {
         return None;
     }
-    let cg = superprof_sample::Cgroup::create()?;
-    cg.add(pid).ok()?;
+    superprof_sample::Cgroup::create()
+}
+
+/// Per-CPU sampling of a launched command's cgroup `cg` (`placed`: the command started in
+/// it; else it is moved there now), where perf's cgroup events work; None otherwise (the
+/// caller samples per task; the cgroup is dropped, the command back in superprof's).
+fn open_cgroup_source(
+    cfg: &RecordConfig,
+    pid: u32,
+    cg: Option<superprof_sample::Cgroup>,
+    placed: bool,
+) -> Option<(PerfSampler, superprof_sample::Cgroup)> {
+    let cg = cg?;
+    if !placed {
+        cg.add(pid).ok()?;
+    }
     let sampler = PerfSampler::open_cgroup(&cg.fd, pid, &cfg.sampler).ok()?;
     if let Some(notice) = sampler.throttle_notice() {
         superprof_unwind::say!("{notice}");
@@ -394,11 +405,13 @@ fn fallback_to_ptrace(
 }
 
 /// A command, forked and waiting for its release to exec (with the runtime setup `cfg`
-/// asks for): the child, and the program's path.
+/// asks for), in cgroup `cg` where the kernel can start it there: the child, the program's
+/// path, and whether it is in `cg`.
 fn spawn_command(
     cfg: &RecordConfig,
     cmd: &[std::ffi::OsString],
-) -> Result<(PendingChild, std::path::PathBuf)> {
+    cg: Option<&superprof_sample::Cgroup>,
+) -> Result<(PendingChild, std::path::PathBuf, bool)> {
     let first = cmd
         .first()
         .ok_or_else(|| Error::Invalid("no command given after --".into()))?;
@@ -416,9 +429,11 @@ fn spawn_command(
     if let Some(notice) = &setup.notice {
         superprof_unwind::say!("{notice}");
     }
-    let child = PendingChild::spawn_with_env(&path, &setup.command, &setup.env)
-        .map_err(|e| Error::from(e).while_(format!("cannot start '{program}'")))?;
-    Ok((child, path))
+    use std::os::fd::AsFd;
+    let (child, placed) =
+        PendingChild::spawn_into(&path, &setup.command, &setup.env, cg.map(|c| c.fd.as_fd()))
+            .map_err(|e| Error::from(e).while_(format!("cannot start '{program}'")))?;
+    Ok((child, path, placed))
 }
 
 /// Starts sampling the whole machine (on `cpus`), and `command` if one is given.
@@ -445,7 +460,7 @@ fn start_system(
     }
     let (pid, launched, command) = match command.first() {
         Some(first) => {
-            let (mut child, path) = spawn_command(cfg, command)?;
+            let (mut child, path, _) = spawn_command(cfg, command, None)?;
             let clock = Clock::now();
             if let Err(e) = sampler.enable() {
                 child.abort();
@@ -488,9 +503,14 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
     match &cfg.target {
         Target::System { cpus, command } => start_system(cfg, cpus.as_deref(), command, collector),
         Target::Command(cmd) => {
-            let (mut child, path) = spawn_command(cfg, cmd)?;
+            let cg = command_cgroup(cfg);
+            let (mut child, path, placed) = spawn_command(cfg, cmd, cg.as_ref())?;
             let first = &cmd[0];
-            if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid) {
+            if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid, cg, placed) {
+                // The kernel's symbols load while the command runs.
+                if sampler.kernel_stacks() {
+                    collector.expect_kernel_frames();
+                }
                 let clock = Clock::now();
                 // Samples of the child before its exec are superprof's code: not kept.
                 collector.await_exec(child.pid);
@@ -522,6 +542,11 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
                 }
             };
             let mut source = source;
+            if let Source::Perf(s) = &source {
+                if s.kernel_stacks() {
+                    collector.expect_kernel_frames();
+                }
+            }
             let clock = Clock::now();
             match &mut source {
                 // A traced child may stop on a signal before its exec: the tracer handles it.

@@ -7,9 +7,17 @@ pub const MAX_FILE: u64 = 256 << 20;
 const MAX_NAME: usize = 512;
 
 /// Sorted kernel text symbols. Empty (all addresses zero) when kptr_restrict hides them.
+///
+/// The names live in one buffer (a kernel has some 150,000 symbols: one allocation each
+/// cost more than reading them).
+#[derive(Clone)]
 pub struct Kallsyms {
-    /// Address, name, and the module for a module's symbol (`[ext4]` in kallsyms).
-    symbols: Vec<(u64, String, Option<String>)>,
+    /// Address, the name's range in `names`, and the module's index in `modules` plus one (0:
+    /// the kernel's own).
+    symbols: Vec<(u64, u32, u32, u32)>,
+    names: String,
+    /// Module names (`ext4` for `[ext4]`), each once.
+    modules: Vec<String>,
 }
 
 impl Kallsyms {
@@ -45,23 +53,56 @@ impl Kallsyms {
     /// Parses kallsyms or System.map text: text symbols only (types `t`, `T`, `w`, `W`) with a
     /// nonzero address, names cut at 512 bytes; other lines are skipped.
     pub fn parse(text: &str) -> Kallsyms {
-        let mut symbols: Vec<(u64, String, Option<String>)> = text
-            .lines()
-            .filter_map(|line| {
-                let mut parts = line.split_whitespace();
-                let addr = u64::from_str_radix(parts.next()?, 16).ok()?;
-                let kind = parts.next()?;
-                let name = parts.next()?;
-                let module = parts
-                    .next()
-                    .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
-                    .map(|m| cut(m).to_owned());
-                let text_symbol = matches!(kind, "t" | "T" | "w" | "W");
-                (addr != 0 && text_symbol).then(|| (addr, cut(name).to_owned(), module))
-            })
-            .collect();
-        symbols.sort_unstable_by_key(|s| s.0);
-        Kallsyms { symbols }
+        let mut k = Kallsyms {
+            symbols: Vec::new(),
+            names: String::with_capacity(text.len() / 2),
+            modules: Vec::new(),
+        };
+        let mut module_index: std::collections::HashMap<&str, u32> = Default::default();
+        for line in text.lines() {
+            let mut parts = line.split_ascii_whitespace();
+            let (Some(addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            if !matches!(kind, "t" | "T" | "w" | "W") {
+                continue;
+            }
+            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
+            if addr == 0 {
+                continue;
+            }
+            let module = match parts
+                .next()
+                .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
+            {
+                Some(m) => {
+                    let m = cut(m);
+                    *module_index.entry(m).or_insert_with(|| {
+                        k.modules.push(m.to_owned());
+                        k.modules.len() as u32
+                    })
+                }
+                None => 0,
+            };
+            // (Past 4 GiB of names, a file no kernel writes: the rest is left out.)
+            let (Ok(at), Ok(len)) = (u32::try_from(k.names.len()), u32::try_from(cut(name).len()))
+            else {
+                break;
+            };
+            k.names.push_str(cut(name));
+            k.symbols.push((addr, at, len, module));
+        }
+        k.symbols.sort_unstable_by_key(|s| s.0);
+        k
+    }
+
+    fn name(&self, at: u32, len: u32) -> &str {
+        self.names
+            .get(at as usize..at as usize + len as usize)
+            .unwrap_or("")
     }
 
     /// The function that contains `addr`, if kernel symbols are readable.
@@ -72,28 +113,31 @@ impl Kallsyms {
     /// The function that contains `addr`, and its module when it is a module's.
     pub fn lookup_with_module(&self, addr: u64) -> Option<(&str, Option<&str>)> {
         let i = self.symbols.partition_point(|s| s.0 <= addr);
-        let (_, name, module) = self.symbols.get(i.checked_sub(1)?)?;
-        Some((name.as_str(), module.as_deref()))
+        let &(_, at, len, module) = self.symbols.get(i.checked_sub(1)?)?;
+        let module = module
+            .checked_sub(1)
+            .and_then(|m| self.modules.get(m as usize))
+            .map(String::as_str);
+        Some((self.name(at, len), module))
     }
 
     /// The address of the first text symbol called `name` (of the kernel, not a module).
     pub fn address_of(&self, name: &str) -> Option<u64> {
         self.symbols
             .iter()
-            .find(|(_, n, m)| n == name && m.is_none())
-            .map(|(a, _, _)| *a)
+            .find(|&&(_, at, len, m)| m == 0 && self.name(at, len) == name)
+            .map(|s| s.0)
     }
 
     /// The same symbols `offset` higher (wrapping): a System.map's link addresses moved to
     /// where a relocated (KASLR) kernel runs, or the reverse.
     pub fn shifted(&self, offset: u64) -> Kallsyms {
-        let mut symbols: Vec<_> = self
-            .symbols
-            .iter()
-            .map(|(a, n, m)| (a.wrapping_add(offset), n.clone(), m.clone()))
-            .collect();
-        symbols.sort_unstable_by_key(|s| s.0);
-        Kallsyms { symbols }
+        let mut k = self.clone();
+        for s in &mut k.symbols {
+            s.0 = s.0.wrapping_add(offset);
+        }
+        k.symbols.sort_unstable_by_key(|s| s.0);
+        k
     }
 
     /// Whether there is no symbol (nothing readable, or all addresses hidden).

@@ -175,36 +175,109 @@ impl SymbolService {
 }
 
 impl Drop for SymbolService {
+    /// Ends the worker without waiting for it: it frees what it loaded (tens of megabytes of
+    /// debug info) on its own, while the recording's outputs are written, or not at all when
+    /// the process exits first.
     fn drop(&mut self) {
         drop(self.tx.take());
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+        drop(self.worker.take());
+    }
+}
+
+/// The kernel's symbols, read on a thread of their own (reading /proc/kallsyms takes tens of
+/// milliseconds of the kernel's time: overlapped with the modules' loading).
+enum KernelSymbols {
+    NotAsked,
+    Loading(JoinHandle<Kallsyms>),
+    Ready(Kallsyms),
+}
+
+impl KernelSymbols {
+    fn start(&mut self) {
+        if let KernelSymbols::NotAsked = self {
+            *self = match std::thread::Builder::new()
+                .name("superprof-kallsyms".into())
+                .spawn(Kallsyms::load)
+            {
+                Ok(h) => KernelSymbols::Loading(h),
+                Err(_) => KernelSymbols::Ready(Kallsyms::load()),
+            };
+        }
+    }
+
+    fn get(&mut self) -> &Kallsyms {
+        self.start();
+        if let KernelSymbols::Loading(_) = self {
+            let KernelSymbols::Loading(h) = std::mem::replace(self, KernelSymbols::NotAsked) else {
+                unreachable!("matched above")
+            };
+            *self = KernelSymbols::Ready(h.join().unwrap_or_else(|_| Kallsyms::parse("")));
+        }
+        match self {
+            KernelSymbols::Ready(k) => k,
+            _ => unreachable!("loaded above"),
         }
     }
 }
 
+/// How long after the service starts modules begin to be preloaded: a command that ends
+/// sooner has only the modules its samples need loaded, when they are symbolized (not libc's
+/// whole debug info for a sample in the loader); a longer one has them loaded while it runs.
+const PRELOAD_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn serve(rx: Receiver<Request>) {
+    let started = std::time::Instant::now();
     let mut symbolizer = Symbolizer::default();
-    let mut kallsyms: Option<Kallsyms> = None;
-    for request in rx {
+    let mut kallsyms = KernelSymbols::NotAsked;
+    let mut queue: std::collections::VecDeque<Request> = Default::default();
+    loop {
+        if queue.is_empty() {
+            match rx.recv() {
+                Ok(r) => queue.push_back(r),
+                Err(_) => break,
+            }
+        }
+        queue.extend(rx.try_iter());
+        // Early preloads wait, for a symbolization that would make them needless; other
+        // requests go first.
+        if let Some(i) = queue
+            .iter()
+            .position(|r| !matches!(r, Request::Preload(..)))
+        {
+            let request = queue.remove(i).expect("found above");
+            queue.push_front(request);
+        } else if let Some(wait) = PRELOAD_AFTER.checked_sub(started.elapsed()) {
+            match rx.recv_timeout(wait) {
+                Ok(r) => queue.push_back(r),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            continue;
+        }
+        // A symbolization waits: it loads the modules it needs itself, so the preloads of
+        // modules it may not need go (a short command's libraries unsampled).
+        if queue.iter().any(|r| matches!(r, Request::Symbolize(..))) {
+            queue.retain(|r| !matches!(r, Request::Preload(..)));
+        }
+        let Some(request) = queue.pop_front() else {
+            continue;
+        };
         match request {
             Request::Preload(path, open) => symbolizer.preload(&path, &open),
-            Request::Kallsyms => {
-                kallsyms.get_or_insert_with(Kallsyms::load);
-            }
+            Request::Kallsyms => kallsyms.start(),
             Request::Symbolize(user, kernel, reply) => {
+                // (The kernel's symbols load meanwhile.)
+                if !kernel.is_empty() {
+                    kallsyms.start();
+                }
                 let user = user
                     .iter()
                     .map(|q| symbolizer.symbolize(&q.path, &q.open_path, q.svma))
                     .collect();
-                let k = if kernel.is_empty() {
-                    None
-                } else {
-                    Some(kallsyms.get_or_insert_with(Kallsyms::load))
-                };
+                let k = (!kernel.is_empty()).then(|| kallsyms.get());
                 let kernel = kernel
                     .iter()
-                    .map(|&a| k.as_ref().and_then(|k| k.lookup(a)).map(str::to_owned))
+                    .map(|&a| k.and_then(|k| k.lookup(a)).map(str::to_owned))
                     .collect();
                 let _ = reply.send(Answer { user, kernel });
             }

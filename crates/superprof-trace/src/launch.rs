@@ -189,6 +189,18 @@ impl PendingChild {
         args: &[std::ffi::OsString],
         env: &[(std::ffi::OsString, std::ffi::OsString)],
     ) -> io::Result<PendingChild> {
+        Ok(PendingChild::spawn_into(program, args, env, None)?.0)
+    }
+
+    /// As [`PendingChild::spawn_with_env`], the child started in cgroup `cgroup` (an open
+    /// cgroup v2 folder) where the kernel can (clone3's CLONE_INTO_CGROUP); whether it was
+    /// (where not, the caller moves it there itself).
+    pub fn spawn_into(
+        program: &Path,
+        args: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+        cgroup: Option<std::os::fd::BorrowedFd>,
+    ) -> io::Result<(PendingChild, bool)> {
         use std::os::unix::ffi::OsStrExt;
         let prog = CString::new(program.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in command"))?;
@@ -231,24 +243,30 @@ impl PendingChild {
         let (st_r, st_w) = posix::pipe(libc::O_CLOEXEC)?;
         // The command starts with no signal blocked (superprof blocks SIGCHLD) and the
         // dispositions it would have alone (superprof ignores SIGPIPE, handles SIGINT).
-        let pid = posix::fork_held_exec(
+        let (pid, placed) = posix::fork_held_exec(
             &prog,
             &argv,
             envp.as_deref(),
-            &go_r,
-            &go_w,
-            &st_w,
+            posix::HeldPipes {
+                go: &go_r,
+                go_w: &go_w,
+                status: &st_w,
+            },
             reset_signals_for_exec,
+            cgroup,
         )?;
         drop(go_r);
         drop(st_w);
         LAUNCHED.store(pid, Ordering::SeqCst);
         EVER_LAUNCHED.store(true, Ordering::SeqCst);
-        Ok(PendingChild {
-            pid,
-            go: Some(go_w),
-            exec_status: st_r,
-        })
+        Ok((
+            PendingChild {
+                pid,
+                go: Some(go_w),
+                exec_status: st_r,
+            },
+            placed,
+        ))
     }
 
     /// Lets the child exec. Returns the exec error, if exec failed.

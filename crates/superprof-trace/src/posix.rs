@@ -70,21 +70,33 @@ pub fn pipe(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Forks a child that first calls `before_exec`, then waits until `go` (a pipe's read end)
-/// reaches end-of-file (`go_w`, the write end, is closed in the child so that only the
-/// parent's copy counts), then execs `prog` with `argv` (null-terminated) and `envp`
-/// (null-terminated; None: this process's environment); if exec fails, its errno goes to `status` (4 bytes) and the child exits 127.
-/// Returns the child's pid. `before_exec` runs in the child of a possibly multi-threaded
+/// The pipes of [`fork_held_exec`]: the child waits until `go` (a pipe's read end) reaches
+/// end-of-file (`go_w`, the write end, is closed in the child so that only the parent's copy
+/// counts); an exec error's errno goes to `status` (4 bytes).
+pub struct HeldPipes<'a> {
+    /// The read end the child waits on.
+    pub go: &'a OwnedFd,
+    /// Its write end (the parent's; closed in the child).
+    pub go_w: &'a OwnedFd,
+    /// Where the child writes an exec error's errno.
+    pub status: &'a OwnedFd,
+}
+
+/// Forks a child that first calls `before_exec`, then waits on `pipes.go`, then execs `prog`
+/// with `argv` (null-terminated) and `envp` (null-terminated; None: this process's
+/// environment); if exec fails, its errno goes to `pipes.status` and the child exits 127.
+/// Started in `cgroup` where one is given and the kernel can. Returns the child's pid and
+/// whether it is in `cgroup`. `before_exec` runs in the child of a possibly multi-threaded
 /// process: it must call only async-signal-safe functions.
 pub fn fork_held_exec(
     prog: &CStr,
     argv: &[*const libc::c_char],
     envp: Option<&[*const libc::c_char]>,
-    go: &OwnedFd,
-    go_w: &OwnedFd,
-    status: &OwnedFd,
+    pipes: HeldPipes,
     before_exec: fn(),
-) -> io::Result<u32> {
+    cgroup: Option<std::os::fd::BorrowedFd>,
+) -> io::Result<(u32, bool)> {
+    let HeldPipes { go, go_w, status } = pipes;
     assert!(
         argv.last().is_some_and(|p| p.is_null()),
         "argv ends in null"
@@ -93,9 +105,20 @@ pub fn fork_held_exec(
         envp.is_none_or(|e| e.last().is_some_and(|p| p.is_null())),
         "envp ends in null"
     );
-    // SAFETY: the child only calls async-signal-safe functions (close, before_exec, read,
-    // execve, write, _exit) on memory prepared before the fork.
-    let pid = unsafe { libc::fork() };
+    // Straight into the cgroup where one is given and the kernel can (clone3's
+    // CLONE_INTO_CGROUP, Linux 5.7): no write to cgroup.procs afterwards, which waits for the
+    // kernel's RCU (about 10 ms).
+    let mut placed = false;
+    let mut pid: libc::c_long = -1;
+    if let Some(cg) = cgroup {
+        pid = clone_into_cgroup(cg);
+        placed = pid >= 0;
+    }
+    if pid < 0 {
+        // SAFETY: the child only calls async-signal-safe functions (close, before_exec, read,
+        // execve, write, _exit) on memory prepared before the fork.
+        pid = libc::c_long::from(unsafe { libc::fork() });
+    }
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -118,7 +141,49 @@ pub fn fork_held_exec(
             libc::_exit(127);
         }
     }
-    Ok(pid as u32)
+    Ok((pid as u32, placed))
+}
+
+/// clone3's arguments (`struct clone_args`, CLONE_ARGS_SIZE_VER2: 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// A fork (a copy of the calling thread, SIGCHLD at its end) whose child starts in cgroup
+/// `cg`: 0 in the child, its pid in the parent, -1 where the kernel cannot (the caller forks
+/// and moves it).
+fn clone_into_cgroup(cg: std::os::fd::BorrowedFd) -> libc::c_long {
+    use std::os::fd::AsRawFd;
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cg.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone3 reads `args` (its size given); without CLONE_VM the child gets a copy of
+    // this thread's memory, as after fork, and runs only async-signal-safe calls (see
+    // fork_held_exec) until its exec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    }
 }
 
 /// Forks a child that leaves superprof's session and process group (so that no signal of

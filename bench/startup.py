@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""superprof's fixed cost and its cost on a short program, beside perf and samply (issue 34).
+
+Two sets, each N alternating rounds, medians:
+  fixed cost  `CMD -- true` for superprof record -q -o x.folded, samply record --save-only,
+              perf record --call-graph dwarf (what each costs when there is nothing to profile)
+  split 0.26  tests/fixtures/split.c for 0.26 s of CPU: bare, then each recorder writing its
+              own format (superprof: a folded file, symbolized; samply: its unsymbolized
+              profile; perf: perf.data)
+and the ratio of each recorded run to the bare one.
+
+Usage: bench/startup.py [ROUNDS]   (samply from bench/out/tools, as record_vs_perf.py installs it)
+"""
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "bench", "out")
+TOOLS = os.path.join(OUT, "tools")
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 11
+PARANOID = "/proc/sys/kernel/perf_event_paranoid"
+
+
+def sh(cmd):
+    return subprocess.run(cmd, shell=True, check=True)
+
+
+def tool(name, crate):
+    path = shutil.which(name) or os.path.join(TOOLS, "bin", name)
+    if not os.path.exists(path):
+        print(f"installing {crate} with cargo (once) ...", flush=True)
+        sh(f"cargo install --quiet --locked --root {TOOLS} {crate}")
+    return path
+
+
+def medians(cmds):
+    times = {k: [] for k in cmds}
+    for _ in range(ROUNDS):
+        for name, cmd in cmds.items():
+            t0 = time.perf_counter()
+            sh(cmd)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main():
+    # samply refuses to start at perf_event_paranoid 2, even as root: 1 for the run.
+    old = open(PARANOID).read().strip()
+    if int(old) > 1:
+        with open(PARANOID, "w") as f:
+            f.write("1")
+    try:
+        run_all()
+    finally:
+        with open(PARANOID, "w") as f:
+            f.write(old)
+
+
+def run_all():
+    os.makedirs(OUT, exist_ok=True)
+    sh(f"cargo build --release --quiet --manifest-path {ROOT}/Cargo.toml")
+    superprof = os.path.join(ROOT, "target", "release", "superprof")
+    samply = tool("samply", "samply")
+    fixture = os.path.join(OUT, "split")
+    sh(f"gcc -O2 -g -I{ROOT}/tests/fixtures -o {fixture} {ROOT}/tests/fixtures/split.c")
+
+    def recorders(run):
+        return {
+            "superprof": f"{superprof} record -q -o {OUT}/startup.folded -- {run} 2>/dev/null",
+            "samply": f"{samply} record --save-only -r 999 -o {OUT}/startup.json.gz -- {run} 2>/dev/null",
+            "perf": f"perf record -q -F 999 --call-graph dwarf -o {OUT}/startup.data -- {run} 2>/dev/null",
+        }
+
+    fixed = medians(recorders("true"))
+    print(f"fixed cost, `-- true`, medians of {ROUNDS} alternating rounds:")
+    for k, v in fixed.items():
+        print(f"  {k:<10} {v:6.3f} s")
+    run = f"{fixture} 0.26 > /dev/null"
+    split = medians({"bare": run, **recorders(run)})
+    bare = split["bare"]
+    print(f"\nsplit 0.26 s, medians of {ROUNDS} alternating rounds:")
+    for k, v in split.items():
+        print(f"  {k:<10} {v:6.3f} s   {v / bare:5.2f}x bare")
+
+
+if __name__ == "__main__":
+    main()
