@@ -39,7 +39,7 @@ pub use framehop::FrameAddress;
 pub use guest::{frame_parts, GuestUnwinder};
 pub use process::{Mapping, ProcessModules, Truncation, UnwindOutcome};
 pub use regs::UserRegs;
-pub use sys::{clock_ns, map_file, monotonic_ns, open_input, page_size};
+pub use sys::{clock_ns, map_file, monotonic_ns, open_input, page_size, terminal_size};
 
 /// Writes one line to stderr, like `eprintln!`, but never fails: std's `eprintln!` panics when
 /// stderr is a pipe whose reader is gone (`superprof ... 2>&1 | head -1`), and a diagnostic that

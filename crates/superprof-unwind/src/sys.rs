@@ -1,5 +1,5 @@
-//! The unsafe operations of this crate: file mapping, the clock samples are stamped with, and
-//! the page size.
+//! The unsafe operations of this crate: file mapping, the clock samples are stamped with, the
+//! page size, and a terminal's size.
 
 use std::path::Path;
 
@@ -58,4 +58,16 @@ pub fn page_size() -> usize {
     } else {
         4096
     }
+}
+
+/// The size of the terminal `fd` is, as (rows, columns), if it is a terminal that knows it.
+pub fn terminal_size(fd: std::os::fd::BorrowedFd) -> Option<(usize, usize)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a winsize is plain integers; all zero is a valid value.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call; a descriptor
+    // that is no terminal makes it fail (ENOTTY).
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_row > 0 && ws.ws_col > 0)
+        .then(|| (usize::from(ws.ws_row), usize::from(ws.ws_col)))
 }

@@ -59,6 +59,9 @@ pub enum Command {
     /// Sample a program (launched: `record PROG ARGS...` or after `--`; or attached with -p)
     /// with full call stacks
     Record(RecordArgs),
+    /// Compare two profiles, the baseline first as perf diff takes them: `diff BEFORE AFTER`
+    /// is `report AFTER --diff BEFORE` (top, folded or a differential svg)
+    Diff(DiffArgs),
     /// A live table of the hottest functions, refreshed as perf top's: the whole machine
     /// (root), or a process (-p), a thread (-t), a command; q or Ctrl-C quits
     Top(TopArgs),
@@ -367,6 +370,26 @@ pub struct ReportArgs {
     /// The profile to read (a .parquet file written by superprof)
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+/// `superprof diff BEFORE AFTER`: perf diff's order for `report AFTER --diff BEFORE`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The baseline profile (.parquet)
+    #[arg(value_name = "BEFORE")]
+    pub before: PathBuf,
+    /// The profile compared with it (.parquet)
+    #[arg(value_name = "AFTER")]
+    pub after: PathBuf,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+/// How `report` (and `diff`) shows a profile: the format, the output, the filters.
+#[derive(Debug, Args)]
+pub struct ViewArgs {
     /// Output format: top, tree, folded, svg, parquet, pprof, speedscope, firefox, html
     /// (default: from the extension of -o, else top)
     #[arg(long, value_name = "FORMAT")]
@@ -408,8 +431,9 @@ pub struct ReportArgs {
     /// `stack BEFORE AFTER`, or a differential svg); the filters apply to both
     #[arg(long, value_name = "BEFORE")]
     pub diff: Option<PathBuf>,
-    /// With --diff: sample counts instead of shares of each profile's total
-    #[arg(long, requires = "diff")]
+    /// With --diff (or `superprof diff`): sample counts instead of shares of each profile's
+    /// total
+    #[arg(long)]
     pub absolute: bool,
     /// Full function names in the table (templates and argument lists kept)
     #[arg(short = 'v', long)]

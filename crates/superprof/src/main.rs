@@ -124,6 +124,7 @@ fn run(command: cli::Command) -> anyhow::Result<i32> {
         cli::Command::Qemu(args) => qemu::run(&args),
         cli::Command::Preload(args) => preload::run(&args),
         cli::Command::Report(args) => report::run(&report::ReportConfig::from_args(args)),
+        cli::Command::Diff(args) => report::run(&report::ReportConfig::from_diff(args)),
         cli::Command::Demo(args) => demo::run(&args),
         cli::Command::Completions { shell } => shell::completions(shell),
         cli::Command::Man { subcommand } => shell::man(subcommand.as_deref()),

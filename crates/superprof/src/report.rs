@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use superprof_profile::sort::SortKey;
 use superprof_profile::{Filter, OutputFormat};
 
-use crate::cli::ReportArgs;
+use crate::cli::{DiffArgs, ReportArgs, ViewArgs};
 
 #[derive(Debug, Clone)]
 pub struct ReportConfig {
@@ -26,6 +26,27 @@ pub struct ReportConfig {
 
 impl ReportConfig {
     pub fn from_args(a: ReportArgs) -> Result<ReportConfig> {
+        ReportConfig::of_view(a.file, a.view)
+    }
+
+    /// `superprof diff BEFORE AFTER`: `report AFTER --diff BEFORE`.
+    pub fn from_diff(a: DiffArgs) -> Result<ReportConfig> {
+        if a.view.diff.is_some() {
+            bail!("superprof diff takes its two profiles as BEFORE AFTER, not --diff");
+        }
+        ReportConfig::of_view(
+            a.after,
+            ViewArgs {
+                diff: Some(a.before),
+                ..a.view
+            },
+        )
+    }
+
+    fn of_view(file: PathBuf, a: ViewArgs) -> Result<ReportConfig> {
+        if a.absolute && a.diff.is_none() {
+            bail!("--absolute goes with --diff (or superprof diff)");
+        }
         let format = match (&a.format, &a.output) {
             (Some(name), _) => OutputFormat::from_name(name)
                 .ok_or_else(|| anyhow!("unknown format '{name}': use {}", OutputFormat::names()))?,
@@ -51,7 +72,7 @@ impl ReportConfig {
             .map_err(|e| anyhow!(e))?;
         Ok(ReportConfig {
             sort,
-            file: a.file,
+            file,
             format,
             output: a.output,
             diff: a.diff,

@@ -75,23 +75,21 @@ pub fn install_stop_handler() {
 
 /// The width of the terminal `console` is, if it is one (`COLUMNS` first, as ls reads it).
 pub fn console_width(console: superprof_resolve::Console) -> Option<usize> {
+    use std::io::IsTerminal;
+    use std::os::fd::AsFd;
+    let (stdout, stderr) = (std::io::stdout(), std::io::stderr());
     let fd = match console {
-        superprof_resolve::Console::Stdout => libc::STDOUT_FILENO,
-        superprof_resolve::Console::Stderr => libc::STDERR_FILENO,
+        superprof_resolve::Console::Stdout => stdout.as_fd(),
+        superprof_resolve::Console::Stderr => stderr.as_fd(),
     };
-    // SAFETY: isatty only asks the kernel about the descriptor.
-    if unsafe { libc::isatty(fd) } != 1 {
+    if !fd.is_terminal() {
         return None;
     }
     let columns = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok());
     if let Some(c) = columns.filter(|&c: &usize| c > 0) {
         return Some(c);
     }
-    // SAFETY: a winsize is plain integers; all zero is a valid value.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call.
-    let r = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) };
-    (r == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+    superprof_unwind::terminal_size(fd).map(|(_, cols)| cols)
 }
 
 /// How a table of `rows` rows is laid out on `console`.
@@ -152,18 +150,15 @@ impl Drop for KeyMode {
 
 /// The height of the terminal on stdout, in lines, if it is one (`LINES` first).
 pub fn console_height() -> Option<usize> {
-    // SAFETY: isatty only asks the kernel about the descriptor.
-    if unsafe { libc::isatty(libc::STDOUT_FILENO) } != 1 {
+    let stdout = std::io::stdout();
+    if !std::io::IsTerminal::is_terminal(&stdout) {
         return None;
     }
     if let Some(l) = std::env::var("LINES").ok().and_then(|l| l.parse().ok()) {
         return Some(l).filter(|&l: &usize| l > 0);
     }
-    // SAFETY: a winsize is plain integers; all zero is a valid value.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call.
-    let r = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
-    (r == 0 && ws.ws_row > 0).then_some(usize::from(ws.ws_row))
+    use std::os::fd::AsFd;
+    superprof_unwind::terminal_size(stdout.as_fd()).map(|(rows, _)| rows)
 }
 
 pub fn stop_requested() -> bool {

@@ -254,3 +254,31 @@ fn a_comparison_is_top_folded_or_svg() {
     assert_one_line_error(&out, "--diff");
     assert!(!r._dir.path("d.pb.gz").exists());
 }
+
+/// perf diff's order: `superprof diff BEFORE AFTER` is `report AFTER --diff BEFORE`, byte for
+/// byte; `--absolute` without a comparison is refused.
+#[test]
+fn diff_takes_the_baseline_first_as_perf_diff() {
+    let r = runs();
+    for args in [&[][..], &["--format", "folded", "--absolute"][..]] {
+        let perf_order = run_ok(
+            superprof()
+                .arg("diff")
+                .arg(&r.before)
+                .arg(&r.after)
+                .args(args),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&perf_order.stdout),
+            report(args),
+            "{args:?}"
+        );
+    }
+    let out = superprof()
+        .arg("report")
+        .arg(&r.after)
+        .arg("--absolute")
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "--absolute goes with --diff");
+}

@@ -145,3 +145,54 @@ fn the_html_report_works_offline_in_a_real_browser() {
         }
     }
 }
+
+/// A flamegraph SVG taller than the window (a few deep stacks among shallow ones) opens on its
+/// base, in a real browser: scrolled down to where its frames are, not on the empty top.
+#[test]
+fn a_tall_flamegraph_opens_on_its_frames() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("tall-svg");
+    let exe = compile(&dir, "deep", &["deep.c"], &["-O1", "-g"]);
+    let svg = dir.path("deep.svg");
+    run_ok(
+        superprof()
+            .args(["record", "-q", "-o"])
+            .arg(&svg)
+            .arg(&exe)
+            .arg("0.6"),
+    );
+    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("chromium (scripts/test installs it)");
+    let mut cmd = if is_root() {
+        let mut c = Command::new("unshare");
+        c.args(["-n", "node"]);
+        c
+    } else {
+        Command::new("node")
+    };
+    let out = run_ok(
+        cmd.arg(fixtures_dir().join("svg_check.js"))
+            .arg(chromium)
+            .arg(&svg)
+            .arg(dir.path("chromium-svg")),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let (height, window) = (v["height"].as_f64().unwrap(), v["window"].as_f64().unwrap());
+    // 150 nested calls: far taller than the 800-pixel window.
+    assert!(height > 2.0 * window, "{v}");
+    assert!(v["scrolled"].as_f64().unwrap() > 0.0, "{v}");
+    // The window shows the base: main, and shallow_work beside the first nested call (not
+    // only the narrow top of the deep stack).
+    let names: Vec<&str> = v["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    for f in ["main", "shallow_work", "nest"] {
+        assert!(names.contains(&f), "{f} not in the first screen: {v}");
+    }
+}
