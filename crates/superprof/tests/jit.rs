@@ -29,6 +29,61 @@ enum Perf {
     Record,
     /// perf record -k mono, then perf inject --jit: it names JIT code from the jitdump.
     InjectJit,
+    /// perf record of the command with the runtime's flags given by hand (node
+    /// --perf-basic-prof; java -XX:+UnlockDiagnosticVMOptions -XX:+PreserveFramePointer
+    /// -XX:+DumpPerfMapAtExit), where
+    /// superprof was given none: the two splits of hotA and hotB agree within 4σ.
+    GivenFlags,
+}
+
+/// `cmd` with the flags a perf user gives its runtime by hand.
+fn with_runtime_flags<'a>(cmd: &[&'a str]) -> Vec<&'a str> {
+    let flags: &[&str] = match cmd[0] {
+        "node" => &["--perf-basic-prof"],
+        "java" => &[
+            "-XX:+UnlockDiagnosticVMOptions",
+            "-XX:+PreserveFramePointer",
+            "-XX:+DumpPerfMapAtExit",
+        ],
+        other => panic!("no flags known for {other}"),
+    };
+    let mut out = vec![cmd[0]];
+    out.extend_from_slice(flags);
+    out.extend_from_slice(&cmd[1..]);
+    out
+}
+
+/// Leaf samples of a perf.data, by symbol (`perf report -n`).
+fn perf_leaf_counts(data: &std::path::Path, home: &std::path::Path) -> BTreeMap<String, u64> {
+    let out = Command::new("perf")
+        .env("HOME", home)
+        .args([
+            "report",
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "sym",
+            "-g",
+            "none",
+            "-n",
+            "-i",
+        ])
+        .arg(data)
+        .output()
+        .unwrap();
+    let mut counts = BTreeMap::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let mut w = l.split_whitespace();
+        let (Some(pct), Some(n), Some("[.]")) = (w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let (true, Ok(n)) = (pct.ends_with('%'), n.parse::<u64>()) else {
+            continue;
+        };
+        let name = w.collect::<Vec<_>>().join(" ");
+        *counts.entry(name).or_insert(0) += n;
+    }
+    counts
 }
 
 /// Leaf shares (percent) of a perf.data, by symbol, from `perf report` (perf's files kept
@@ -120,6 +175,7 @@ fn check(
     );
     // (The whole recording's: the split below may count a window of it only.)
     let named_in_all = (a + b) as f64 / total as f64;
+    let split_in_all = (a, b);
     // The split, from the samples of the part the program timed (after a warm-up): its
     // window, in Unix time, against the recording's start.
     let (a, b) = if timed_part {
@@ -171,11 +227,16 @@ fn check(
         // The jitdump's timestamps are CLOCK_MONOTONIC's.
         rec.args(["-k", "1"]);
     }
+    let perf_cmd = if perf == Perf::GivenFlags {
+        with_runtime_flags(cmd)
+    } else {
+        cmd.to_vec()
+    };
     let st = rec
         .arg("-o")
         .arg(&data)
         .arg("--")
-        .args(cmd)
+        .args(&perf_cmd)
         .current_dir(&dir.0)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -226,6 +287,33 @@ fn check(
     assert!(
         ours_named > perf_named - 4.0 * sigma - 0.06,
         "{cmd:?}: {ours_named:.3} of samples named, perf {perf_named:.3}: {theirs:?}"
+    );
+    if perf != Perf::GivenFlags {
+        return;
+    }
+    // hotA's share of the two, ours (no flags) and perf's (flags by hand), over each whole
+    // recording: within 4σ of the difference of two binomial shares.
+    let pc = perf_leaf_counts(&data, &dir.0);
+    let sum = |which: &str| -> u64 {
+        pc.iter()
+            .filter(|(k, _)| jit_name(k) == Some(which))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (pa, pb) = (sum("hotA"), sum("hotB"));
+    let (oa, ob) = split_in_all;
+    let (np, no) = ((pa + pb) as f64, (oa + ob) as f64);
+    assert!(
+        np > 100.0 && no > 100.0,
+        "{cmd:?}: perf {pa}+{pb}, ours {oa}+{ob}"
+    );
+    let (sp, so) = (pa as f64 / np, oa as f64 / no);
+    let pooled = (pa + oa) as f64 / (np + no);
+    let sigma = (pooled * (1.0 - pooled) * (1.0 / np + 1.0 / no)).sqrt();
+    assert!(
+        (sp - so).abs() <= 4.0 * sigma,
+        "{cmd:?}: hotA {so:.3} of {no} ours, perf {sp:.3} of {np} (4σ = {:.3})",
+        4.0 * sigma
     );
 }
 
@@ -408,7 +496,7 @@ const THREAD_ROOTS: [&str; 4] = [
 
 /// Issue 34: node launched with no flags gets `--perf-basic-prof` through NODE_OPTIONS from
 /// superprof (said once on stderr): its JIT functions are named, hotA's share of the two
-/// within 4σ of the program's own figure, as with the flag given by hand.
+/// within 4σ of the program's own figure and of perf's, given the flag by hand.
 #[test]
 fn node_launched_with_no_flags_is_named() {
     let _cpu = cpu_lock();
@@ -419,15 +507,16 @@ fn node_launched_with_no_flags_is_named() {
         &["node", js.to_str().unwrap()],
         js_name,
         Named::OwnFigure,
-        Perf::No,
+        Perf::GivenFlags,
         false,
     );
 }
 
 /// Issue 34: java launched with no flags gets -XX:+PreserveFramePointer and
 /// -XX:+DumpPerfMapAtExit on its command line from superprof: its methods are named, the
-/// split of its time between them is its own within 4σ, and its stacks reach their thread's
-/// root (start_thread, or the launcher's main) in at least 95% of the samples.
+/// split of its time between them is its own within 4σ (and perf's, given the flags by
+/// hand), and its stacks reach their thread's root (start_thread, or the launcher's main) in
+/// at least 95% of the samples.
 #[test]
 fn java_launched_with_no_flags_is_named_and_unwound() {
     let _cpu = cpu_lock();
@@ -445,7 +534,7 @@ fn java_launched_with_no_flags_is_named_and_unwound() {
         ],
         java_name,
         Named::AtLeast(0.85),
-        Perf::No,
+        Perf::GivenFlags,
         true,
     );
     let f = Folded::read(&dir.path("jit.folded"));
