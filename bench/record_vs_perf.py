@@ -13,15 +13,13 @@ and prints medians, ratios, overhead over the bare run, and superprof's peak RSS
 Usage: bench/record_vs_perf.py [ROUNDS]   (installs samply and inferno with cargo if missing)
 """
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "bench", "out")
-TOOLS = os.path.join(OUT, "tools")
+from benchlib import OUT, ROOT, paranoid_for_samply, tool
+
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
 
@@ -29,29 +27,9 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, shell=True, check=True, **kw)
 
 
-def tool(name, crate):
-    path = shutil.which(name) or os.path.join(TOOLS, "bin", name)
-    if not os.path.exists(path):
-        print(f"installing {crate} with cargo (once) ...", flush=True)
-        sh(f"cargo install --quiet --locked --root {TOOLS} {crate}")
-    return path
-
-
-PARANOID = "/proc/sys/kernel/perf_event_paranoid"
-
-
 def main():
-    # samply refuses to start at perf_event_paranoid 2, even as root (superprof and perf do
-    # not): lower it to 1 for the run and put it back afterwards.
-    old = open(PARANOID).read().strip()
-    if int(old) > 1:
-        with open(PARANOID, "w") as f:
-            f.write("1")
-    try:
+    with paranoid_for_samply():
         run_all()
-    finally:
-        with open(PARANOID, "w") as f:
-            f.write(old)
 
 
 def run_all():

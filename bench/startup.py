@@ -12,29 +12,18 @@ and the ratio of each recorded run to the bare one.
 Usage: bench/startup.py [ROUNDS]   (samply from bench/out/tools, as record_vs_perf.py installs it)
 """
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "bench", "out")
-TOOLS = os.path.join(OUT, "tools")
+from benchlib import OUT, ROOT, paranoid_for_samply, tool
+
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 11
-PARANOID = "/proc/sys/kernel/perf_event_paranoid"
 
 
 def sh(cmd):
     return subprocess.run(cmd, shell=True, check=True)
-
-
-def tool(name, crate):
-    path = shutil.which(name) or os.path.join(TOOLS, "bin", name)
-    if not os.path.exists(path):
-        print(f"installing {crate} with cargo (once) ...", flush=True)
-        sh(f"cargo install --quiet --locked --root {TOOLS} {crate}")
-    return path
 
 
 def medians(cmds):
@@ -48,16 +37,8 @@ def medians(cmds):
 
 
 def main():
-    # samply refuses to start at perf_event_paranoid 2, even as root: 1 for the run.
-    old = open(PARANOID).read().strip()
-    if int(old) > 1:
-        with open(PARANOID, "w") as f:
-            f.write("1")
-    try:
+    with paranoid_for_samply():
         run_all()
-    finally:
-        with open(PARANOID, "w") as f:
-            f.write(old)
 
 
 def run_all():

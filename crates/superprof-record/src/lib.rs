@@ -156,13 +156,20 @@ impl Recorded {
             )
         };
         format!(
-            "superprof: {} samples ({} at {} Hz{delivered}{}{off_cpu}) from {} thread{} in {:.2} s; {} lost, {} truncated stacks{}",
-            samples,
+            "superprof: {samples} samples ({} at {} Hz{delivered}{}{off_cpu}){}",
             p.meta.event,
             p.meta.frequency,
             if self.kernel { "" } else { ", user space only" },
-            threads.len(),
-            if threads.len() == 1 { "" } else { "s" },
+            self.summary_tail(threads.len())
+        )
+    }
+
+    /// The end of the summary: threads, length, lost samples, truncated stacks and why.
+    fn summary_tail(&self, threads: usize) -> String {
+        let p = &self.profile;
+        format!(
+            " from {threads} thread{} in {:.2} s; {} lost, {} truncated stacks{}",
+            if threads == 1 { "" } else { "s" },
             p.meta.duration_ns as f64 / 1e9,
             p.meta.lost_samples,
             p.meta.truncated_stacks,
@@ -200,17 +207,10 @@ impl Recorded {
             })
             .collect();
         format!(
-            "superprof: samples {}{} from {threads} thread{} in {:.2} s; {} lost, {} truncated stacks{}",
+            "superprof: samples {}{}{}",
             each.join(", "),
             if self.kernel { "" } else { ", user space only" },
-            if threads == 1 { "" } else { "s" },
-            p.meta.duration_ns as f64 / 1e9,
-            p.meta.lost_samples,
-            p.meta.truncated_stacks,
-            match p.meta.truncation_reasons() {
-                r if r.is_empty() => String::new(),
-                r => format!(" ({r})"),
-            }
+            self.summary_tail(threads)
         )
     }
 }

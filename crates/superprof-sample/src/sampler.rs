@@ -161,6 +161,16 @@ pub struct PerfSampler {
     switch_ids: std::collections::HashSet<u64>,
 }
 
+/// A probe's error that ends the search (the target gone, no perf_event_open at all) as the
+/// error to return; any other back, for the next way to be tried.
+fn fatal_probe_error(pid: u32, e: io::Error) -> Result<io::Error, SampleError> {
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => Err(SampleError::NoSuchProcess(pid)),
+        Some(libc::ENOSYS) => Err(SampleError::Unsupported(e)),
+        _ => Ok(e),
+    }
+}
+
 /// [`PerfSampler::accept`]'s tag of the context-switch event (others: their index).
 const SWITCH_TAG: u16 = 256;
 
@@ -454,14 +464,7 @@ impl PerfSampler {
                     self.kernel_stacks = kernel;
                     return Ok(());
                 }
-                Err(e) => {
-                    match e.raw_os_error() {
-                        Some(libc::ESRCH) => return Err(SampleError::NoSuchProcess(pid)),
-                        Some(libc::ENOSYS) => return Err(SampleError::Unsupported(e)),
-                        _ => {}
-                    }
-                    last_err = Some(e);
-                }
+                Err(e) => last_err = Some(fatal_probe_error(pid, e)?),
             }
         }
         let e = last_err.expect("at least one candidate was tried");
@@ -707,14 +710,7 @@ impl PerfSampler {
                         chosen = Some((attr, fd, kernel));
                         break;
                     }
-                    Err(e) => {
-                        match e.raw_os_error() {
-                            Some(libc::ESRCH) => return Err(SampleError::NoSuchProcess(pid)),
-                            Some(libc::ENOSYS) => return Err(SampleError::Unsupported(e)),
-                            _ => {}
-                        }
-                        last = Some(e);
-                    }
+                    Err(e) => last = Some(fatal_probe_error(pid, e)?),
                 }
             }
             let Some((attr, fd, kernel)) = chosen else {

@@ -169,22 +169,8 @@ pub struct RecordArgs {
     /// follows frame pointers: no stack copy, but code built without them loses callers)
     #[arg(long = "call-graph", value_name = "MODE")]
     pub call_graph: Option<String>,
-    /// Events to sample, as perf names them (comma-separated, or repeat -e): cycles,
-    /// instructions, cache-misses, page-faults, context-switches, l1d-read-miss,
-    /// sched:sched_switch, rNNN; :u or :k for user space or the kernel only. `superprof stat
-    /// --list` shows them. Default: CPU time (cycles where the CPU counts them, else
-    /// cpu-clock)
-    #[arg(
-        short = 'e',
-        long = "event",
-        value_name = "EVENT",
-        value_delimiter = ','
-    )]
-    pub events: Vec<String>,
-    /// Sample every PERIOD occurrences of the events instead of -F times a second (CPU-time
-    /// events: every PERIOD nanoseconds)
-    #[arg(short = 'c', long = "count", value_name = "PERIOD")]
-    pub period: Option<u64>,
+    #[command(flatten)]
+    pub sampled: EventArgs,
     /// Do not print the top table
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -223,12 +209,14 @@ pub struct RecordArgs {
     pub target: RecordTargetArgs,
 }
 
+/// What record and top sample: perf's `-e` and `-c`.
 #[derive(Debug, Args)]
-pub struct TopArgs {
-    /// Sampling frequency in Hz
-    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
-    pub frequency: u32,
-    /// Events to sample, as record's -e (default: CPU time)
+pub struct EventArgs {
+    /// Events to sample, as perf names them (comma-separated, or repeat -e): cycles,
+    /// instructions, cache-misses, page-faults, context-switches, l1d-read-miss,
+    /// sched:sched_switch, rNNN; :u or :k for user space or the kernel only. `superprof stat
+    /// --list` shows them. Default: CPU time (cycles where the CPU counts them, else
+    /// cpu-clock)
     #[arg(
         short = 'e',
         long = "event",
@@ -236,9 +224,19 @@ pub struct TopArgs {
         value_delimiter = ','
     )]
     pub events: Vec<String>,
-    /// Sample every PERIOD occurrences of the events instead of -F times a second
+    /// Sample every PERIOD occurrences of the events instead of -F times a second (CPU-time
+    /// events: every PERIOD nanoseconds)
     #[arg(short = 'c', long = "count", value_name = "PERIOD")]
     pub period: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Sampling frequency in Hz
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 999)]
+    pub frequency: u32,
+    #[command(flatten)]
+    pub sampled: EventArgs,
     /// Seconds between refreshes
     #[arg(short = 'd', long = "delay", value_name = "SECS", default_value = "2", value_parser = parse_secs)]
     pub delay: Duration,

@@ -40,13 +40,13 @@ impl Record {
         // perf's -g: whole stacks are always recorded, with it or without.
         let _ = a.g;
         let target = a.target.target()?;
-        let events = parse_events(&a.events)?;
+        let events = parse_events(&a.sampled.events)?;
         let mut sampler = SamplerConfig {
             frequency: a.frequency,
             stack_size: a.stack_size,
             off_cpu: a.off_cpu,
             events,
-            period: a.period,
+            period: a.sampled.period,
             ..SamplerConfig::default()
         };
         if let Some(mode) = &a.call_graph {

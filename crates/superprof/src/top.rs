@@ -70,8 +70,8 @@ pub fn run(a: &TopArgs) -> Result<i32> {
     let title = what(&target);
     let sampler = SamplerConfig {
         frequency: a.frequency,
-        events: crate::record::parse_events(&a.events)?,
-        period: a.period,
+        events: crate::record::parse_events(&a.sampled.events)?,
+        period: a.sampled.period,
         ..SamplerConfig::default()
     };
     let config = superprof_record::RecordConfig {

@@ -287,41 +287,6 @@ fn call_graph_fp_walks_frame_pointers_and_user_only_leaves_the_kernel_out() {
     assert_eq!(String::from_utf8_lossy(&duck.stdout).trim(), "0");
 }
 
-/// The two-thread spinner (tests/fixtures/spin2.c), running until dropped; its threads' ids.
-struct Spinner {
-    child: std::process::Child,
-    a: u32,
-    b: u32,
-}
-
-impl Spinner {
-    fn start(dir: &TempDir) -> Spinner {
-        use std::io::BufRead;
-        let exe = compile(dir, "spin2", &["spin2.c"], &["-O1", "-g", "-pthread"]);
-        let mut child = Command::new(&exe)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let v = fixture_values(&line);
-        Spinner {
-            child,
-            a: v["a"] as u32,
-            b: v["b"] as u32,
-        }
-    }
-}
-
-impl Drop for Spinner {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn record_t_samples_one_thread_and_a_every_process() {
     let _cpu = cpu_lock();

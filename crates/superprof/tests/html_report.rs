@@ -15,13 +15,12 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-/// What html_check.js found in `page`.
-fn check(dir: &TempDir, page: &Path) -> Value {
+/// What the browser check `script` (a fixture run by node) found in `page`, in Chromium.
+fn in_chromium(dir: &TempDir, script: &str, page: &Path) -> Value {
     let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("chromium (scripts/test installs it)");
-    let script = fixtures_dir().join("html_check.js");
     let profile_dir = dir.path(&format!(
         "chromium-{}",
         page.file_name().unwrap().to_string_lossy()
@@ -34,9 +33,19 @@ fn check(dir: &TempDir, page: &Path) -> Value {
     } else {
         Command::new("node")
     };
-    let out = run_ok(cmd.arg(&script).arg(chromium).arg(page).arg(&profile_dir));
+    let out = run_ok(
+        cmd.arg(fixtures_dir().join(script))
+            .arg(chromium)
+            .arg(page)
+            .arg(&profile_dir),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// What html_check.js found in `page`.
+fn check(dir: &TempDir, page: &Path) -> Value {
+    in_chromium(dir, "html_check.js", page)
 }
 
 /// The Total% of `function` in the top table of `parquet`.
@@ -161,25 +170,7 @@ fn a_tall_flamegraph_opens_on_its_frames() {
             .arg(&exe)
             .arg("0.6"),
     );
-    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("chromium (scripts/test installs it)");
-    let mut cmd = if is_root() {
-        let mut c = Command::new("unshare");
-        c.args(["-n", "node"]);
-        c
-    } else {
-        Command::new("node")
-    };
-    let out = run_ok(
-        cmd.arg(fixtures_dir().join("svg_check.js"))
-            .arg(chromium)
-            .arg(&svg)
-            .arg(dir.path("chromium-svg")),
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let v = in_chromium(&dir, "svg_check.js", &svg);
     let (height, window) = (v["height"].as_f64().unwrap(), v["window"].as_f64().unwrap());
     // 150 nested calls: far taller than the 800-pixel window.
     assert!(height > 2.0 * window, "{v}");

@@ -53,8 +53,10 @@ fn with_runtime_flags<'a>(cmd: &[&'a str]) -> Vec<&'a str> {
     out
 }
 
-/// Leaf samples of a perf.data, by symbol (`perf report -n`).
-fn perf_leaf_counts(data: &std::path::Path, home: &std::path::Path) -> BTreeMap<String, u64> {
+/// Leaf samples of a perf.data, by symbol: (percent of all samples, count), from `perf report
+/// -n` (perf's files kept under `home`). A name can be on several rows, one per mapping perf
+/// saw it in: their shares and counts add up.
+fn perf_leaf_rows(data: &std::path::Path, home: &std::path::Path) -> BTreeMap<String, (f64, u64)> {
     let out = Command::new("perf")
         .env("HOME", home)
         .args([
@@ -71,52 +73,33 @@ fn perf_leaf_counts(data: &std::path::Path, home: &std::path::Path) -> BTreeMap<
         .arg(data)
         .output()
         .unwrap();
-    let mut counts = BTreeMap::new();
+    let mut rows = BTreeMap::new();
     for l in String::from_utf8_lossy(&out.stdout).lines() {
         let mut w = l.split_whitespace();
         let (Some(pct), Some(n), Some("[.]")) = (w.next(), w.next(), w.next()) else {
             continue;
         };
-        let (true, Ok(n)) = (pct.ends_with('%'), n.parse::<u64>()) else {
+        let (Some(Ok(pct)), Ok(n)) = (
+            pct.strip_suffix('%').map(str::parse::<f64>),
+            n.parse::<u64>(),
+        ) else {
             continue;
         };
-        let name = w.collect::<Vec<_>>().join(" ");
-        *counts.entry(name).or_insert(0) += n;
+        let row = rows
+            .entry(w.collect::<Vec<_>>().join(" "))
+            .or_insert((0.0, 0));
+        row.0 += pct;
+        row.1 += n;
     }
-    counts
+    rows
 }
 
-/// Leaf shares (percent) of a perf.data, by symbol, from `perf report` (perf's files kept
-/// under `home`).
+/// Leaf shares (percent) of a perf.data, by symbol.
 fn perf_leaves(data: &std::path::Path, home: &std::path::Path) -> BTreeMap<String, f64> {
-    let out = Command::new("perf")
-        .env("HOME", home)
-        .args([
-            "report",
-            "--stdio",
-            "--no-children",
-            "--sort",
-            "sym",
-            "-g",
-            "none",
-            "-i",
-        ])
-        .arg(data)
-        .output()
-        .unwrap();
-    // (A name can be on several rows, one per mapping perf saw it in: their shares add up.)
-    let mut shares = BTreeMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some((pct, rest)) = l.trim().split_once("%") else {
-            continue;
-        };
-        let (Some(name), Ok(pct)) = (rest.trim().strip_prefix("[.] "), pct.trim().parse::<f64>())
-        else {
-            continue;
-        };
-        *shares.entry(name.trim().to_owned()).or_insert(0.0) += pct;
-    }
-    shares
+    perf_leaf_rows(data, home)
+        .into_iter()
+        .map(|(k, (pct, _))| (k, pct))
+        .collect()
 }
 
 /// How much of a recording must be hotA's and hotB's.
@@ -293,11 +276,11 @@ fn check(
     }
     // hotA's share of the two, ours (no flags) and perf's (flags by hand), over each whole
     // recording: within 4σ of the difference of two binomial shares.
-    let pc = perf_leaf_counts(&data, &dir.0);
+    let pc = perf_leaf_rows(&data, &dir.0);
     let sum = |which: &str| -> u64 {
         pc.iter()
             .filter(|(k, _)| jit_name(k) == Some(which))
-            .map(|(_, n)| n)
+            .map(|(_, (_, n))| n)
             .sum()
     };
     let (pa, pb) = (sum("hotA"), sum("hotB"));

@@ -8,37 +8,6 @@ use common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The two-thread spinner (tests/fixtures/spin2.c), running until dropped.
-struct Spinner(std::process::Child);
-
-impl Spinner {
-    fn start(dir: &TempDir) -> Spinner {
-        use std::io::BufRead;
-        let exe = compile(dir, "spin2", &["spin2.c"], &["-O1", "-g", "-pthread"]);
-        let mut child = Command::new(&exe)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Its line comes once both threads run.
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        Spinner(child)
-    }
-
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Spinner {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A tmux server of this test's own (its own socket), killed when dropped.
 struct Tmux(String);
 

@@ -303,3 +303,46 @@ pub fn symbol_range(file: &std::path::Path, name: &str) -> Option<(u64, u64)> {
     }
     None
 }
+
+/// The two-thread spinner (tests/fixtures/spin2.c), running until dropped: its threads spin in
+/// `spin_a` and `spin_b`, whose ids it printed once both ran.
+pub struct Spinner {
+    child: std::process::Child,
+    /// The thread spinning in `spin_a`.
+    pub a: u32,
+    /// The thread spinning in `spin_b`.
+    pub b: u32,
+}
+
+impl Spinner {
+    pub fn start(dir: &TempDir) -> Spinner {
+        use std::io::BufRead;
+        let exe = compile(dir, "spin2", &["spin2.c"], &["-O1", "-g", "-pthread"]);
+        let mut child = Command::new(&exe)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v = fixture_values(&line);
+        Spinner {
+            child,
+            a: v["a"] as u32,
+            b: v["b"] as u32,
+        }
+    }
+
+    /// The spinner's process.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
