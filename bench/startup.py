@@ -65,7 +65,7 @@ def run_all():
     bare = split["bare"]
     print(f"\nsplit 0.26 s, medians of {ROUNDS} alternating rounds:")
     for k, v in split.items():
-        print(f"  {k:<10} {v:6.3f} s   {v / bare:5.2f}x bare")
+        print(f"  {k:<10} {v:6.3f} s   {v / bare:6.3f}x bare")
 
 
 if __name__ == "__main__":
