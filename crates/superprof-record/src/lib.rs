@@ -319,7 +319,7 @@ fn perf_denied(e: &SampleError) -> bool {
 /// Opens the sampler `cfg` asks for on `pid` (a launched child before exec, or a running
 /// process). `auto` falls back to ptrace, with a notice, where perf_event_open is refused.
 fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source> {
-    // The ptrace sampler samples CPU time, and nothing else.
+    // The ptrace sampler samples CPU time at -F, with stack copies, and nothing else.
     let ptrace_refused = cfg
         .sampler
         .events
@@ -331,6 +331,20 @@ fn open_source(cfg: &RecordConfig, pid: u32, mode: TargetMode) -> Result<Source>
                  perf_event_open (--sampler perf)",
                 e.name
             )
+        })
+        .or_else(|| {
+            cfg.sampler.period.map(|_| {
+                "the ptrace sampler samples at -F HZ, not every -c PERIOD: give -F, or \
+                 sample with perf_event_open (--sampler perf)"
+                    .to_owned()
+            })
+        })
+        .or_else(|| {
+            cfg.sampler.frame_pointers.then(|| {
+                "the ptrace sampler copies stacks, it does not take the kernel's \
+                 --call-graph fp: leave it out, or sample with perf_event_open"
+                    .to_owned()
+            })
         });
     let trace = || {
         let opts = TraceOptions {
@@ -574,7 +588,7 @@ fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
             if let Source::Perf(s) = &source {
                 s.enable()?;
                 if s.off_cpu_event().is_some() {
-                    waits_under_way(collector, pid, cfg.sampler.stack_size);
+                    waits_under_way(collector, pid, None, cfg.sampler.stack_size);
                 }
             }
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -618,7 +632,7 @@ fn start_thread(cfg: &RecordConfig, tid: u32, collector: &mut Collector) -> Resu
     let clock = Clock::now();
     sampler.enable()?;
     if sampler.off_cpu_event().is_some() {
-        waits_under_way(collector, pid, cfg.sampler.stack_size);
+        waits_under_way(collector, pid, Some(tid), cfg.sampler.stack_size);
     }
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     Ok(Started {
@@ -640,9 +654,13 @@ fn start_thread(cfg: &RecordConfig, tid: u32, collector: &mut Collector) -> Resu
 /// The threads of an attached process that wait already (no switch out is to come for those
 /// waits): their waits open now, where /proc says they are (user frames: pc and stack
 /// pointer, with the stack read now).
-fn waits_under_way(collector: &mut Collector, pid: u32, stack_size: u32) {
+fn waits_under_way(collector: &mut Collector, pid: u32, only: Option<u32>, stack_size: u32) {
     let mut stack = vec![0u8; stack_size as usize];
     for (tid, b) in superprof_trace::blocked::waiting_threads(pid) {
+        // (`-t`: the other threads' waits are not followed, and would never end.)
+        if only.is_some_and(|t| t != tid) {
+            continue;
+        }
         let n = superprof_trace::read_memory(pid, b.sp, &mut stack);
         let record = superprof_sample::SampleRecord {
             id: 0,

@@ -462,6 +462,16 @@ impl PerfSampler {
                     self.event_name = name.into();
                     self.events = vec![(name.into(), false)];
                     self.kernel_stacks = kernel;
+                    // A period of one's own (-c): the rate it makes, for the profile.
+                    if let Some(c) = config.period {
+                        let per_second = match ty {
+                            sys::PERF_TYPE_SOFTWARE => Some(1_000_000_000),
+                            _ => cycles_per_second(),
+                        };
+                        if let Some(r) = per_second {
+                            self.frequency = (r / c).clamp(1, u64::from(u32::MAX)) as u32;
+                        }
+                    }
                     return Ok(());
                 }
                 Err(e) => last_err = Some(fatal_probe_error(pid, e)?),
@@ -677,6 +687,11 @@ impl PerfSampler {
             let mut chosen = None;
             for &kernel in kernels {
                 let mut attr = make_attr(spec.type_, spec.config, kernel, mode, config);
+                if modifiers {
+                    // Exactly the privilege levels asked (`:h` alone is the hypervisor's).
+                    attr.flags &=
+                        !(sys::FLAG_EXCLUDE_USER | sys::FLAG_EXCLUDE_KERNEL | sys::FLAG_EXCLUDE_HV);
+                }
                 attr.flags |= spec.exclude_flags();
                 if spec.exclude_kernel {
                     attr.flags |= sys::FLAG_EXCLUDE_CALLCHAIN_KERNEL;
@@ -767,9 +782,9 @@ impl PerfSampler {
         first: OwnedFd,
         open: &dyn Fn(u32) -> io::Result<OwnedFd>,
     ) -> Result<(), SampleError> {
-        // Root is not held to perf_event_mlock_kb (CAP_IPC_LOCK): no trial mapping, which
-        // costs a few milliseconds of zeroed pages per CPU.
-        if sys::euid() == 0 {
+        // With CAP_IPC_LOCK (root's) no limit holds the rings (perf_event_mlock_kb): no trial
+        // mapping, which costs a few milliseconds of zeroed pages per CPU.
+        if sys::has_ipc_lock() {
             return Ok(());
         }
         let mut fds = vec![first];
@@ -1037,7 +1052,10 @@ fn make_attr(
     // and a short-lived thread's got more than its share (in the arm64 guest, four threads'
     // main thread, 3% of the CPU time, had 10% of the samples; 4.8% with a fixed period).
     // Where the rate cannot be measured, frequency mode.
-    let period = if ty == sys::PERF_TYPE_SOFTWARE {
+    let period = if let Some(c) = cfg.period {
+        // perf's -c: every c nanoseconds of cpu-clock, or every c cycles.
+        c
+    } else if ty == sys::PERF_TYPE_SOFTWARE {
         1_000_000_000 / cfg.frequency.max(1) as u64
     } else if let Some(rate) = cycles_per_second() {
         (rate / cfg.frequency.max(1) as u64).max(1)
@@ -1093,13 +1111,12 @@ fn probe_tid(pid: u32, mode: TargetMode) -> Result<u32, SampleError> {
     }
 }
 
-/// Data pages per ring: room for about 128 samples with their stacks (each record carries the
-/// whole stack size asked, whatever the thread used), the power of two at or below (the
-/// kernel zeroes every page as the ring is mapped: 4 MiB rather than 8 for the default stack
-/// size saves 2 ms of each start; the pump empties the rings every few milliseconds).
+/// Data pages per ring: room for about 128 samples with their stacks, a power of two.
 fn ring_pages(stack_size: u32) -> usize {
-    let pages = ((stack_size as usize + 1024) * 128 / sys::page_size()).max(1);
-    (1usize << pages.ilog2()).clamp(16, 2048)
+    let bytes = (stack_size as usize + 1024) * 128;
+    (bytes / sys::page_size())
+        .next_power_of_two()
+        .clamp(16, 2048)
 }
 
 fn permission_hint() -> String {

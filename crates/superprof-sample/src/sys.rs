@@ -449,3 +449,18 @@ pub fn raise_fd_limit() {
         }
     }
 }
+
+/// Whether this process has CAP_IPC_LOCK in its effective set (/proc/self/status's CapEff):
+/// what lifts perf_event_mlock_kb's limit on the rings (root has it, but not every root: a
+/// container may grant CAP_PERFMON alone).
+pub fn has_ipc_lock() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}

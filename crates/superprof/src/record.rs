@@ -143,11 +143,18 @@ impl Record {
 
 /// `-e`'s events, as perf names them.
 pub fn parse_events(names: &[String]) -> Result<Vec<superprof_sample::EventSpec>> {
-    names
+    let events: Vec<superprof_sample::EventSpec> = names
         .iter()
         .filter(|e| !e.is_empty())
         .map(|e| superprof_sample::EventSpec::parse(e).map_err(anyhow::Error::msg))
-        .collect()
+        .collect::<Result<_>>()?;
+    // (Each sample names its event by name: twice the same would be one.)
+    for (i, e) in events.iter().enumerate() {
+        if events[..i].iter().any(|x| x.name == e.name) {
+            bail!("-e gives {} twice", e.name);
+        }
+    }
+    Ok(events)
 }
 
 /// perf's `--call-graph MODE`.

@@ -169,7 +169,9 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
     let before = before.map(|b| superprof_profile::output::first_event(&b, "--diff").unwrap_or(b));
     if let Some(b) = &before {
         if cfg.absolute
-            && (b.meta.event != profile.meta.event || b.meta.frequency != profile.meta.frequency)
+            && (b.meta.event != profile.meta.event
+                || b.meta.frequency != profile.meta.frequency
+                || b.meta.events != profile.meta.events)
         {
             superprof_unwind::say!(
                 "superprof: the profiles were sampled differently ({} at {} Hz before, {} at {} \

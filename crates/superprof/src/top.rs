@@ -82,7 +82,13 @@ pub fn run(a: &TopArgs) -> Result<i32> {
         anyhow::bail!("--delay must be more than 0 s");
     }
     let tty = std::io::stdout().is_terminal();
-    let keys = sys::KeyMode::new();
+    // A launched command keeps the keyboard (its input, its echo): q is read only when top
+    // watches a process, a thread or the machine (Ctrl-C stops it either way).
+    let keys = if a.command.is_empty() {
+        sys::KeyMode::new()
+    } else {
+        None
+    };
     if keys.is_some() {
         watch_keys();
     }

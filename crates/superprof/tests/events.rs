@@ -215,6 +215,51 @@ fn events_that_cannot_be_sampled_are_refused_in_one_line() {
     assert_one_line_error(&run(&["--call-graph", "lbr"]), "last branch records");
     assert_one_line_error(&run(&["--call-graph", "dwarf,100"]), "multiple of 8");
     assert_one_line_error(&run(&["-e", "page-faults", "-c", "0"]), "at least 1");
+    assert_one_line_error(&run(&["-e", "page-faults,faults"]), "page-faults twice");
+    assert_one_line_error(
+        &run(&["--sampler", "ptrace", "-c", "1000000"]),
+        "not every -c PERIOD",
+    );
+    assert_one_line_error(
+        &run(&["--sampler", "ptrace", "--call-graph", "fp"]),
+        "--call-graph fp",
+    );
+}
+
+/// `-c` without `-e` sets CPU time's own period, as perf's `-c` does for its default event:
+/// every 10 ms of cpu-clock is 100 samples a second of CPU time.
+#[test]
+fn a_period_alone_sets_the_cpu_time_rate() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("period-alone");
+    let exe = compile(&dir, "split", &["split.c"], &["-O2", "-g"]);
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-c", "10000000", "-o"])
+            .arg(dir.path("p.folded"))
+            .arg(&exe)
+            .arg("1.5"),
+    );
+    let summary = String::from_utf8_lossy(&out.stderr);
+    let hz = |what: &str| -> f64 {
+        summary
+            .split(what)
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no '{what}' in {summary}"))
+    };
+    assert!(summary.contains("at 100 Hz"), "{summary}");
+    // The rate delivered: at most the one asked (a tick late now and then), and at least
+    // half of it, the least this VM's cpu-clock gives.
+    let delivered = hz(" Hz delivered");
+    assert!((50.0..=101.0).contains(&delivered), "{summary}");
+    let f = Folded::read(&dir.path("p.folded"));
+    assert!(
+        (75..=160).contains(&f.total()),
+        "{} samples: {summary}",
+        f.total()
+    );
 }
 
 #[test]
