@@ -112,6 +112,15 @@ impl Record {
             bail!("{EMPTY}");
         }
         superprof_unwind::say!("{}", recorded.summary());
+        // Samples lost by the tenth: what loses fewer.
+        let lost = profile.meta.lost_samples;
+        if lost > 0 && lost.saturating_mul(10) >= profile.samples.len() as u64 {
+            superprof_unwind::say!(
+                "superprof: {lost} samples were lost (the kernel wrote them faster than superprof \
+                 read them): a smaller --stack-size, --call-graph fp (no stack copies) or, for \
+                 an event, a larger -c PERIOD loses fewer"
+            );
+        }
         if let Some(status @ ExitStatus::Signal(_)) = recorded.exit {
             superprof_unwind::say!("superprof: the command {status}");
         }

@@ -407,3 +407,37 @@ fn record_t_samples_one_thread_and_a_every_process() {
         .unwrap();
     assert_one_line_error(&bad, "not online");
 }
+
+/// Every write of a burst sampled with the largest stack copies fills the rings faster than
+/// they are read: the samples lost are counted, and one line says what loses fewer.
+#[test]
+fn lost_samples_are_counted_and_said_with_the_remedy() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("lost");
+    let exe = compile(&dir, "writes", &["writes.c"], &["-O1"]);
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "-e", "syscalls:sys_enter_write"])
+            .args(["--stack-size", "65528", "-o"])
+            .arg(dir.path("w.folded"))
+            .arg(&exe)
+            .arg("40000"),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lost: u64 = err
+        .split(" lost")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no lost count: {err}"));
+    // 40,000 records of 64 KiB are 2.6 GB: far more than 8 MiB rings hold while the pump
+    // copies them out.
+    assert!(lost > 0, "{err}");
+    assert!(err.contains("--call-graph fp (no stack copies)"), "{err}");
+    // The samples kept and lost add up to the writes (and the loader's own few).
+    let kept = Folded::read(&dir.path("w.folded")).total();
+    assert!(
+        (40_000..=40_100).contains(&(kept + lost)),
+        "{kept} kept + {lost} lost: {err}"
+    );
+}
