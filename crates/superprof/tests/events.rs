@@ -409,7 +409,8 @@ fn record_t_samples_one_thread_and_a_every_process() {
 }
 
 /// Every write of a burst sampled with the largest stack copies fills the rings faster than
-/// they are read: the samples lost are counted, and one line says what loses fewer.
+/// they are read: the samples lost are counted (never more than were made), and one line says
+/// what loses fewer.
 #[test]
 fn lost_samples_are_counted_and_said_with_the_remedy() {
     let _cpu = cpu_lock();
@@ -434,10 +435,10 @@ fn lost_samples_are_counted_and_said_with_the_remedy() {
     // copies them out.
     assert!(lost > 0, "{err}");
     assert!(err.contains("--call-graph fp (no stack copies)"), "{err}");
-    // The samples kept and lost add up to the writes (and the loader's own few).
+    // Kept and lost never add up to more than the writes (and the loader's own few); they
+    // may add up to less: the kernel's last count of lost records can come after its events
+    // are closed (36,928 of 40,000 under the whole suite's load).
     let kept = Folded::read(&dir.path("w.folded")).total();
-    assert!(
-        (40_000..=40_100).contains(&(kept + lost)),
-        "{kept} kept + {lost} lost: {err}"
-    );
+    assert!(kept + lost <= 40_100, "{kept} kept + {lost} lost: {err}");
+    assert!(lost * 10 >= kept, "{kept} kept + {lost} lost: {err}");
 }
