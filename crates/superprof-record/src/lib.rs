@@ -683,8 +683,8 @@ fn waits_under_way(collector: &mut Collector, pid: u32, only: Option<u32>, stack
 struct LoopResult {
     exit: Option<ExitStatus>,
     event: String,
-    /// The events of `record -e`, and whether each is counted (empty: CPU time).
-    events: Vec<(String, bool)>,
+    /// The events of `record -e` (empty: one event of CPU time, `event`).
+    events: Vec<superprof_profile::EventInfo>,
     kernel: bool,
     /// The frequency sampled at (lower than asked when the kernel's maximum was).
     frequency: u32,
@@ -852,17 +852,7 @@ fn record_with(cfg: &RecordConfig, live: Option<Live>) -> Result<Recorded> {
         result.event.clone()
     };
     profile.meta.frequency = result.frequency;
-    // Several events, or one counted: each sample's event and what its weight counts.
-    if result.events.len() > 1 || result.events.iter().any(|e| e.1) {
-        profile.meta.events = result
-            .events
-            .iter()
-            .map(|(name, counted)| superprof_profile::EventInfo {
-                name: name.clone(),
-                counted: *counted,
-            })
-            .collect();
-    }
+    profile.meta.events = result.events;
     profile.meta.off_cpu = result.off_cpu.unwrap_or_default().to_owned();
     profile.meta.start_time_unix_ns = started.clock.unix_ns;
     // From the recording's start (before the command's exec: its first samples and waits

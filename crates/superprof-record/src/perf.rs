@@ -91,6 +91,22 @@ impl Drainer {
     }
 }
 
+/// The profile's list of events (`Meta::events`): those of `record -e` where there are
+/// several or one is counted; empty for one event of CPU time.
+fn profile_events(sampler: &PerfSampler) -> Vec<superprof_profile::EventInfo> {
+    let events = sampler.events();
+    if events.len() < 2 && !events.iter().any(|e| e.1) {
+        return Vec::new();
+    }
+    events
+        .iter()
+        .map(|(name, counted)| superprof_profile::EventInfo {
+            name: name.clone(),
+            counted: *counted,
+        })
+        .collect()
+}
+
 pub(super) fn run(
     cfg: &RecordConfig,
     mut sampler: PerfSampler,
@@ -119,23 +135,14 @@ pub(super) fn run(
     let mut exit = None;
     let mut stopped_early = false;
     // A live view's intervals: each one's start, and the metadata of its profile.
-    let mut interval_start = superprof_sample::monotonic_ns();
+    let mut interval = crate::Clock::now();
     let interval_meta = live.as_ref().map(|_| {
         let mut m = superprof_profile::Meta {
             event: sampler.event_name().to_owned(),
             frequency: sampler.frequency(),
+            events: profile_events(&sampler),
             ..Default::default()
         };
-        let events = sampler.events();
-        if events.len() > 1 || events.iter().any(|e| e.1) {
-            m.events = events
-                .iter()
-                .map(|(name, counted)| superprof_profile::EventInfo {
-                    name: name.clone(),
-                    counted: *counted,
-                })
-                .collect();
-        }
         superprof_resolve::stamp(&mut m);
         m
     });
@@ -160,18 +167,16 @@ pub(super) fn run(
             break;
         }
         if let (Some(l), Some(meta)) = (live.as_mut(), &interval_meta) {
-            let now = superprof_sample::monotonic_ns();
-            if now.saturating_sub(interval_start) >= l.every.as_nanos() as u64 {
+            let now = crate::Clock::now();
+            let length = now.monotonic_ns.saturating_sub(interval.monotonic_ns);
+            if length >= l.every.as_nanos() as u64 {
                 let mut p = superprof_profile::Profile::default();
                 p.meta = meta.clone();
-                p.meta.duration_ns = now.saturating_sub(interval_start);
-                p.meta.start_time_unix_ns = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos() as u64)
-                    .saturating_sub(p.meta.duration_ns);
+                p.meta.duration_ns = length;
+                p.meta.start_time_unix_ns = interval.unix_ns;
                 p.meta.lost_samples = collector.lost;
-                let p = collector.finish_interval(p, interval_start);
-                interval_start = now;
+                let p = collector.finish_interval(p, interval.monotonic_ns);
+                interval = now;
                 if !(l.show)(p) {
                     stopped_early = true;
                     break;
@@ -188,7 +193,7 @@ pub(super) fn run(
     collector.close_waits(stopped);
     let off_cpu = sampler.off_cpu_event();
     let event = sampler.event_name().to_owned();
-    let events = sampler.events().to_vec();
+    let events = profile_events(&sampler);
     let kernel = sampler.kernel_stacks();
     let frequency = sampler.frequency();
     let cpus = sampler.cpus().len() as u32;

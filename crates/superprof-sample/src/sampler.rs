@@ -447,7 +447,12 @@ impl PerfSampler {
         ];
         let mut last_err = None;
         for (name, ty, cfg, kernel) in candidates {
-            let mut attr = make_attr(ty, cfg, kernel, mode, config);
+            let counting = if ty == sys::PERF_TYPE_SOFTWARE {
+                Counting::Time
+            } else {
+                Counting::CyclesAsTime
+            };
+            let mut attr = make_attr(ty, cfg, kernel, mode, config, counting);
             tweak(&mut attr);
             match probe(&attr, self.cpus[0] as i32) {
                 Ok(first) => {
@@ -464,13 +469,8 @@ impl PerfSampler {
                     self.kernel_stacks = kernel;
                     // A period of one's own (-c): the rate it makes, for the profile.
                     if let Some(c) = config.period {
-                        let per_second = match ty {
-                            sys::PERF_TYPE_SOFTWARE => Some(1_000_000_000),
-                            _ => cycles_per_second(),
-                        };
-                        if let Some(r) = per_second {
-                            self.frequency = (r / c).clamp(1, u64::from(u32::MAX)) as u32;
-                        }
+                        let software = ty == sys::PERF_TYPE_SOFTWARE;
+                        self.frequency = rate_of_period(software, c).unwrap_or(self.frequency);
                     }
                     return Ok(());
                 }
@@ -677,7 +677,6 @@ impl PerfSampler {
         let mut attrs = Vec::new();
         for (k, spec) in config.events.iter().enumerate() {
             let modifiers = spec.exclude_user || spec.exclude_kernel || spec.exclude_hv;
-            let time = is_time_event(spec);
             let kernels: &[bool] = if modifiers {
                 &[!spec.exclude_kernel]
             } else {
@@ -686,7 +685,14 @@ impl PerfSampler {
             let mut last = None;
             let mut chosen = None;
             for &kernel in kernels {
-                let mut attr = make_attr(spec.type_, spec.config, kernel, mode, config);
+                let mut attr = make_attr(
+                    spec.type_,
+                    spec.config,
+                    kernel,
+                    mode,
+                    config,
+                    Counting::of(spec),
+                );
                 if modifiers {
                     // Exactly the privilege levels asked (`:h` alone is the hypervisor's).
                     attr.flags &=
@@ -696,21 +702,6 @@ impl PerfSampler {
                 if spec.exclude_kernel {
                     attr.flags |= sys::FLAG_EXCLUDE_CALLCHAIN_KERNEL;
                 }
-                attr.flags &= !sys::FLAG_FREQ;
-                attr.sample_period_or_freq = match config.period {
-                    Some(c) => {
-                        // With PERIOD asked and a fixed period, the kernel samples every
-                        // occurrence of a software event (its period 1): the weight is `c`.
-                        attr.sample_type &= !sys::PERF_SAMPLE_PERIOD;
-                        c
-                    }
-                    None if time => 1_000_000_000 / u64::from(config.frequency.max(1)),
-                    None if spec.type_ == sys::PERF_TYPE_TRACEPOINT => 1,
-                    None => {
-                        attr.flags |= sys::FLAG_FREQ;
-                        u64::from(config.frequency)
-                    }
-                };
                 if k > 0 {
                     // Its own mmap/comm/task records would repeat the first event's.
                     attr.flags &= !(sys::FLAG_MMAP
@@ -769,7 +760,7 @@ impl PerfSampler {
         // A first event of CPU time with a period of its own: the frequency it makes.
         if let (Some(c), Some(first)) = (config.period, config.events.first()) {
             if is_time_event(first) {
-                self.frequency = (1_000_000_000 / c).clamp(1, u64::from(u32::MAX)) as u32;
+                self.frequency = rate_of_period(true, c).unwrap_or(self.frequency);
             }
         }
         Ok(())
@@ -1026,12 +1017,49 @@ pub fn cycles_per_second() -> Option<u64> {
     })
 }
 
+/// What a sample of an event stands for, which decides its period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counting {
+    /// CPU time in nanoseconds (cpu-clock, task-clock).
+    Time,
+    /// The default `cycles`: CPU time, measured in cycles at this CPU's rate.
+    CyclesAsTime,
+    /// A tracepoint: every occurrence unless `-c` says otherwise.
+    Tracepoint,
+    /// Any other event of `-e`: occurrences, the kernel's frequency mode without `-c`.
+    Counted,
+}
+
+impl Counting {
+    fn of(spec: &crate::EventSpec) -> Counting {
+        if is_time_event(spec) {
+            Counting::Time
+        } else if spec.type_ == sys::PERF_TYPE_TRACEPOINT {
+            Counting::Tracepoint
+        } else {
+            Counting::Counted
+        }
+    }
+}
+
+/// The samples a second that a period of `c` of CPU time makes: nanoseconds of a clock
+/// (`software`), or cycles at this CPU's rate (None where it cannot be measured).
+fn rate_of_period(software: bool, c: u64) -> Option<u32> {
+    let per_second = if software {
+        1_000_000_000
+    } else {
+        cycles_per_second()?
+    };
+    Some((per_second / c.max(1)).clamp(1, u64::from(u32::MAX)) as u32)
+}
+
 fn make_attr(
     ty: u32,
     config: u64,
     kernel: bool,
     mode: TargetMode,
     cfg: &SamplerConfig,
+    counting: Counting,
 ) -> PerfEventAttr {
     let mut flags = sys::FLAG_DISABLED
         | sys::FLAG_INHERIT
@@ -1052,16 +1080,21 @@ fn make_attr(
     // and a short-lived thread's got more than its share (in the arm64 guest, four threads'
     // main thread, 3% of the CPU time, had 10% of the samples; 4.8% with a fixed period).
     // Where the rate cannot be measured, frequency mode.
-    let period = if let Some(c) = cfg.period {
-        // perf's -c: every c nanoseconds of cpu-clock, or every c cycles.
-        c
-    } else if ty == sys::PERF_TYPE_SOFTWARE {
-        1_000_000_000 / cfg.frequency.max(1) as u64
-    } else if let Some(rate) = cycles_per_second() {
-        (rate / cfg.frequency.max(1) as u64).max(1)
-    } else {
-        flags |= sys::FLAG_FREQ;
-        cfg.frequency as u64
+    // A counted event without -c is in the kernel's frequency mode: each sample weighs the
+    // period the kernel gave it (PERF_SAMPLE_PERIOD), tracepoints every occurrence.
+    let hz = u64::from(cfg.frequency.max(1));
+    let period = match (cfg.period, counting) {
+        // perf's -c: every c nanoseconds of a clock, c cycles, c occurrences.
+        (Some(c), _) => c,
+        (None, Counting::Time) => 1_000_000_000 / hz,
+        (None, Counting::CyclesAsTime) if cycles_per_second().is_some() => {
+            (cycles_per_second().unwrap_or(1) / hz).max(1)
+        }
+        (None, Counting::Tracepoint) => 1,
+        (None, Counting::CyclesAsTime | Counting::Counted) => {
+            flags |= sys::FLAG_FREQ;
+            hz
+        }
     };
     if mode == TargetMode::Launched {
         flags |= sys::FLAG_ENABLE_ON_EXEC;
@@ -1078,6 +1111,12 @@ fn make_attr(
         | sys::PERF_SAMPLE_CALLCHAIN
         | sys::PERF_SAMPLE_REGS_USER
         | sys::PERF_SAMPLE_STACK_USER;
+    // With a fixed period and PERIOD asked, the kernel samples every occurrence of a software
+    // event (its period 1): with -c the field is left out (of every event: the records of
+    // one ring share a layout), and a counted sample's weight is c.
+    if cfg.period.is_some() {
+        sample_type &= !sys::PERF_SAMPLE_PERIOD;
+    }
     let mut stack_user = cfg.stack_size;
     if cfg.frame_pointers {
         // The kernel's walk of the user stack: in the callchain, after PERF_CONTEXT_USER.

@@ -500,7 +500,7 @@ impl Collector {
         } else {
             1
         };
-        self.sample_as(s, None, periods, 0);
+        self.sample_as(s, None, periods, event, 0);
     }
 
     /// The sampled events (`record -e`): each event id's index, and whether each event (by
@@ -536,15 +536,17 @@ impl Collector {
     /// An on-CPU sample that stands for `periods` sampling periods of CPU time (and
     /// `preempted_ns` of run-queue time, counted where it is).
     pub fn sample_periods(&mut self, s: &SampleRecord, periods: u64, preempted_ns: u64) {
-        self.sample_as(s, None, periods, preempted_ns);
+        self.sample_as(s, None, periods, 0, preempted_ns);
     }
 
     /// One unwind, then the sample (on-CPU, or `off`), and the preempted time beside it.
+    /// `event`: the on-CPU sample's event's index (see [`Collector::set_events`]).
     fn sample_as(
         &mut self,
         s: &SampleRecord,
         off: Option<OffCpu>,
         periods: u64,
+        event: u8,
         preempted_ns: u64,
     ) {
         if self.awaiting_exec == Some(s.pid) {
@@ -566,7 +568,7 @@ impl Collector {
                 kind: SampleKind::OnCpu,
                 off_ns: 0,
                 periods,
-                event: self.event_ids.get(&s.id).copied().unwrap_or(0),
+                event,
             }),
         }
         if preempted_ns > 0 {

@@ -44,7 +44,7 @@ impl Collector {
     /// names the wait.
     /// `preempted_ns`: run-queue time to count where the thread is too (unwound once).
     pub fn off_cpu(&mut self, s: &SampleRecord, off: OffCpu, preempted_ns: u64) {
-        self.sample_as(s, Some(off), 0, preempted_ns);
+        self.sample_as(s, Some(off), 0, 0, preempted_ns);
     }
 
     /// More off-CPU time of thread `tid`, in the same place as its last off-CPU sample (a
