@@ -186,37 +186,32 @@ impl Drop for SymbolService {
 
 /// The kernel's symbols, read on a thread of their own (reading /proc/kallsyms takes tens of
 /// milliseconds of the kernel's time: overlapped with the modules' loading).
-enum KernelSymbols {
-    NotAsked,
-    Loading(JoinHandle<Kallsyms>),
-    Ready(Kallsyms),
+#[derive(Default)]
+struct KernelSymbols {
+    /// The thread reading them, until they are asked for.
+    loading: Option<JoinHandle<Kallsyms>>,
+    ready: Option<Kallsyms>,
 }
 
 impl KernelSymbols {
     fn start(&mut self) {
-        if let KernelSymbols::NotAsked = self {
-            *self = match std::thread::Builder::new()
+        if self.loading.is_none() && self.ready.is_none() {
+            match std::thread::Builder::new()
                 .name("superprof-kallsyms".into())
                 .spawn(Kallsyms::load)
             {
-                Ok(h) => KernelSymbols::Loading(h),
-                Err(_) => KernelSymbols::Ready(Kallsyms::load()),
-            };
+                Ok(h) => self.loading = Some(h),
+                Err(_) => self.ready = Some(Kallsyms::load()),
+            }
         }
     }
 
     fn get(&mut self) -> &Kallsyms {
         self.start();
-        if let KernelSymbols::Loading(_) = self {
-            let KernelSymbols::Loading(h) = std::mem::replace(self, KernelSymbols::NotAsked) else {
-                unreachable!("matched above")
-            };
-            *self = KernelSymbols::Ready(h.join().unwrap_or_else(|_| Kallsyms::parse("")));
+        if let Some(h) = self.loading.take() {
+            self.ready = Some(h.join().unwrap_or_else(|_| Kallsyms::parse("")));
         }
-        match self {
-            KernelSymbols::Ready(k) => k,
-            _ => unreachable!("loaded above"),
-        }
+        self.ready.get_or_insert_with(|| Kallsyms::parse(""))
     }
 }
 
@@ -228,7 +223,7 @@ const PRELOAD_AFTER: std::time::Duration = std::time::Duration::from_millis(100)
 fn serve(rx: Receiver<Request>) {
     let started = std::time::Instant::now();
     let mut symbolizer = Symbolizer::default();
-    let mut kallsyms = KernelSymbols::NotAsked;
+    let mut kallsyms = KernelSymbols::default();
     let mut queue: std::collections::VecDeque<Request> = Default::default();
     loop {
         if queue.is_empty() {
