@@ -34,3 +34,20 @@ def paranoid_for_samply():
     finally:
         with open(PARANOID, "w") as f:
             f.write(old)
+
+
+def superprof_and_split():
+    """superprof built (release) and tests/fixtures/split.c compiled into bench/out: their
+    paths."""
+    os.makedirs(OUT, exist_ok=True)
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", f"{ROOT}/Cargo.toml"],
+        check=True,
+    )
+    fixture = os.path.join(OUT, "split")
+    subprocess.run(
+        ["gcc", "-O2", "-g", f"-I{ROOT}/tests/fixtures", "-o", fixture,
+         f"{ROOT}/tests/fixtures/split.c"],
+        check=True,
+    )
+    return os.path.join(ROOT, "target", "release", "superprof"), fixture

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import OUT, ROOT, paranoid_for_samply, tool
+from benchlib import OUT, paranoid_for_samply, superprof_and_split, tool
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 
@@ -33,11 +33,7 @@ def main():
 
 
 def run_all():
-    os.makedirs(OUT, exist_ok=True)
-    sh(f"cargo build --release --quiet --manifest-path {ROOT}/Cargo.toml")
-    superprof = os.path.join(ROOT, "target", "release", "superprof")
-    fixture = os.path.join(OUT, "split")
-    sh(f"gcc -O2 -g -I{ROOT}/tests/fixtures -o {fixture} {ROOT}/tests/fixtures/split.c")
+    superprof, fixture = superprof_and_split()
     samply = tool("samply", "samply")
     collapse = tool("inferno-collapse-perf", "inferno")
     flamegraph = tool("inferno-flamegraph", "inferno")

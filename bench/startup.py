@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import OUT, ROOT, paranoid_for_samply, tool
+from benchlib import OUT, paranoid_for_samply, superprof_and_split, tool
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 11
 
@@ -42,12 +42,8 @@ def main():
 
 
 def run_all():
-    os.makedirs(OUT, exist_ok=True)
-    sh(f"cargo build --release --quiet --manifest-path {ROOT}/Cargo.toml")
-    superprof = os.path.join(ROOT, "target", "release", "superprof")
+    superprof, fixture = superprof_and_split()
     samply = tool("samply", "samply")
-    fixture = os.path.join(OUT, "split")
-    sh(f"gcc -O2 -g -I{ROOT}/tests/fixtures -o {fixture} {ROOT}/tests/fixtures/split.c")
 
     def recorders(run):
         return {

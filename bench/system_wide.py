@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "bench", "out")
+from benchlib import OUT, superprof_and_split
+
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 SECS = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
 CPUS = os.cpu_count() or 1
@@ -75,17 +75,7 @@ def perf_counts(data):
 
 
 def main():
-    os.makedirs(OUT, exist_ok=True)
-    subprocess.run(
-        ["cargo", "build", "--release", "--quiet", "--manifest-path", f"{ROOT}/Cargo.toml"],
-        check=True,
-    )
-    superprof = os.path.join(ROOT, "target", "release", "superprof")
-    fixture = os.path.join(OUT, "split")
-    subprocess.run(
-        ["gcc", "-O2", "-g", f"-I{ROOT}/tests/fixtures", "-o", fixture, f"{ROOT}/tests/fixtures/split.c"],
-        check=True,
-    )
+    superprof, fixture = superprof_and_split()
     pdata = os.path.join(OUT, "sys.perf.data")
     recorders = {
         "superprof -a": (
