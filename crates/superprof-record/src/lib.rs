@@ -331,6 +331,11 @@ pub fn record_live(cfg: &RecordConfig, live: Live) -> Result<Recorded> {
 }
 
 fn record_with(cfg: &RecordConfig, live: Option<Live>) -> Result<Recorded> {
+    // Per-task and cgroup events (not the per-CPU ones of `-a`) first wait out a grace
+    // period when none is open on the machine: begin it while the rest gets ready.
+    if cfg.sampler_kind != SamplerKind::Ptrace && !matches!(cfg.target, Target::System { .. }) {
+        superprof_sample::warm_up_task_events();
+    }
     if cfg.sampler.off_cpu {
         if let Some(e) = cfg
             .sampler

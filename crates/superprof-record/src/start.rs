@@ -3,6 +3,7 @@
 //! (perf_event_open, or ptrace where that is refused), opened and enabled.
 
 use super::*;
+use superprof_sample::RingsAhead;
 
 /// Where the samples come from, set up and started.
 pub(crate) enum Source {
@@ -46,12 +47,13 @@ fn open_cgroup_source(
     pid: u32,
     cg: Option<superprof_sample::Cgroup>,
     placed: bool,
+    ahead: Option<RingsAhead>,
 ) -> Option<(PerfSampler, superprof_sample::Cgroup)> {
     let cg = cg?;
     if !placed {
         cg.add(pid).ok()?;
     }
-    let sampler = PerfSampler::open_cgroup(&cg.fd, pid, &cfg.sampler).ok()?;
+    let sampler = PerfSampler::open_cgroup(&cg.fd, pid, &cfg.sampler, ahead).ok()?;
     if let Some(notice) = sampler.throttle_notice() {
         superprof_unwind::say!("{notice}");
     }
@@ -268,9 +270,11 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
         Target::System { cpus, command } => start_system(cfg, cpus.as_deref(), command, collector),
         Target::Command(cmd) => {
             let cg = command_cgroup(cfg);
+            // Its rings are mapped while the command is forked (see RingsAhead).
+            let ahead = cg.as_ref().and_then(|_| RingsAhead::start(&cfg.sampler));
             let (mut child, path, placed) = spawn_command(cfg, cmd, cg.as_ref())?;
             let first = &cmd[0];
-            if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid, cg, placed) {
+            if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid, cg, placed, ahead) {
                 // The kernel's symbols load while the command runs.
                 if sampler.kernel_stacks() {
                     collector.expect_kernel_frames();

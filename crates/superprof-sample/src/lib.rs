@@ -42,9 +42,9 @@ pub use counter::{probe, Counter, EventKind, EventSpec, Reading};
 pub use record::{cut_size, parse_record, split_records, stack_cut, Layout, Record, SampleRecord};
 pub use sampler::{
     is_time_event, list_threads, max_sample_rate, online_cpus, parse_cpu_list, PerfSampler,
-    SampleError, SamplerConfig, TargetMode,
+    RingsAhead, SampleError, SamplerConfig, TargetMode,
 };
-pub use sys::{euid, monotonic_ns, raise_fd_limit, vdso_image};
+pub use sys::{euid, monotonic_ns, raise_fd_limit, vdso_image, warm_up_task_events};
 
 /// Whether a superprof runs as process `pid` (its command name): what a sweep of the
 /// leftovers of killed superprofs (tracefs probe definitions, cgroups) asks of the pid in

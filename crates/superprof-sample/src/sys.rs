@@ -12,6 +12,7 @@ pub const PERF_COUNT_SW_CONTEXT_SWITCHES: u64 = 3;
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 pub const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
+pub const PERF_COUNT_SW_DUMMY: u64 = 9;
 
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
 pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
@@ -463,4 +464,24 @@ pub fn has_ipc_lock() -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// Starts, on a thread of its own, what the kernel does once before the first per-task or
+/// cgroup perf event of the machine: it switches its context-switch hooks on and waits out
+/// an RCU grace period (6–20 ms here, a third of a cold `record -- true`), and keeps them on
+/// for a second after the last such event closes. A disabled dummy event on this thread,
+/// opened and closed, starts that wait now, so that it overlaps what comes before the real
+/// events (the cgroup, the command's fork): their open then waits only for the rest. Costs
+/// nothing where the hooks are on already; where perf_event_open is refused, the refusal is
+/// ignored (the real open reports it).
+pub fn warm_up_task_events() {
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_DUMMY,
+        flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
+        ..Default::default()
+    };
+    let _ = std::thread::Builder::new()
+        .name("superprof-warm".into())
+        .spawn(move || drop(perf_event_open(&attr, 0, -1)));
 }

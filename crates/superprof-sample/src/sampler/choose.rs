@@ -82,8 +82,7 @@ impl PerfSampler {
                     // and wake up when a quarter of it is filled: a ring smaller than the
                     // others would never reach their watermark, and lose samples.
                     self.size_rings(first, &|cpu| probe(&attr, cpu as i32))?;
-                    attr.wakeup_events_or_watermark =
-                        (self.data_pages * sys::page_size() / 4) as u32;
+                    attr.wakeup_events_or_watermark = super::watermark(self.data_pages);
                     self.attr = attr;
                     self.event_name = name.into();
                     self.events = vec![(name.into(), false)];
@@ -253,7 +252,7 @@ impl PerfSampler {
             }
             attrs.push(attr);
         }
-        let watermark = (self.data_pages * sys::page_size() / 4) as u32;
+        let watermark = super::watermark(self.data_pages);
         for a in &mut attrs {
             a.wakeup_events_or_watermark = watermark;
         }

@@ -4,6 +4,7 @@
 //! events of one CPU write into one ring buffer (`SET_OUTPUT`). The kernel refuses to mmap an
 //! inherited per-task event with cpu = -1, which is why events are per CPU.
 
+mod ahead;
 mod choose;
 
 use std::collections::BTreeSet;
@@ -14,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use crate::pump::{Pump, Rings};
 use crate::record::Layout;
 use crate::sys::{self, PerfEventAttr, RingMap};
+
+pub use ahead::RingsAhead;
 
 /// How the target is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +160,8 @@ pub struct PerfSampler {
     frequency: u32,
     /// The context-switch event (off-CPU time), when asked for: its attributes and name.
     switch: Option<(PerfEventAttr, &'static str)>,
+    /// Every ring was mapped ahead (see [`RingsAhead`]).
+    rings_ahead: bool,
     /// The ids of the context-switch events (an inherited event reports its parent's).
     switch_ids: std::collections::HashSet<u64>,
 }
@@ -242,20 +247,7 @@ impl PerfSampler {
             pump: None,
             others: Vec::new(),
             threads: BTreeSet::new(),
-            // A sample at every context switch comes far faster than the clock's: four times
-            // the room (where the rights allow it), within 256 MiB (65,536 pages) for all the
-            // CPUs.
-            data_pages: if config.off_cpu {
-                let cap = 1 << (65536 / ncpus).max(1).ilog2();
-                (ring_pages(config.stack_size) * 4)
-                    .min(cap)
-                    .max(ring_pages(config.stack_size))
-            } else if config.frame_pointers {
-                // (No stack copies: a callchain of at most 127 frames.)
-                ring_pages(1024)
-            } else {
-                ring_pages(config.stack_size)
-            },
+            data_pages: data_pages(config, ncpus),
             hung_up: Vec::new(),
             owner: Default::default(),
             event_name: "cycles".into(),
@@ -267,6 +259,7 @@ impl PerfSampler {
             frequency,
             switch: None,
             switch_ids: Default::default(),
+            rings_ahead: false,
         };
         Ok((
             sampler,
@@ -282,10 +275,14 @@ impl PerfSampler {
     /// switches inside the cgroup, so tasks shorter than one period are sampled too (a
     /// per-task timer starts again in each new task). The events start disabled: enable them
     /// when the command is released. `pid` is the command's, for messages.
+    ///
+    /// `ahead`: rings mapped ahead for this config (see [`RingsAhead`]), that the cgroup's
+    /// events are redirected into; where they cannot be, each CPU's first event maps its own.
     pub fn open_cgroup(
         cgroup: &OwnedFd,
         pid: u32,
         config: &SamplerConfig,
+        ahead: Option<RingsAhead>,
     ) -> Result<Self, SampleError> {
         let (mut sampler, config) = PerfSampler::empty(config)?;
         let config = &config;
@@ -296,20 +293,38 @@ impl PerfSampler {
             &|attr, cpu| sys::perf_event_open_cgroup(attr, cgroup, cpu),
             &|attr| attr.flags &= !(sys::FLAG_INHERIT | sys::FLAG_ENABLE_ON_EXEC),
         )?;
+        let mut ahead = ahead
+            .and_then(|a| a.take(&sampler.cpus, sampler.data_pages))
+            .map(Vec::into_iter);
         for &cpu in &sampler.cpus.clone() {
             let fd = sys::perf_event_open_cgroup(&sampler.attr, cgroup, cpu as i32).map_err(
                 io_err(format!("perf_event_open for the cgroup on CPU {cpu}")),
             )?;
             sampler.note_event(&fd, 0)?;
-            let ring = sampler.map_ring(&fd)?;
-            sampler.add_ring(fd, ring);
+            match ahead.as_mut().and_then(Iterator::next) {
+                Some((owner, ring)) if sys::set_output(&fd, &owner).is_ok() => {
+                    sampler.add_ring(owner, ring);
+                    sampler.others.push(fd);
+                }
+                _ => {
+                    ahead = None;
+                    let ring = sampler.map_ring(&fd)?;
+                    sampler.add_ring(fd, ring);
+                }
+            }
             let ring = sampler.rings.len() - 1;
             sampler.open_extra(ring, &|attr| {
                 sys::perf_event_open_cgroup(attr, cgroup, cpu as i32)
             })?;
         }
+        sampler.rings_ahead = ahead.is_some();
         sampler.threads.insert(pid);
         Ok(sampler)
+    }
+
+    /// Whether every ring is one mapped ahead ([`PerfSampler::open_cgroup`]'s `ahead`).
+    pub fn rings_mapped_ahead(&self) -> bool {
+        self.rings_ahead
     }
 
     /// Opens per-CPU events for every task of the machine (perf's `-a`): what `superprof
@@ -752,6 +767,29 @@ fn probe_tid(pid: u32, mode: TargetMode) -> Result<u32, SampleError> {
             .copied()
             .ok_or(SampleError::NoSuchProcess(pid)),
     }
+}
+
+/// Data pages per ring of `config`'s sampling on `ncpus` CPUs (lowered later where the rights
+/// do not allow that many).
+fn data_pages(config: &SamplerConfig, ncpus: usize) -> usize {
+    if config.off_cpu {
+        // A sample at every context switch comes far faster than the clock's: four times the
+        // room (where the rights allow it), within 256 MiB (65,536 pages) for all the CPUs.
+        let cap = 1 << (65536 / ncpus.max(1)).max(1).ilog2();
+        (ring_pages(config.stack_size) * 4)
+            .min(cap)
+            .max(ring_pages(config.stack_size))
+    } else if config.frame_pointers {
+        // (No stack copies: a callchain of at most 127 frames.)
+        ring_pages(1024)
+    } else {
+        ring_pages(config.stack_size)
+    }
+}
+
+/// The bytes in a ring of `data_pages` at which its reader is woken: a quarter.
+fn watermark(data_pages: usize) -> u32 {
+    (data_pages * sys::page_size() / 4) as u32
 }
 
 /// Data pages per ring: room for about 128 samples with their stacks, a power of two.
