@@ -9,6 +9,12 @@ Two sets, each N alternating rounds, medians:
               profile; perf: perf.data)
 and the ratio of each recorded run to the bare one.
 
+Each set twice: warm (runs back to back) and cold (each run after 1.1 s without a perf event
+open). Before the first per-task or cgroup perf event of a machine the kernel switches its
+context-switch hooks on and waits out an RCU grace period (6-20 ms here), and keeps them on for
+a second after the last one closes: a profiler started by hand meets the cold case, one run
+right after another the warm one. Every recorder here pays it (perf, samply, superprof).
+
 Usage: bench/startup.py [ROUNDS]   (samply from bench/out/tools, as record_vs_perf.py installs it)
 """
 import os
@@ -26,10 +32,12 @@ def sh(cmd):
     return subprocess.run(cmd, shell=True, check=True)
 
 
-def medians(cmds):
+def medians(cmds, cold=False):
     times = {k: [] for k in cmds}
     for _ in range(ROUNDS):
         for name, cmd in cmds.items():
+            if cold:
+                time.sleep(1.1)
             t0 = time.perf_counter()
             sh(cmd)
             times[name].append(time.perf_counter() - t0)
@@ -52,16 +60,19 @@ def run_all():
             "perf": f"perf record -q -F 999 --call-graph dwarf -o {OUT}/startup.data -- {run} 2>/dev/null",
         }
 
-    fixed = medians(recorders("true"))
-    print(f"fixed cost, `-- true`, medians of {ROUNDS} alternating rounds:")
-    for k, v in fixed.items():
-        print(f"  {k:<10} {v:6.3f} s")
     run = f"{fixture} 0.26 > /dev/null"
-    split = medians({"bare": run, **recorders(run)})
-    bare = split["bare"]
-    print(f"\nsplit 0.26 s, medians of {ROUNDS} alternating rounds:")
-    for k, v in split.items():
-        print(f"  {k:<10} {v:6.3f} s   {v / bare:6.3f}x bare")
+    for cold in (False, True):
+        how = "cold (1.1 s idle before each run)" if cold else "warm (back to back)"
+        fixed = medians(recorders("true"), cold)
+        print(f"{how}: fixed cost, `-- true`, medians of {ROUNDS} alternating rounds:")
+        for k, v in fixed.items():
+            print(f"  {k:<10} {v:6.3f} s")
+        split = medians({"bare": run, **recorders(run)}, cold)
+        bare = split["bare"]
+        print(f"{how}: split 0.26 s, medians of {ROUNDS} alternating rounds:")
+        for k, v in split.items():
+            print(f"  {k:<10} {v:6.3f} s   {v / bare:6.3f}x bare")
+        print()
 
 
 if __name__ == "__main__":
