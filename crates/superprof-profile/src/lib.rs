@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod calls;
 pub mod diff;
 mod escape;
 pub mod filter;

@@ -180,6 +180,8 @@ pub struct Meta {
     /// How off-CPU time was recorded (`record --off-cpu`): the mechanism's name, e.g.
     /// `sched:sched_switch`; empty when it was not.
     pub off_cpu: String,
+    /// Functions whose calls were counted exactly beside the samples (`record --precise`).
+    pub calls: Vec<crate::calls::FunctionCalls>,
 }
 
 /// An event sampled by `record -e`.

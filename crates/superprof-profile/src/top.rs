@@ -392,7 +392,17 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
             (row, location)
         })
         .collect();
-    let used = if off_cpu { 43 } else { 29 };
+    // Functions counted beside the samples (`record --precise`): their calls and time per
+    // call.
+    let times = crate::calls::call_times(profile);
+    let calls = !times.is_empty() && !off_cpu;
+    let used = if off_cpu {
+        43
+    } else if calls {
+        29 + 13 + 19
+    } else {
+        29
+    };
     let layout = Layout::new(
         rows.iter()
             .map(|(r, _)| (r.function.as_str(), r.module.as_str())),
@@ -416,6 +426,17 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
             "Total%",
             "On-CPU ms",
             "Off-CPU ms",
+            layout.header()
+        )?;
+    } else if calls {
+        writeln!(
+            w,
+            "{:>8} {:>8} {:>9} {:>12} {:>18}  {}",
+            "Self%",
+            "Total%",
+            "Samples",
+            "Calls",
+            "Time/call",
             layout.header()
         )?;
     } else {
@@ -444,6 +465,23 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
                 pct(row.total_weight),
                 on as f64 * period_ms,
                 row.total_off_cpu as f64 * period_ms,
+            )?;
+        } else if calls {
+            let t = crate::calls::time_of(&times, &row.function, &row.module);
+            let count = t.map_or(String::new(), |t| {
+                format!("{}{}", t.calls, if t.exact { "" } else { "~" })
+            });
+            let per = t
+                .and_then(|t| Some((t.ns_per_call?, t.ns_per_call_error?)))
+                .map_or(String::new(), |(v, e)| crate::calls::format_per_call(v, e));
+            writeln!(
+                w,
+                "{:>7.2}% {:>7.2}% {:>9} {:>12} {:>18}  {names}",
+                pct(row.self_weight),
+                pct(row.total_weight),
+                row.self_weight,
+                count,
+                per,
             )?;
         } else {
             writeln!(

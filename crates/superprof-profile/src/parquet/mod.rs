@@ -149,6 +149,32 @@ pub fn schema() -> Schema {
     ])
 }
 
+/// `superprof.calls`: the functions counted beside the samples (docs/profile-format.md).
+fn calls_json(calls: &[crate::calls::FunctionCalls]) -> String {
+    serde_json::Value::Array(
+        calls
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "function": c.function,
+                    "module": c.module,
+                    "address": c.address,
+                    "counted": c.counted,
+                    "calls": c.calls,
+                    "entries": c.entries,
+                    "since_ns": c.since_ns,
+                    "exact": c.exact,
+                    "note": c.note,
+                    "blocks": c.blocks.iter().map(|b| serde_json::json!(
+                        [b.start, b.end, b.count, b.file, b.line]
+                    )).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
+    .to_string()
+}
+
 fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
     let command = serde_json::to_string(&m.command).unwrap_or_else(|_| "[]".into());
     [
@@ -181,6 +207,7 @@ fn meta_pairs(m: &Meta) -> Vec<KeyValue> {
             )
             .to_string(),
         ),
+        ("superprof.calls", calls_json(&m.calls)),
     ]
     .into_iter()
     .map(|(k, v)| KeyValue::new(k.to_owned(), v))
@@ -275,6 +302,54 @@ mod tests {
         );
         assert!(kinds[..4].iter().all(|k| k.0 == SampleKind::OnCpu));
         assert_eq!(back.weight_by_kind(), [4, 250, 3]);
+    }
+
+    #[test]
+    fn counted_calls_come_back_as_written() {
+        let mut p = profile(3, 2);
+        p.meta.calls = vec![
+            crate::calls::FunctionCalls {
+                function: "f".into(),
+                module: "/bin/p".into(),
+                address: 0x20,
+                counted: true,
+                calls: 10,
+                entries: 12,
+                since_ns: 5,
+                exact: true,
+                note: "2 of its 12 entries were its own recursive calls".into(),
+                blocks: vec![crate::calls::BlockCount {
+                    start: 0x20,
+                    end: 0x28,
+                    count: 12,
+                    file: "p.c".into(),
+                    line: 3,
+                }],
+            },
+            crate::calls::FunctionCalls {
+                function: "nope".into(),
+                note: "no function".into(),
+                ..Default::default()
+            },
+        ];
+        let f = file("calls", &p, 1024);
+        let back = read_with(&f.0, &Limits::default()).unwrap();
+        assert_eq!(back.meta.calls, p.meta.calls);
+    }
+
+    #[test]
+    fn hostile_calls_are_left_out_not_trusted() {
+        // Not objects, missing fields, a block of the wrong shape, a line past u32.
+        let calls = super::read::read_calls_for_test(
+            r#"[1, {"function": "f"}, {"function": "g", "module": "m", "address": 1,
+                "counted": true, "calls": 2, "entries": 2, "since_ns": 0, "exact": true,
+                "blocks": [[1, 2], [1, 2, 3, "x", 99999999999], [1, 2, 3, "x", 4]]}]"#,
+        );
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].function, "g");
+        assert_eq!(calls[0].blocks.len(), 1);
+        assert_eq!(calls[0].blocks[0].line, 4);
+        assert!(super::read::read_calls_for_test("not json").is_empty());
     }
 
     #[test]

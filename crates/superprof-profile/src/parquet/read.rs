@@ -614,7 +614,65 @@ fn read_meta(kv: &HashMap<String, String>) -> Meta {
         cpu_time_ns: num("cpu_time_ns"),
         off_cpu: get("off_cpu"),
         events: read_events(&get("events")),
+        calls: read_calls(&get("calls")),
     }
+}
+
+#[cfg(test)]
+pub(super) fn read_calls_for_test(json: &str) -> Vec<crate::calls::FunctionCalls> {
+    read_calls(json)
+}
+
+/// At most this many counted functions, and blocks of each, are read from a file.
+const CALLS_MAX: usize = 4096;
+const BLOCKS_MAX: usize = 65536;
+
+/// `superprof.calls` (see `calls_json`): entries that are not objects of the right fields
+/// are left out, and so are blocks that are not `[start, end, count, file, line]`.
+fn read_calls(json: &str) -> Vec<crate::calls::FunctionCalls> {
+    let Ok(serde_json::Value::Array(list)) = serde_json::from_str::<serde_json::Value>(json) else {
+        return Vec::new();
+    };
+    let text =
+        |e: &serde_json::Value, k: &str| e.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let num = |e: &serde_json::Value, k: &str| e.get(k).and_then(|v| v.as_u64());
+    let flag = |e: &serde_json::Value, k: &str| e.get(k).and_then(|v| v.as_bool());
+    list.iter()
+        .filter_map(|e| {
+            let blocks = e
+                .get("blocks")
+                .and_then(|b| b.as_array())
+                .map(|b| {
+                    b.iter()
+                        .filter_map(|b| {
+                            let b = b.as_array()?;
+                            Some(crate::calls::BlockCount {
+                                start: b.first()?.as_u64()?,
+                                end: b.get(1)?.as_u64()?,
+                                count: b.get(2)?.as_u64()?,
+                                file: b.get(3)?.as_str()?.to_owned(),
+                                line: u32::try_from(b.get(4)?.as_u64()?).ok()?,
+                            })
+                        })
+                        .take(BLOCKS_MAX)
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(crate::calls::FunctionCalls {
+                function: text(e, "function")?,
+                module: text(e, "module")?,
+                address: num(e, "address")?,
+                counted: flag(e, "counted")?,
+                calls: num(e, "calls")?,
+                entries: num(e, "entries")?,
+                since_ns: num(e, "since_ns")?,
+                exact: flag(e, "exact")?,
+                note: text(e, "note").unwrap_or_default(),
+                blocks,
+            })
+        })
+        .take(CALLS_MAX)
+        .collect()
 }
 
 /// `superprof.events`: `[{"name": ..., "counted": ...}, ...]` (at most 256; anything else

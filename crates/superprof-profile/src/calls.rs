@@ -1,0 +1,305 @@
+//! Exact call counts beside the samples (`record --precise`), and the time per call that the
+//! two give together.
+//!
+//! Samples say how much CPU time passed inside a function; a counter at its entry says how
+//! often it was entered. Their quotient is the time per call, known as well as the samples
+//! know the time: a share `p` of `n` samples has σ = √(p(1−p)/n), which is the time's relative
+//! error too (the count has none). Both cover the same interval: from when the counter was
+//! placed (`since_ns`) to the end.
+
+use crate::Profile;
+
+/// One block of a counted function: its ELF addresses, how often it ran, and its first
+/// instruction's source line where the DWARF says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockCount {
+    /// Its first instruction's address in its file.
+    pub start: u64,
+    /// The address after its last instruction.
+    pub end: u64,
+    /// Executions.
+    pub count: u64,
+    /// Its source file, where known.
+    pub file: String,
+    /// Its source line (0: not known).
+    pub line: u32,
+}
+
+/// A function whose calls were counted exactly while it was sampled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionCalls {
+    /// Its name as the profile's frames name it.
+    pub function: String,
+    /// The file it is in, as the profile's frames name it.
+    pub module: String,
+    /// Its address in that file.
+    pub address: u64,
+    /// Whether its calls were counted (else `note` says why not, and the counts are 0).
+    pub counted: bool,
+    /// Its calls: entries of its first instruction less those from inside itself (its own
+    /// direct recursive calls, and jumps back to its start): outermost calls, where its
+    /// recursion is direct.
+    pub calls: u64,
+    /// Every entry of its first instruction (each level of a recursion too).
+    pub entries: u64,
+    /// When counting began, nanoseconds since the recording's start.
+    pub since_ns: u64,
+    /// Whether `calls` is exact; where not, `note` says why.
+    pub exact: bool,
+    /// Why it was not counted, or what keeps `calls` from being exact.
+    pub note: String,
+    /// Its blocks' counts, in address order.
+    pub blocks: Vec<BlockCount>,
+}
+
+/// What a counted function's samples and calls give: its time per call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallTime {
+    /// The function, as counted.
+    pub function: String,
+    /// Its module.
+    pub module: String,
+    /// Its calls (see [`FunctionCalls::calls`]).
+    pub calls: u64,
+    /// On-CPU samples with it on the stack, taken while it was counted.
+    pub samples: u64,
+    /// Their share of all on-CPU samples of that interval.
+    pub share: f64,
+    /// CPU time per call, in nanoseconds (None: no calls, or no time to divide).
+    pub ns_per_call: Option<f64>,
+    /// Its standard error, from the sample count.
+    pub ns_per_call_error: Option<f64>,
+    /// Whether `calls` is exact.
+    pub exact: bool,
+    /// As [`FunctionCalls::note`].
+    pub note: String,
+}
+
+/// CPU time per call of each counted function of `profile` (in `Meta::calls`' order):
+/// on-CPU samples with the function on the stack (once per sample) over the interval it was
+/// counted, scaled by the CPU time each sample stands for (the profile's CPU time over its
+/// on-CPU samples, where known; else the sampling period), divided by its calls.
+pub fn call_times(profile: &Profile) -> Vec<CallTime> {
+    let calls = &profile.meta.calls;
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    let all = profile.on_cpu_samples();
+    let ns_per_sample = if profile.meta.cpu_time_ns > 0 && all > 0 {
+        profile.meta.cpu_time_ns as f64 / all as f64
+    } else {
+        profile.meta.period_ns() as f64
+    };
+    // Per function: samples with it on the stack, and samples of its interval.
+    let mut with = vec![0u64; calls.len()];
+    let mut during = vec![0u64; calls.len()];
+    let mut on_stack = vec![false; calls.len()];
+    for s in profile
+        .samples
+        .iter()
+        .filter(|s| s.kind == crate::SampleKind::OnCpu)
+    {
+        on_stack.iter_mut().for_each(|b| *b = false);
+        for fid in profile.stack_frames(s.stack) {
+            let f = profile.frame(fid);
+            let (name, module) = (profile.str(f.function), profile.str(f.module));
+            for (i, c) in calls.iter().enumerate() {
+                if c.function == name && module_matches(&c.module, module) {
+                    on_stack[i] = true;
+                }
+            }
+        }
+        for (i, c) in calls.iter().enumerate() {
+            if s.time_ns >= c.since_ns {
+                during[i] = during[i].saturating_add(s.weight);
+                if on_stack[i] {
+                    with[i] = with[i].saturating_add(s.weight);
+                }
+            }
+        }
+    }
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (k, n) = (with[i], during[i]);
+            let share = if n > 0 { k as f64 / n as f64 } else { 0.0 };
+            let (per_call, error) = per_call(k, n, ns_per_sample, c.calls);
+            CallTime {
+                function: c.function.clone(),
+                module: c.module.clone(),
+                calls: c.calls,
+                samples: k,
+                share,
+                ns_per_call: per_call,
+                ns_per_call_error: error,
+                exact: c.exact,
+                note: c.note.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Time per call and its standard error: `k` of `n` samples, each standing for
+/// `ns_per_sample`, over `calls` calls. The error is the binomial one of the share,
+/// √(p(1−p)/n)·n (in samples), at least one sample's worth where k is 0 or n (a share
+/// measured as 0 or 1 is not known better than one sample).
+fn per_call(k: u64, n: u64, ns_per_sample: f64, calls: u64) -> (Option<f64>, Option<f64>) {
+    if calls == 0 || n == 0 {
+        return (None, None);
+    }
+    let p = k as f64 / n as f64;
+    let sd_samples = (p * (1.0 - p) * n as f64).sqrt().max(1.0);
+    let per = k as f64 * ns_per_sample / calls as f64;
+    let err = sd_samples * ns_per_sample / calls as f64;
+    (Some(per), Some(err))
+}
+
+/// `report --calls`: each counted function's calls, time per call (± its standard error),
+/// samples and share of the samples of its interval.
+pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let times = call_times(profile);
+    let name_w = times
+        .iter()
+        .map(|t| crate::escape(&t.function).chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp("Function".len(), 60);
+    writeln!(
+        w,
+        "{:<name_w$}  {:>14}  {:>20}  {:>9}  {:>7}  Module",
+        "Function", "Calls", "Time/call", "Samples", "Share"
+    )?;
+    for t in &times {
+        let name: String = crate::escape(&t.function).chars().take(name_w).collect();
+        let per = match (t.ns_per_call, t.ns_per_call_error) {
+            (Some(v), Some(e)) => format_per_call(v, e),
+            _ => "-".to_owned(),
+        };
+        let module = t.module.rsplit('/').next().unwrap_or(&t.module);
+        writeln!(
+            w,
+            "{name:<name_w$}  {:>14}  {per:>20}  {:>9}  {:>6.2}%  {}",
+            format!("{}{}", t.calls, if t.exact { "" } else { "~" }),
+            t.samples,
+            100.0 * t.share,
+            crate::escape(module)
+        )?;
+    }
+    for t in times.iter().filter(|t| !t.note.is_empty()) {
+        writeln!(
+            w,
+            "{}: {}",
+            crate::escape(&t.function),
+            crate::escape(&t.note)
+        )?;
+    }
+    if times.iter().any(|t| !t.exact) {
+        writeln!(w, "(~: not exact, as said above)")?;
+    }
+    Ok(())
+}
+
+/// `report --calls --format json`: `{"functions": [{"name", "calls", "ns_per_call",
+/// "ns_per_call_error", "samples", ...}]}` (a time per call is null where there are no calls).
+pub fn to_json(profile: &Profile) -> serde_json::Value {
+    let counted = &profile.meta.calls;
+    let functions: Vec<serde_json::Value> = call_times(profile)
+        .iter()
+        .zip(counted)
+        .map(|(t, c)| {
+            serde_json::json!({
+                "name": t.function,
+                "module": t.module,
+                "calls": t.calls,
+                "entries": c.entries,
+                "counted": c.counted,
+                "exact": t.exact,
+                "ns_per_call": t.ns_per_call,
+                "ns_per_call_error": t.ns_per_call_error,
+                "samples": t.samples,
+                "share": t.share,
+                "since_ns": c.since_ns,
+                "note": t.note,
+            })
+        })
+        .collect();
+    serde_json::json!({ "functions": functions })
+}
+
+/// A time per call and its error, in the unit that suits it: `2.41 µs ±0.05`.
+pub fn format_per_call(ns: f64, error: f64) -> String {
+    // (A value that rounds to 1000 of a unit reads in the next one.)
+    let (scale, unit) = match ns.max(error) {
+        x if x >= 999.5e6 => (1e9, "s"),
+        x if x >= 999.5e3 => (1e6, "ms"),
+        x if x >= 999.5 => (1e3, "µs"),
+        _ => (1.0, "ns"),
+    };
+    let (v, e) = (ns / scale, error / scale);
+    // Three significant figures of the value; the error to the same decimals.
+    let decimals = match v.abs() {
+        x if x >= 100.0 => 0,
+        x if x >= 10.0 => 1,
+        _ => 2,
+    };
+    format!("{v:.decimals$} {unit} ±{e:.decimals$}")
+}
+
+/// The time per call of function `function` in `module` (as a table names them), from
+/// `times`.
+pub fn time_of<'a>(times: &'a [CallTime], function: &str, module: &str) -> Option<&'a CallTime> {
+    times
+        .iter()
+        .find(|t| t.function == function && module_matches(&t.module, module))
+}
+
+/// Whether a counted function's module (a path) is a frame's module (a path, or the file's
+/// name where the profile shortened it).
+fn module_matches(counted: &str, frame: &str) -> bool {
+    counted == frame
+        || std::path::Path::new(counted)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy() == frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_per_call_divides_the_samples_time_by_the_calls() {
+        // 300 of 1000 samples of 1 ms each, over 1000 calls: 0.3 ms per call, σ of the
+        // share √(0.3·0.7/1000) = 0.01449: ±14.49 samples → ±14.49 µs per call.
+        let (per, err) = per_call(300, 1000, 1e6, 1000);
+        assert!((per.unwrap() - 300_000.0).abs() < 1e-6);
+        assert!((err.unwrap() - 14_491.38).abs() < 0.1, "{err:?}");
+    }
+
+    #[test]
+    fn no_calls_or_no_samples_give_no_time() {
+        assert_eq!(per_call(5, 10, 1e6, 0), (None, None));
+        assert_eq!(per_call(0, 0, 1e6, 10), (None, None));
+        // None of the samples: 0 per call, give or take one sample's worth.
+        let (per, err) = per_call(0, 100, 1e6, 10);
+        assert_eq!(per, Some(0.0));
+        assert_eq!(err, Some(1e5));
+    }
+
+    #[test]
+    fn times_per_call_read_in_their_unit() {
+        assert_eq!(format_per_call(2.4137, 0.05), "2.41 ns ±0.05");
+        assert_eq!(format_per_call(2413.7, 51.0), "2.41 µs ±0.05");
+        assert_eq!(format_per_call(24_137.0, 510.0), "24.1 µs ±0.5");
+        assert_eq!(format_per_call(3.2e8, 1e7), "320 ms ±10");
+        assert_eq!(format_per_call(999_960.0, 22_000.0), "1.00 ms ±0.02");
+        assert_eq!(format_per_call(0.0, 1e5), "0.00 µs ±100.00");
+    }
+
+    #[test]
+    fn modules_match_by_path_or_file_name() {
+        assert!(module_matches("/usr/bin/xz", "/usr/bin/xz"));
+        assert!(module_matches("/usr/bin/xz", "xz"));
+        assert!(!module_matches("/usr/bin/xz", "bash"));
+    }
+}
