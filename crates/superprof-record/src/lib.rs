@@ -9,6 +9,7 @@
 #![deny(missing_docs)]
 
 pub mod agent;
+mod beside;
 mod collect;
 mod perf;
 mod ptrace;
@@ -21,6 +22,7 @@ use superprof_profile::Profile;
 use superprof_sample::{PerfSampler, SampleError, SamplerConfig, TargetMode};
 use superprof_trace::{ExitStatus, PendingChild, TraceOptions, Tracer};
 
+pub use crate::beside::{Beside, CodeName};
 use crate::collect::Collector;
 use crate::start::{start, Source};
 
@@ -306,7 +308,25 @@ impl Progress {
 
 /// Runs the sampler until the target ends, the duration passes or Ctrl-C.
 pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
-    record_with(cfg, None)
+    record_with(cfg, None, None)
+}
+
+/// [`record`] of a launched command under the coordinator (ptrace), with `beside` handling
+/// the tracer's events while perf_event_open samples the command (`record --precise`).
+pub fn record_beside(cfg: &RecordConfig, beside: &mut dyn Beside) -> Result<Recorded> {
+    if !matches!(cfg.target, Target::Command(_)) {
+        return Err(Error::Invalid(
+            "counting beside the samples follows a launched command: give the command".into(),
+        ));
+    }
+    if cfg.sampler_kind == SamplerKind::Ptrace {
+        return Err(Error::Invalid(
+            "counting beside the samples needs perf_event_open's sampling (not --sampler \
+             ptrace): ptrace is the counters' already"
+                .into(),
+        ));
+    }
+    record_with(cfg, None, Some(beside))
 }
 
 /// A live view's share of a recording (`superprof top`): every `every`, the samples of that
@@ -327,10 +347,14 @@ pub fn record_live(cfg: &RecordConfig, live: Live) -> Result<Recorded> {
             "a live view needs perf_event_open (not --sampler ptrace)".into(),
         ));
     }
-    record_with(cfg, Some(live))
+    record_with(cfg, Some(live), None)
 }
 
-fn record_with(cfg: &RecordConfig, live: Option<Live>) -> Result<Recorded> {
+fn record_with(
+    cfg: &RecordConfig,
+    live: Option<Live>,
+    beside: Option<&mut dyn Beside>,
+) -> Result<Recorded> {
     // Per-task and cgroup events (not the per-CPU ones of `-a`) first wait out a grace
     // period when none is open on the machine: begin it while the rest gets ready.
     if cfg.sampler_kind != SamplerKind::Ptrace && !matches!(cfg.target, Target::System { .. }) {
@@ -351,7 +375,7 @@ fn record_with(cfg: &RecordConfig, live: Option<Live>) -> Result<Recorded> {
         }
     }
     let mut collector = Collector::default();
-    let started = start(cfg, &mut collector)?;
+    let mut started = start(cfg, &mut collector, beside.as_ref().map(|b| b.options()))?;
     let mut progress = Progress::new(cfg);
     // The CPU time of what is profiled: a launched command's tree through the children's
     // rusage once it is waited for; an attached process through /proc.
@@ -383,6 +407,14 @@ fn record_with(cfg: &RecordConfig, live: Option<Live>) -> Result<Recorded> {
             &mut collector,
             &mut progress,
             live,
+            match (started.tracer.take(), beside) {
+                (Some(tracer), Some(beside)) => Some(perf::Traced {
+                    tracer,
+                    beside,
+                    start_ns: started.clock.monotonic_ns,
+                }),
+                _ => None,
+            },
         )?,
         Source::Ptrace(_) if live.is_some() => {
             return Err(Error::Invalid(

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use superprof_sample::{parse_record, split_records, PerfSampler, Record};
 
+use superprof_trace::{ExitStatus, TraceEvent, Tracer};
+
 use crate::collect::Collector;
-use crate::{LoopResult, Progress, RecordConfig, Result};
+use crate::{Beside, Error, LoopResult, Progress, RecordConfig, Result};
 
 /// How long before a drain a record must be stamped to be taken in that round.
 const HORIZON_SLACK_NS: u64 = 20_000_000;
@@ -107,6 +109,49 @@ fn profile_events(sampler: &PerfSampler) -> Vec<superprof_profile::EventInfo> {
         .collect()
 }
 
+/// The coordinator's tracer of a launched command and what handles its events beside the
+/// sampling (`record --precise`), with the recording's start (CLOCK_MONOTONIC).
+pub(crate) struct Traced<'a> {
+    pub(crate) tracer: Box<Tracer>,
+    pub(crate) beside: &'a mut dyn Beside,
+    pub(crate) start_ns: u64,
+}
+
+/// How often a traced recording's beside gets its tick.
+const TICK: Duration = Duration::from_millis(50);
+
+impl Traced<'_> {
+    /// The tracer's events for one tick (each stop handled at once), then the beside's tick;
+    /// the command's exit status once it has exited.
+    fn run_tick(&mut self, root: u32, collector: &Collector) -> Result<Option<ExitStatus>> {
+        let until = std::time::Instant::now() + TICK;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.tracer.next_event(left)? {
+                None => break,
+                Some(TraceEvent::ProcessExited { pid, status }) if pid == root => {
+                    return Ok(Some(status))
+                }
+                Some(ev) => self
+                    .beside
+                    .event(&mut self.tracer, root, ev)
+                    .map_err(Error::Invalid)?,
+            }
+        }
+        let now = superprof_sample::monotonic_ns().saturating_sub(self.start_ns);
+        let start = self.start_ns;
+        self.beside
+            .tick(&mut self.tracer, root, now, &|| collector.snapshot(start));
+        Ok(None)
+    }
+}
+
+/// (One function of 150 lines: the loop's state — the sampler, the drainer, the exit, the live
+/// view's interval, the tracer beside — runs through it from the start to the ending.)
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     cfg: &RecordConfig,
     mut sampler: PerfSampler,
@@ -115,6 +160,7 @@ pub(super) fn run(
     collector: &mut Collector,
     progress: &mut Progress,
     mut live: Option<crate::Live>,
+    mut traced: Option<Traced>,
 ) -> Result<LoopResult> {
     if sampler.kernel_stacks() {
         collector.expect_kernel_frames();
@@ -149,10 +195,26 @@ pub(super) fn run(
     // Wakes the loop as soon as the target exits, instead of at the next poll timeout.
     let pidfd = pid.and_then(superprof_trace::pidfd_open);
     let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
+    let mut failed = None;
     loop {
-        sampler.wait(&extra, 50);
+        match (traced.as_mut(), pid) {
+            (Some(t), Some(root)) => match t.run_tick(root, collector) {
+                Ok(Some(status)) => exit = Some(status),
+                Ok(None) => {}
+                Err(e) => {
+                    failed = Some(e);
+                    stopped_early = true;
+                }
+            },
+            _ => sampler.wait(&extra, 50),
+        }
         drain(&mut sampler, collector, false);
+        if exit.is_some() || failed.is_some() {
+            break;
+        }
         match pid {
+            // (A traced command's exit comes from its tracer.)
+            Some(_) if traced.is_some() => {}
             Some(pid) if launched => {
                 if let Some(status) = superprof_trace::try_wait(pid) {
                     exit = Some(status);
@@ -198,7 +260,22 @@ pub(super) fn run(
     let frequency = sampler.frequency();
     let cpus = sampler.cpus().len() as u32;
     drop(sampler); // closes every event: an attached process runs on untouched
-    if let Some(pid) = pid.filter(|_| launched && exit.is_none()) {
+    let traced_run = traced.is_some();
+    if let (Some(mut t), Some(root)) = (traced, pid) {
+        // Ended early: the command ends as perf record ends it, under its tracer.
+        if exit.is_none() {
+            exit = t.tracer.terminate(Duration::from_secs(5), |_| {})?;
+        }
+        t.beside.end(&mut t.tracer, root, t.start_ns);
+        collector.name_code(t.beside.code_names());
+        // Every patch and breakpoint out of a process still there, and it let go.
+        let killed = t.tracer.finish();
+        exit = exit.or(killed);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    if let Some(pid) = pid.filter(|_| launched && exit.is_none() && !traced_run) {
         // Stopped by Ctrl-C or --duration: end the command as perf record does.
         if stopped_early {
             superprof_trace::kill(pid, libc::SIGTERM);

@@ -27,6 +27,8 @@ pub(crate) struct Started {
     pub(crate) cgroup: Option<superprof_sample::Cgroup>,
     /// An attached JVM, asked for its perf map at the end.
     pub(crate) java: bool,
+    /// The launched command's tracer, where something counts beside the samples.
+    pub(crate) tracer: Option<Box<Tracer>>,
 }
 
 /// A cgroup of its own for a launched command to be sampled per CPU (see `cgroup`), where
@@ -245,6 +247,7 @@ fn start_system(
                 cgroup: None,
                 java: false,
                 system: true,
+                tracer: None,
             });
         }
         None => (None, false, Vec::new()),
@@ -261,11 +264,23 @@ fn start_system(
         cgroup: None,
         java: false,
         system: true,
+        tracer: None,
     })
 }
 
-/// Starts sampling `cfg`'s target: a launched command is released to exec once its sampler runs.
-pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Started> {
+/// Starts sampling `cfg`'s target: a launched command is released to exec once its sampler
+/// runs. `traced`: the command is launched under the coordinator with these options
+/// (something counts beside the samples; launched commands only).
+pub(crate) fn start(
+    cfg: &RecordConfig,
+    collector: &mut Collector,
+    traced: Option<TraceOptions>,
+) -> Result<Started> {
+    if traced.is_some() && !matches!(cfg.target, Target::Command(_)) {
+        return Err(Error::Invalid(
+            "counting beside the samples follows a launched command".into(),
+        ));
+    }
     match &cfg.target {
         Target::System { cpus, command } => start_system(cfg, cpus.as_deref(), command, collector),
         Target::Command(cmd) => {
@@ -274,6 +289,23 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
             let ahead = cg.as_ref().and_then(|_| RingsAhead::start(&cfg.sampler));
             let (mut child, path, placed) = spawn_command(cfg, cmd, cg.as_ref())?;
             let first = &cmd[0];
+            // Under the coordinator from before its exec, where something counts beside.
+            let mut tracer = match traced.map(|opts| Tracer::launch(child.pid, opts)) {
+                Some(Ok(t)) => Some(Box::new(t)),
+                Some(Err(e)) => {
+                    child.abort();
+                    return Err(e.into());
+                }
+                None => None,
+            };
+            // A traced child may stop on a signal before its exec: the tracer handles it.
+            let release = |child: &mut PendingChild, tracer: &mut Option<Box<Tracer>>| {
+                match tracer {
+                    Some(t) => child.release_with(|| t.pump()),
+                    None => child.release(),
+                }
+                .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))
+            };
             if let Some((sampler, cg)) = open_cgroup_source(cfg, child.pid, cg, placed, ahead) {
                 // The kernel's symbols load while the command runs.
                 if sampler.kernel_stacks() {
@@ -288,9 +320,7 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
                     return Err(e.into());
                 }
                 let source = Source::Perf(Box::new(sampler));
-                child
-                    .release()
-                    .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
+                release(&mut child, &mut tracer)?;
                 return Ok(Started {
                     source,
                     pid: Some(child.pid),
@@ -300,9 +330,19 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
                     cgroup: Some(cg),
                     java: false,
                     system: false,
+                    tracer,
                 });
             }
             let source = match open_source(cfg, child.pid, TargetMode::Launched) {
+                // (The ptrace sampler is a tracer of its own: nothing counts beside it.)
+                Ok(Source::Ptrace(_)) if tracer.is_some() => {
+                    child.abort();
+                    return Err(Error::Invalid(
+                        "perf_event_open is refused here, and counting beside the samples \
+                         needs it"
+                            .into(),
+                    ));
+                }
                 Ok(s) => s,
                 Err(e) => {
                     child.abort();
@@ -318,10 +358,11 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
             let clock = Clock::now();
             match &mut source {
                 // A traced child may stop on a signal before its exec: the tracer handles it.
-                Source::Ptrace(tracer) => child.release_with(|| tracer.pump()),
-                Source::Perf(_) => child.release(),
+                Source::Ptrace(t) => child
+                    .release_with(|| t.pump())
+                    .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?,
+                Source::Perf(_) => release(&mut child, &mut tracer)?,
             }
-            .map_err(|e| superprof_trace::CannotRun::exec(first, &path, &e))?;
             Ok(Started {
                 source,
                 pid: Some(child.pid),
@@ -331,6 +372,7 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
                 cgroup: None,
                 java: false,
                 system: false,
+                tracer,
             })
         }
         Target::Thread(tid) => start_thread(cfg, *tid, collector),
@@ -368,6 +410,7 @@ pub(crate) fn start(cfg: &RecordConfig, collector: &mut Collector) -> Result<Sta
                 java: cfg.runtime_setup
                     && runtime::Runtime::of_program(&exe) == Some(runtime::Runtime::Java),
                 system: false,
+                tracer: None,
             })
         }
     }
@@ -402,6 +445,7 @@ fn start_thread(cfg: &RecordConfig, tid: u32, collector: &mut Collector) -> Resu
         cgroup: None,
         java: false,
         system: false,
+        tracer: None,
     })
 }
 

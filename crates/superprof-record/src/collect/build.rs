@@ -46,6 +46,17 @@ impl Collector {
         profile
     }
 
+    /// Names the samples taken in `code` (code no file maps) after its functions.
+    pub fn name_code(&mut self, code: Vec<crate::CodeName>) {
+        self.code_names.extend(code);
+    }
+
+    /// The profile of the samples so far, symbolized, the collector unchanged (sample times
+    /// from `start_ns`; its metadata empty).
+    pub fn snapshot(&self, start_ns: u64) -> Profile {
+        self.build(Profile::default(), start_ns)
+    }
+
     /// (One function of 160 lines: passes over the frames, the trie nodes, then the samples, each
     /// reading what the earlier made (the symbol answers, `chains`, `stack_of`, `wait_named`,
     /// `node_timed`) and the one `namer`; split, they would travel in a struct.)
@@ -94,7 +105,16 @@ impl Collector {
                     chain.push(namer.kernel_frame(&mut profile, addr, name.as_deref()));
                 }
                 AddrFrame::Unknown { pid, addr } => {
-                    chain.push(namer.anonymous_frame(&mut profile, Some(pid), addr));
+                    let named = self
+                        .code_names
+                        .iter()
+                        .find(|c| c.pid == pid && (c.lo..c.hi).contains(&addr));
+                    chain.push(match named {
+                        Some(c) => {
+                            profile.intern_frame_named(&c.function, &c.module, None, 0, addr, false)
+                        }
+                        None => namer.anonymous_frame(&mut profile, Some(pid), addr),
+                    });
                 }
                 AddrFrame::Wait { kind, syscall } => {
                     let name = syscall.map(superprof_trace::syscalls::name);

@@ -99,6 +99,8 @@ impl Spill for PendingSample {
 
 #[derive(Default)]
 pub struct Collector {
+    /// Code that no file maps, named (see [`crate::CodeName`]): counting trampolines.
+    code_names: Vec<crate::CodeName>,
     elves: ElfCache,
     processes: HashMap<u32, ProcessModules>,
     /// tid -> (pid, name)
