@@ -201,9 +201,17 @@ pub struct InProcess {
     /// stopped thread, `control_stack_checked`).
     calls: bool,
     control_stack_checked: bool,
+    /// Each counting trampoline: its runtime addresses (start, end) and the site it counts.
+    trampolines: Vec<(u64, u64, u64)>,
 }
 
 impl InProcess {
+    /// Each counting trampoline written: (its start, its end, the runtime address of the
+    /// site it counts), for naming samples taken inside one.
+    pub fn trampolines(&self) -> &[(u64, u64, u64)] {
+        &self.trampolines
+    }
+
     /// The engine for process `pid`, or why it cannot run there.
     pub fn new(pid: u32) -> Result<InProcess, String> {
         if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
@@ -231,6 +239,7 @@ impl InProcess {
             ring: None,
             stub: None,
             taken: Vec::new(),
+            trampolines: Vec::new(),
             calls: !shadow_stack,
             control_stack_checked: false,
         })
@@ -252,9 +261,12 @@ impl InProcess {
         let a = self.area_near(tracer, tid, p.at, Host::MAX_TRAMPOLINE)?;
         let area = &self.areas[a];
         let (slot, counter) = (area.used, area.counters + area.used as u64 * 8);
-        let bytes = Host::trampoline(&p, area.next, counter).map_err(|e| e.to_string())?;
+        let at = area.next;
+        let bytes = Host::trampoline(&p, at, counter).map_err(|e| e.to_string())?;
         self.install(tracer, a, &p, springboard, &bytes, Host::MAX_TRAMPOLINE)?;
         self.areas[a].used += 1;
+        self.trampolines
+            .push((at, at + bytes.len() as u64, b.start));
         Ok(Counter { area: a, slot })
     }
 

@@ -190,6 +190,23 @@ pub struct RecordArgs {
     /// with the stack it waited in: the profile adds up to wall-clock time per thread
     #[arg(long = "off-cpu")]
     pub off_cpu: bool,
+    /// Count exactly how often functions are called while the command is sampled, and give
+    /// each one's time per call (its sampled CPU time over its calls, ± the error the sample
+    /// count leaves): FUNC,FUNC names them (counted from the start), none counts the hottest
+    /// (--precise-top), chosen after 0.2 s of samples and again each second. Counted in the
+    /// program: a counter at each function's entry, a few nanoseconds per call. Before the
+    /// command, put -- after a bare --precise
+    #[arg(
+        long,
+        value_name = "FUNC",
+        value_delimiter = ',',
+        num_args = 0..=1,
+        default_missing_value = ""
+    )]
+    pub precise: Option<Vec<String>>,
+    /// How many of the hottest functions `--precise` with no names counts
+    #[arg(long = "precise-top", value_name = "N", default_value_t = 10)]
+    pub precise_top: usize,
     /// After the recording, send the profile to a server (the local outputs are written
     /// too): pyroscope:URL (Pyroscope's HTTP ingest), parca:URL (Parca's gRPC WriteRaw),
     /// otlp:URL (OTLP profiles over gRPC) or otlp-http:URL (OTLP over HTTP); URL is
@@ -368,6 +385,10 @@ pub struct ReportArgs {
     /// The profile to read (a .parquet file written by superprof)
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
+    /// The calls counted by `record --precise`: each function's calls, time per call (± its
+    /// error), samples and share; --format json for `{"functions": [...]}` on stdout
+    #[arg(long)]
+    pub calls: bool,
     #[command(flatten)]
     pub view: ViewArgs,
 }

@@ -30,6 +30,7 @@ pub fn run(args: &DemoArgs) -> Result<i32> {
         console: Some(superprof_resolve::Console::Stdout),
         push: None,
         top_rows: 12,
+        precise: None,
     };
     // Written with `?`: a closed stdout (`demo | head`) is a broken pipe, not a panic.
     let mut out = std::io::stdout();

@@ -33,6 +33,9 @@ pub struct Record {
     pub push: Option<PushArgs>,
     /// Rows of the top table.
     pub top_rows: usize,
+    /// `--precise`: the functions whose calls are counted beside the samples (none: this many
+    /// of the hottest).
+    pub precise: Option<(Vec<String>, usize)>,
 }
 
 impl Record {
@@ -74,6 +77,10 @@ impl Record {
                 tenant: a.tenant,
             }),
             top_rows: 30,
+            precise: match a.precise {
+                Some(names) => Some((precise_names(names, a.precise_top)?, a.precise_top)),
+                None => None,
+            },
         })
     }
 
@@ -81,7 +88,10 @@ impl Record {
     pub fn run(&self) -> Result<i32> {
         let outputs = self.check_outputs()?;
         let push = self.push.as_ref().map(superprof_push::parse).transpose()?;
-        let recorded = record(&self.config)?;
+        let recorded = match &self.precise {
+            Some((names, top)) => record_precise(&self.config, names, *top)?,
+            None => record(&self.config)?,
+        };
         match recorded.exit {
             // A launched command's status is superprof's, whatever there is to show.
             Some(status) if recorded.profile.samples.is_empty() => Err(crate::NothingToShow {
@@ -228,6 +238,30 @@ pub fn record_config(target: Target, sampler: SamplerConfig, quiet: bool) -> Rec
         stop: sys::stop_requested,
         ..RecordConfig::new(target, sampler)
     }
+}
+
+/// `--precise`'s names, trimmed (empty: the hottest, chosen while the command runs).
+fn precise_names(names: Vec<String>, top: usize) -> Result<Vec<String>> {
+    let names: Vec<String> = names
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() && top == 0 {
+        bail!("--precise-top must be at least 1");
+    }
+    Ok(names)
+}
+
+/// [`record`] with `names`' calls counted beside the samples (`--precise`; none: the `top`
+/// hottest): in the profile's `Meta::calls`.
+pub fn record_precise(config: &RecordConfig, names: &[String], top: usize) -> Result<Recorded> {
+    sys::install_stop_handler();
+    superprof_sample::raise_fd_limit();
+    let mut precise = superprof_probe::blocks::Precise::new(names, top)?;
+    let mut recorded = superprof_record::record_beside(config, &mut precise)?;
+    recorded.profile.meta.calls = precise.calls().to_vec();
+    Ok(recorded)
 }
 
 /// Records `config` with superprof's stop signals caught (so that the target is let go and

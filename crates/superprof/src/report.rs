@@ -22,11 +22,33 @@ pub struct ReportConfig {
     pub verbose: bool,
     /// `--sort KEYS`: the table and folded stacks by those keys.
     pub sort: Option<Vec<SortKey>>,
+    /// `--calls`: the counted calls, as a table (false) or JSON (true).
+    pub calls: Option<bool>,
 }
 
 impl ReportConfig {
     pub fn from_args(a: ReportArgs) -> Result<ReportConfig> {
-        ReportConfig::of_view(a.file, a.view)
+        if !a.calls {
+            return ReportConfig::of_view(a.file, a.view);
+        }
+        let json = match a.view.format.as_deref() {
+            None | Some("table") | Some("top") => false,
+            Some("json") => true,
+            Some(f) => bail!("--calls writes a table or json, not '{f}'"),
+        };
+        if a.view.diff.is_some() || a.view.sort.is_some() {
+            bail!("--calls shows the counted calls: not with --diff or --sort");
+        }
+        Ok(ReportConfig {
+            calls: Some(json),
+            ..ReportConfig::of_view(
+                a.file,
+                ViewArgs {
+                    format: None,
+                    ..a.view
+                },
+            )?
+        })
     }
 
     /// `superprof diff BEFORE AFTER`: `report AFTER --diff BEFORE`.
@@ -71,6 +93,7 @@ impl ReportConfig {
             .transpose()
             .map_err(|e| anyhow!(e))?;
         Ok(ReportConfig {
+            calls: None,
             sort,
             file,
             format,
@@ -165,6 +188,30 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
             superprof_profile::output::first_event(&profile, "--diff").unwrap_or(profile)
         }
     };
+    if let Some(json) = cfg.calls {
+        if profile.meta.calls.is_empty() {
+            bail!(
+                "{} has no counted calls: record it with --precise FUNC",
+                cfg.file.display()
+            );
+        }
+        let write = |w: &mut (dyn Write + Send)| -> std::io::Result<()> {
+            if json {
+                writeln!(w, "{}", superprof_profile::calls::to_json(&profile))
+            } else {
+                superprof_profile::calls::write_table(&profile, w)
+            }
+        };
+        match &cfg.output {
+            Some(out) => {
+                superprof_profile::write_atomic(out, |w| write(w))
+                    .with_context(|| format!("cannot write '{}'", out.display()))?;
+                superprof_unwind::say!("superprof: wrote {}", out.display());
+            }
+            None => superprof_resolve::Console::Stdout.write_with(write)?,
+        }
+        return Ok(0);
+    }
     let before = cfg.diff.as_deref().map(read).transpose()?;
     let before = before.map(|b| superprof_profile::output::first_event(&b, "--diff").unwrap_or(b));
     if let Some(b) = &before {

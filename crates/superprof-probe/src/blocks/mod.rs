@@ -15,6 +15,7 @@
 
 mod count;
 mod output;
+mod precise;
 mod sample;
 mod trace;
 
@@ -33,6 +34,7 @@ use crate::EngineKind;
 use superprof_record::Target;
 
 pub use output::render;
+pub use precise::Precise;
 
 /// What `blocks` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -32,8 +32,8 @@ use crate::{EngineKind, Error};
 use superprof_record::Target;
 
 /// What a run keeps: the regions as placed, and the count or coverage state.
-struct Session<'a> {
-    specs: &'a [RegionSpec],
+pub(super) struct Session {
+    specs: Vec<RegionSpec>,
     coverage: bool,
     symbols: superprof_symbols::Symbolizer,
     regions: Vec<Option<Placed>>,
@@ -76,9 +76,159 @@ struct Session<'a> {
     /// (region, block)), and their hits.
     counting_bps: HashMap<u64, (usize, usize)>,
     bp_hits: HashMap<(usize, usize), u64>,
+    /// Count only the blocks a function's calls are told from (`record --precise`: see
+    /// [`calls_blocks`]), not every block, on the in-process and uprobe engines.
+    pub(super) calls_only: bool,
+    /// A block the in-process engine cannot patch leaves its region uncounted (why, by
+    /// region) rather than going to a uprobe or a breakpoint, which would stop or trap the
+    /// program at every call of a hot function (`record --precise`).
+    pub(super) no_slow_fallback: bool,
+    pub(super) refused: HashMap<usize, String>,
+    /// No region spec counts the whole executable (`blocks`), not nothing.
+    whole_when_none: bool,
 }
 
-impl Session<'_> {
+/// The blocks of a function (ELF addresses, its first instruction `entry`) whose counts give
+/// its calls: its first block, its blocks that call or jump to `entry`, and the block after
+/// each conditional branch to `entry` (its fall-through).
+pub(super) fn calls_blocks(entry: u64, blocks: &[Block]) -> HashSet<u64> {
+    let mut keep: HashSet<u64> = HashSet::new();
+    keep.insert(entry);
+    for b in blocks {
+        match b.flow {
+            superprof_analyze::Flow::Call { target } | superprof_analyze::Flow::Jump { target }
+                if target == entry =>
+            {
+                keep.insert(b.start);
+            }
+            superprof_analyze::Flow::Conditional { target } if target == entry => {
+                keep.insert(b.start);
+                keep.insert(b.end);
+            }
+            _ => {}
+        }
+    }
+    keep
+}
+
+impl Session {
+    /// A session counting (or covering) `specs`' regions on `engine` (.1: chosen by
+    /// superprof, which may go back to ptrace), the ptrace engine with `analyzer`'s analyzer
+    /// (.1: branches stepped), a block the in-process engine cannot patch on `fallback_pmu`'s
+    /// uprobes where given.
+    pub(super) fn new(
+        specs: Vec<RegionSpec>,
+        coverage: bool,
+        engine: (Engine, bool),
+        analyzer: (AnalyzerKind, bool),
+        fallback_pmu: Option<superprof_sample::UprobePmu>,
+    ) -> Session {
+        let (analyzer_kind, step_branches) = analyzer;
+        let analyzer: Box<dyn Analyzer> = match analyzer_kind {
+            AnalyzerKind::Decode => Box::new(Decode::new(Arch::HOST)),
+            AnalyzerKind::Learn => Box::new(Learn::new(Arch::HOST, true)),
+        };
+        let n = specs.len().max(1);
+        Session {
+            specs,
+            coverage,
+            symbols: superprof_symbols::Symbolizer::default(),
+            regions: vec![None; n],
+            codes: (0..n).map(|_| None).collect(),
+            counts: Counts::new(
+                analyzer,
+                analyzer_kind == AnalyzerKind::Decode && !step_branches,
+            ),
+            cover: HashMap::new(),
+            cover_blocks: vec![Vec::new(); n],
+            hits: HashSet::new(),
+            placement: Placement::default(),
+            engine: engine.0,
+            auto_engine: engine.1,
+            block_probes: Vec::new(),
+            probe_source: None,
+            probed_threads: HashSet::new(),
+            probed_blocks: HashSet::new(),
+            inproc: None,
+            fallback_pmu,
+            uprobe_fallbacks: 0,
+            patched: Vec::new(),
+            counting_bps: HashMap::new(),
+            bp_hits: HashMap::new(),
+            calls_only: false,
+            no_slow_fallback: false,
+            refused: HashMap::new(),
+            whole_when_none: true,
+        }
+    }
+
+    /// The session of `specs`' functions only: no specs is no region (not the whole
+    /// executable, as for `blocks` with no region), until [`Session::add_functions`].
+    pub(super) fn functions_only(mut self) -> Session {
+        let n = self.specs.len();
+        self.regions.truncate(n);
+        self.codes.truncate(n);
+        self.cover_blocks.truncate(n);
+        self.whole_when_none = false;
+        self
+    }
+
+    /// More functions to count (`record --precise`'s hottest), placed at the next placement.
+    pub(super) fn add_functions(&mut self, names: &[String]) {
+        for name in names {
+            self.specs.push(RegionSpec::Function(name.clone()));
+            self.regions.push(None);
+            self.codes.push(None);
+            self.cover_blocks.push(Vec::new());
+        }
+    }
+
+    /// One event of the tracer, `root` the traced process: regions placed at the stops that
+    /// place them (`place_at_stop`: at the root's next stop, then cleared), breakpoints
+    /// counted, new threads probed; whatever stopped resumed. The root's exit status when it
+    /// exited.
+    pub(super) fn on_event(
+        &mut self,
+        tracer: &mut Tracer,
+        root: u32,
+        ev: TraceEvent,
+        place_at_stop: &mut bool,
+    ) -> Result<Option<ExitStatus>> {
+        match ev {
+            TraceEvent::Stopped { tid, .. } if tid == root && *place_at_stop => {
+                *place_at_stop = false;
+                // (`record --precise`: a function not found is said at the end.)
+                if !self.place_holding(tracer, tid, root)? && !self.no_slow_fallback {
+                    if let Some(e) = self.missing(root) {
+                        return Err(e);
+                    }
+                }
+                tracer.resume(tid);
+            }
+            TraceEvent::Exec { pid } if pid == root => self.on_exec(tracer, pid)?,
+            TraceEvent::Breakpoint { tid, pid, addr } if self.placement.is_control(addr) => {
+                self.on_control(tracer, tid, pid, addr)?
+            }
+            TraceEvent::Breakpoint { tid, pid, addr } if pid == root => {
+                self.on_breakpoint(tracer, tid, pid, addr)
+            }
+            TraceEvent::Stepped { tid, pid } if pid == root => {
+                self.counts.on_stepped(tracer, tid, pid)
+            }
+            // A new thread's probes as soon as it is known (a thread born while the
+            // coordinator holds every thread has no ThreadReady), and before it runs.
+            TraceEvent::NewThread { tid, .. } => self.arm_thread(tid)?,
+            TraceEvent::ThreadReady { tid, .. } => {
+                self.arm_thread(tid)?;
+                tracer.resume(tid);
+            }
+            TraceEvent::ThreadExited { tid, .. } => self.counts.forget_thread(tid),
+            TraceEvent::ProcessExited { pid, status } if pid == root => return Ok(Some(status)),
+            other => tracer.resume_after(&other),
+        }
+        Ok(None)
+    }
+
     /// The progress line's counts: the blocks probed, and the executions counted so far
     /// where they are at hand (the in-process counters, breakpoint stops).
     fn so_far(&self) -> String {
@@ -104,14 +254,22 @@ impl Session<'_> {
     fn place_all(&mut self, tracer: &mut Tracer, tid: u32, pid: u32) -> Result<bool> {
         let mut all = true;
         for i in 0..self.regions.len() {
-            if self.regions[i].is_some() {
+            if self.regions[i].is_some() || self.refused.contains_key(&i) {
                 continue;
             }
-            let placed = if self.specs.is_empty() {
+            let placed = if self.specs.is_empty() && self.whole_when_none {
                 Some(whole_executable(pid)?)
             } else {
                 let substrings = self.placement.libraries_mapped();
-                place(pid, &self.specs[i], &mut self.symbols, substrings)?
+                match place(pid, &self.specs[i], &mut self.symbols, substrings) {
+                    // (`record --precise`: one function that cannot be placed is said, the
+                    // others counted.)
+                    Err(e) if self.no_slow_fallback => {
+                        self.refused.insert(i, superprof_unwind::one_line(&e));
+                        continue;
+                    }
+                    r => r?,
+                }
             };
             let Some(p) = placed else {
                 all = false;
@@ -130,8 +288,13 @@ impl Session<'_> {
                 Some(_) => Bounds::Range,
                 None => Bounds::WholeExecutable,
             };
-            prove(code.as_ref(), &p, bounds)
-                .map_err(|why| err!("region '{}': {why}; nothing was probed", p.name))?;
+            if let Err(why) = prove(code.as_ref(), &p, bounds) {
+                if self.no_slow_fallback {
+                    self.refused.insert(i, why);
+                    continue;
+                }
+                bail!("region '{}': {why}; nothing was probed", p.name);
+            }
             self.symbols.preload(&p.file.path, &p.file.open_path);
             self.arm(tracer, tid, pid, i, &p, code.as_ref())?;
             self.codes[i] = code;
@@ -153,6 +316,10 @@ impl Session<'_> {
         if let Engine::InProcess = self.engine {
             match self.arm_in_process(tracer, tid, pid, i, p, code) {
                 Ok(()) => return Ok(()),
+                Err(why) if self.no_slow_fallback => {
+                    self.refused.insert(i, why);
+                    return Ok(());
+                }
                 Err(why) if !self.auto_engine => bail!("{why}: use --engine ptrace"),
                 Err(why) => {
                     superprof_unwind::say!(
@@ -205,10 +372,15 @@ impl Session<'_> {
         let hi = blocks.last().map_or(0, |b| b.end);
         let boards = crate::inprocess::springboards(code, lo, hi, bias);
         let threads = superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]);
+        let only = self
+            .calls_only
+            .then(|| calls_blocks(p.lo.wrapping_sub(bias), &blocks));
         for (k, b) in blocks.iter().enumerate() {
             // A block of two overlapping regions belongs to the first.
             let at = b.start.wrapping_add(bias);
-            if self.probed_blocks.contains(&at) {
+            if self.probed_blocks.contains(&at)
+                || only.as_ref().is_some_and(|o| !o.contains(&b.start))
+            {
                 continue;
             }
             // Several instructions may move only where no jump table could land between them.
@@ -222,6 +394,11 @@ impl Session<'_> {
             let inproc = self.inproc.as_mut().expect("made above");
             match inproc.count_block(tracer, tid, &site, &inside) {
                 Ok(c) => self.patched.push((i, k, c)),
+                Err(why) if self.no_slow_fallback => {
+                    self.refused.entry(i).or_insert_with(|| {
+                        format!("its block at {:#x} cannot be patched: {why}", b.start)
+                    });
+                }
                 Err(_) => {
                     let probed = match self.fallback_pmu {
                         Some(pmu) => self
@@ -267,10 +444,15 @@ impl Session<'_> {
         let threads = superprof_sample::list_threads(pid).unwrap_or_else(|_| vec![pid]);
         self.probed_threads.extend(&threads);
         let mut probes = Vec::new();
+        let only = self
+            .calls_only
+            .then(|| calls_blocks(p.lo.wrapping_sub(bias), &blocks));
         for (k, b) in blocks.iter().enumerate() {
             // A block of two overlapping regions belongs to the first.
             let at = b.start.wrapping_add(bias);
-            if self.probed_blocks.contains(&at) {
+            if self.probed_blocks.contains(&at)
+                || only.as_ref().is_some_and(|o| !o.contains(&b.start))
+            {
                 continue;
             }
             let Some((spec, counters)) = self.uprobe_block(pmu, pid, &threads, code, b, bias)?
@@ -417,6 +599,81 @@ impl Session<'_> {
                 }
             }
         }
+    }
+
+    /// The in-process counters' pages freed and the probes closed, once read.
+    pub(super) fn release(&mut self) {
+        if let Some(ip) = &self.inproc {
+            ip.release();
+        }
+        self.block_probes.clear();
+        self.probe_source = None;
+    }
+
+    /// Each counting trampoline (runtime start and end) and the region whose site it counts.
+    pub(super) fn trampolines(&self) -> Vec<(u64, u64, usize)> {
+        let Some(ip) = &self.inproc else {
+            return Vec::new();
+        };
+        ip.trampolines()
+            .iter()
+            .filter_map(|&(lo, hi, site)| {
+                let i = self
+                    .regions
+                    .iter()
+                    .position(|r| r.as_ref().is_some_and(|p| (p.lo..p.hi).contains(&site)))?;
+                Some((lo, hi, i))
+            })
+            .collect()
+    }
+
+    /// Whether region `i` is placed.
+    pub(super) fn is_placed(&self, i: usize) -> bool {
+        self.regions.get(i).is_some_and(Option::is_some)
+    }
+
+    /// Why region `i` was never placed (None: it was).
+    pub(super) fn missing_region(&self, i: usize, pid: u32) -> Option<crate::Error> {
+        if self.is_placed(i) {
+            return None;
+        }
+        Some(match self.specs.get(i) {
+            Some(spec) => super::not_found(pid, spec),
+            None => err!("the program ended before its executable could be read"),
+        })
+    }
+
+    /// Region `i` as placed, its blocks (ELF addresses, as the engines cut them) with their
+    /// executions (0: never run), and the rows of those that ran (names and lines); None
+    /// where it was never placed or its code cannot be read.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn counted(
+        &mut self,
+        i: usize,
+    ) -> Option<(Placed, Vec<(Block, u64)>, Vec<super::BlockRow>)> {
+        let p = self.regions.get(i)?.clone()?;
+        let bias = p.file.bias;
+        let blocks = self
+            .codes
+            .get(i)?
+            .as_ref()?
+            .counted_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
+        let regions: Vec<Placed> = self.regions.iter().flatten().cloned().collect();
+        // Every region's rows (a ptrace engine's counts are read once), this one's kept.
+        let rows: Vec<super::BlockRow> = self
+            .results(&regions)
+            .into_iter()
+            .filter(|r| (p.lo.wrapping_sub(bias)..p.hi.wrapping_sub(bias)).contains(&r.start))
+            .collect();
+        let by_start: HashMap<u64, u64> = rows.iter().map(|r| (r.start, r.count)).collect();
+        let counted = blocks
+            .into_iter()
+            .map(|b| {
+                let n = by_start.get(&b.start).copied().unwrap_or(0);
+                (b, n)
+            })
+            .collect();
+        Some((p, counted, rows))
     }
 
     /// The error for the first region never placed.
@@ -648,38 +905,13 @@ pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<
         }
     };
     let root = tracer.root();
-    let analyzer: Box<dyn Analyzer> = match args.analyzer {
-        AnalyzerKind::Decode => Box::new(Decode::new(Arch::HOST)),
-        AnalyzerKind::Learn => Box::new(Learn::new(Arch::HOST, true)),
-    };
-    let n = specs.len().max(1);
-    let mut s = Session {
-        specs,
-        coverage: args.mode == Mode::Coverage,
-        symbols: superprof_symbols::Symbolizer::default(),
-        regions: vec![None; n],
-        codes: (0..n).map(|_| None).collect(),
-        counts: Counts::new(
-            analyzer,
-            args.analyzer == AnalyzerKind::Decode && !args.step_branches,
-        ),
-        cover: HashMap::new(),
-        cover_blocks: vec![Vec::new(); n],
-        hits: HashSet::new(),
-        placement: Placement::default(),
-        engine,
-        auto_engine,
-        block_probes: Vec::new(),
-        probe_source: None,
-        probed_threads: HashSet::new(),
-        probed_blocks: HashSet::new(),
-        inproc: None,
+    let mut s = Session::new(
+        specs.to_vec(),
+        args.mode == Mode::Coverage,
+        (engine, auto_engine),
+        (args.analyzer, args.step_branches),
         fallback_pmu,
-        uprobe_fallbacks: 0,
-        patched: Vec::new(),
-        counting_bps: HashMap::new(),
-        bp_hits: HashMap::new(),
-    };
+    );
     // A counting uprobe per block and thread.
     if matches!(engine, Engine::Uprobe(_)) {
         superprof_sample::raise_fd_limit();
@@ -711,39 +943,9 @@ pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<
         let Some(ev) = tracer.next_event(Duration::from_millis(50))? else {
             continue;
         };
-        match ev {
-            TraceEvent::Stopped { tid, .. } if tid == root && place_at_stop => {
-                place_at_stop = false;
-                if !s.place_holding(&mut tracer, tid, root)? {
-                    if let Some(e) = s.missing(root) {
-                        return Err(e);
-                    }
-                }
-                tracer.resume(tid);
-            }
-            TraceEvent::Exec { pid } if pid == root => s.on_exec(&mut tracer, pid)?,
-            TraceEvent::Breakpoint { tid, pid, addr } if s.placement.is_control(addr) => {
-                s.on_control(&mut tracer, tid, pid, addr)?
-            }
-            TraceEvent::Breakpoint { tid, pid, addr } if pid == root => {
-                s.on_breakpoint(&mut tracer, tid, pid, addr)
-            }
-            TraceEvent::Stepped { tid, pid } if pid == root => {
-                s.counts.on_stepped(&mut tracer, tid, pid)
-            }
-            // A new thread's probes as soon as it is known (a thread born while the
-            // coordinator holds every thread has no ThreadReady), and before it runs.
-            TraceEvent::NewThread { tid, .. } => s.arm_thread(tid)?,
-            TraceEvent::ThreadReady { tid, .. } => {
-                s.arm_thread(tid)?;
-                tracer.resume(tid);
-            }
-            TraceEvent::ThreadExited { tid, .. } => s.counts.forget_thread(tid),
-            TraceEvent::ProcessExited { pid, status } if pid == root => {
-                exit = Some(status);
-                break;
-            }
-            other => tracer.resume_after(&other),
+        if let Some(status) = s.on_event(&mut tracer, root, ev, &mut place_at_stop)? {
+            exit = Some(status);
+            break;
         }
     }
     progress.clear();

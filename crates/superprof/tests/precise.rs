@@ -1,0 +1,186 @@
+//! `record --precise`: exact calls beside the samples, and the time per call they give,
+//! against a fixture that counts and times its own calls (tests/fixtures/precise.c).
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// Runs the fixture under `record --precise` for `secs` of CPU time; the fixture's own
+/// figures, superprof's `report --calls --format json`, and record's stderr.
+fn precise_run(
+    dir: &TempDir,
+    functions: &str,
+    secs: &str,
+) -> (std::collections::BTreeMap<String, f64>, Value, String) {
+    let exe = compile(dir, "precise", &["precise.c"], &["-O2", "-g", "-pthread"]);
+    let profile = dir.path("p.parquet");
+    let out = run_ok(
+        superprof()
+            .args(["record", "--precise", functions, "-o"])
+            .arg(&profile)
+            .arg("--")
+            .arg(&exe)
+            .arg(secs),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let truth = fixture_values(&stdout);
+    let report = run_ok(
+        superprof()
+            .arg("report")
+            .arg(&profile)
+            .args(["--calls", "--format", "json"]),
+    );
+    let doc: Value = serde_json::from_slice(&report.stdout).expect("report --calls json");
+    (truth, doc, stderr)
+}
+
+fn function<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in {doc}"))
+}
+
+/// Calls exact, for every function (recursion: its outermost calls; two threads; one called
+/// late), and the time per call within max(10%, 4σ) of the fixture's own.
+#[test]
+fn calls_are_exact_and_time_per_call_agrees_with_the_program() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("precise");
+    let (truth, doc, stderr) = precise_run(&dir, "tiny,small,big,fib,late", "1.5");
+    for name in ["tiny", "small", "big", "fib", "late"] {
+        let f = function(&doc, name);
+        let calls = f["calls"].as_u64().unwrap();
+        let want = truth[&format!("calls_{name}")] as u64;
+        assert_eq!(
+            calls, want,
+            "{name}: {calls} calls counted, the program made {want}"
+        );
+        assert_eq!(f["exact"], true, "{name}: {f}");
+        let ns = f["ns_per_call"].as_f64().unwrap();
+        let err = f["ns_per_call_error"].as_f64().unwrap();
+        let own = truth[&format!("ns_{name}")];
+        let tolerance = (0.10 * own).max(4.0 * err);
+        assert!(
+            (ns - own).abs() <= tolerance,
+            "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1} \
+             (tolerance {tolerance:.1}); {f}\n{stderr}"
+        );
+    }
+    // Recursion: fib enters itself far more often than it is called.
+    let fib = function(&doc, "fib");
+    assert!(fib["entries"].as_u64().unwrap() > 100 * fib["calls"].as_u64().unwrap());
+    // The table on stderr has the calls beside the samples.
+    assert!(
+        stderr.contains("Calls") && stderr.contains("Time/call"),
+        "{stderr}"
+    );
+}
+
+/// A name that is no function of the program: said, with the others counted.
+#[test]
+fn a_function_that_does_not_exist_is_said() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("precise-missing");
+    let (truth, doc, _) = precise_run(&dir, "big,no_such_function_here", "0.3");
+    let big = function(&doc, "big");
+    assert_eq!(big["calls"].as_u64().unwrap(), truth["calls_big"] as u64);
+    let missing = function(&doc, "no_such_function_here");
+    assert_eq!(missing["counted"], false);
+    assert!(
+        missing["note"]
+            .as_str()
+            .unwrap()
+            .contains("no_such_function_here"),
+        "{missing}"
+    );
+}
+
+/// The program's output and exit status are its own under --precise.
+#[test]
+fn the_program_is_unharmed() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("precise-harm");
+    let exe = compile(&dir, "precise", &["precise.c"], &["-O2", "-g", "-pthread"]);
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "--precise", "tiny", "-o"])
+            .arg(dir.path("p.parquet"))
+            .arg("--")
+            .arg(&exe)
+            .arg("0.2"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("calls_tiny=") && text.contains("ns_late="),
+        "{text}"
+    );
+    let status = superprof()
+        .args(["record", "-q", "--precise", "main", "-o"])
+        .arg(dir.path("q.parquet"))
+        .args(["--", "sh", "-c", "exit 7"])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+}
+
+/// No names: the hottest functions are chosen from the samples while the command runs (one
+/// that becomes hot only in the second half too), counted from then on, and their time per
+/// call agrees with the program's own within max(10%, 4σ).
+#[test]
+fn the_hottest_functions_are_chosen_while_the_command_runs() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("precise-auto");
+    let exe = compile(&dir, "precise", &["precise.c"], &["-O2", "-g", "-pthread"]);
+    let profile = dir.path("p.parquet");
+    let out = run_ok(
+        superprof()
+            .args(["record", "--precise", "--precise-top", "5", "-o"])
+            .arg(&profile)
+            .arg("--")
+            .arg(&exe)
+            .arg("1.5"),
+    );
+    let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    let report = run_ok(
+        superprof()
+            .arg("report")
+            .arg(&profile)
+            .args(["--calls", "--format", "json"]),
+    );
+    let doc: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let names: Vec<&str> = doc["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    // The three hot from the start, and late (second half); never main, called once.
+    for name in ["tiny", "small", "big", "late"] {
+        assert!(names.contains(&name), "{name} not chosen: {names:?}");
+    }
+    assert!(
+        !names.contains(&"main") && !names.contains(&"second"),
+        "{names:?}"
+    );
+    for name in ["tiny", "small", "big", "late"] {
+        let f = function(&doc, name);
+        let calls = f["calls"].as_u64().unwrap();
+        let all = truth[&format!("calls_{name}")] as u64;
+        // Counted from when it was chosen: some of the calls, not all.
+        assert!(calls > 0 && calls < all, "{name}: {calls} of {all}");
+        assert!(f["since_ns"].as_u64().unwrap() >= 200_000_000, "{f}");
+        let ns = f["ns_per_call"].as_f64().unwrap();
+        let err = f["ns_per_call_error"].as_f64().unwrap();
+        let own = truth[&format!("ns_{name}")];
+        let tolerance = (0.10 * own).max(4.0 * err);
+        assert!(
+            (ns - own).abs() <= tolerance,
+            "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1}; {f}"
+        );
+    }
+}
