@@ -71,6 +71,8 @@ pub struct CallTime {
     pub ns_per_call_error: Option<f64>,
     /// Whether `calls` is exact.
     pub exact: bool,
+    /// Whether it was counted at all (see [`FunctionCalls::counted`]).
+    pub counted: bool,
     /// As [`FunctionCalls::note`].
     pub note: String,
 }
@@ -134,6 +136,7 @@ pub fn call_times(profile: &Profile) -> Vec<CallTime> {
                 ns_per_call: per_call,
                 ns_per_call_error: error,
                 exact: c.exact,
+                counted: c.counted,
                 note: c.note.clone(),
             }
         })
@@ -177,10 +180,14 @@ pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Re
             _ => "-".to_owned(),
         };
         let module = t.module.rsplit('/').next().unwrap_or(&t.module);
+        let calls = match (t.counted, t.exact) {
+            (false, _) => "-".to_owned(),
+            (true, true) => t.calls.to_string(),
+            (true, false) => format!("{}~", t.calls),
+        };
         writeln!(
             w,
-            "{name:<name_w$}  {:>14}  {per:>20}  {:>9}  {:>6.2}%  {}",
-            format!("{}{}", t.calls, if t.exact { "" } else { "~" }),
+            "{name:<name_w$}  {calls:>14}  {per:>20}  {:>9}  {:>6.2}%  {}",
             t.samples,
             100.0 * t.share,
             crate::escape(module)
@@ -194,7 +201,7 @@ pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Re
             crate::escape(&t.note)
         )?;
     }
-    if times.iter().any(|t| !t.exact) {
+    if times.iter().any(|t| t.counted && !t.exact) {
         writeln!(w, "(~: not exact, as said above)")?;
     }
     Ok(())

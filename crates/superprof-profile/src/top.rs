@@ -467,7 +467,7 @@ pub fn write_styled(profile: &Profile, style: &TableStyle, w: &mut dyn Write) ->
                 row.total_off_cpu as f64 * period_ms,
             )?;
         } else if calls {
-            let t = crate::calls::time_of(&times, &row.function, &row.module);
+            let t = crate::calls::time_of(&times, &row.function, &row.module).filter(|t| t.counted);
             let count = t.map_or(String::new(), |t| {
                 format!("{}{}", t.calls, if t.exact { "" } else { "~" })
             });

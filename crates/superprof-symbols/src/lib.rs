@@ -46,7 +46,7 @@ pub use jitdump::{is_jitdump, JitDump, JitUnwind, JitUnwindReader};
 pub use kallsyms::Kallsyms;
 pub use locate::{
     entry_point, find_function, find_functions_matching, function_at, function_names, mapped_files,
-    FunctionAddress, MappedFile,
+    symbol_containing, FunctionAddress, MappedFile,
 };
 pub use perfmap::PerfMap;
 pub use service::{Answer, Query, SymbolService};

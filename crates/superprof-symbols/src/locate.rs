@@ -81,6 +81,22 @@ pub fn function_at(pid: u32, addr: u64) -> std::io::Result<Option<FunctionAddres
         .next())
 }
 
+/// The function symbol of ELF file `path` (or of its separate debug file) whose range holds
+/// ELF address `addr`: its raw name, as the symbol table has it (a compiler's clone keeps its
+/// suffix: `float_repr.lto_priv.0`, which a profile names `float_repr`), its address and size.
+pub fn symbol_containing(path: &Path, addr: u64) -> Option<(String, u64, u64)> {
+    let data = crate::map_file(path).ok()?;
+    let obj = object::File::parse(&*data).ok()?;
+    let debug = crate::find_debug_file(path).and_then(|p| crate::map_file(&p).ok());
+    let debug_obj = debug.as_deref().and_then(|d| object::File::parse(d).ok());
+    crate::elf_functions(&obj)
+        .chain(debug_obj.iter().flat_map(crate::elf_functions))
+        .filter(|f| f.size > 0 && (f.addr..f.addr.saturating_add(f.size)).contains(&addr))
+        // (The narrowest: an alias spanning more is not this function.)
+        .min_by_key(|f| f.size)
+        .map(|f| (f.name.to_owned(), f.addr, f.size))
+}
+
 /// Functions for a user's region name: the exact matches in any file if there are any, else
 /// the functions of the program itself (not its libraries) whose demangled name contains
 /// `pattern`.

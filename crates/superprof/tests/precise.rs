@@ -81,14 +81,18 @@ fn calls_are_exact_and_time_per_call_agrees_with_the_program() {
     );
 }
 
-/// A name that is no function of the program: said, with the others counted.
+/// A name that is no function of the program: said, with the others counted (a name missing
+/// before them once shifted every count to the wrong function).
 #[test]
 fn a_function_that_does_not_exist_is_said() {
     let _cpu = cpu_share();
     let dir = TempDir::new("precise-missing");
-    let (truth, doc, _) = precise_run(&dir, "big,no_such_function_here", "0.3");
-    let big = function(&doc, "big");
-    assert_eq!(big["calls"].as_u64().unwrap(), truth["calls_big"] as u64);
+    let (truth, doc, _) = precise_run(&dir, "no_such_function_here,big,small", "0.3");
+    for name in ["big", "small"] {
+        let f = function(&doc, name);
+        let want = truth[&format!("calls_{name}")] as u64;
+        assert_eq!(f["calls"].as_u64().unwrap(), want, "{name}: {f}");
+    }
     let missing = function(&doc, "no_such_function_here");
     assert_eq!(missing["counted"], false);
     assert!(

@@ -179,11 +179,24 @@ impl Beside for Precise {
         }
         self.next_pick_ns = now_ns.saturating_add(REPICK_NS);
         let rows = superprof_profile::top::rows(&p);
-        let new = hottest(&rows, &roots(&p), top, &self.names);
+        let new = hottest(&rows, &own_samples(&p), &roots(&p), top, &self.names);
         if new.is_empty() {
             return;
         }
-        self.session.add_functions(&new);
+        // Each where its symbol is, from an address of it in its file (no lookup by name: its
+        // symbol's own name may be longer, `float_repr.lto_priv.0` for `float_repr`, and
+        // looking names up in every file took 40 ms each, the program stopped).
+        let files = superprof_symbols::mapped_files(root).unwrap_or_default();
+        for name in &new {
+            let at = placed_at_symbol(&p, name, &files);
+            // Its file's code and symbols read now, while the program runs, not once it is
+            // stopped.
+            if let Some(at) = &at {
+                self.session.code_of(&at.file.open_path);
+                self.session.preload(&at.file.path, &at.file.open_path);
+            }
+            self.session.add_function(name, at);
+        }
         self.placed_at.extend(new.iter().map(|_| None));
         self.names.extend(new);
         // Placed at the root's next stop, the other threads held.
@@ -228,6 +241,32 @@ impl Beside for Precise {
     }
 }
 
+/// Where function `name` of profile `p` is in the process that maps `files`: its symbol (in
+/// its file's table or its debug file's) around the address of one of its frames; None where
+/// none says.
+fn placed_at_symbol(
+    p: &superprof_profile::Profile,
+    name: &str,
+    files: &[superprof_symbols::MappedFile],
+) -> Option<Placed> {
+    p.frames()
+        .iter()
+        .filter(|f| !f.inlined && p.str(f.function) == name)
+        .find_map(|f| {
+            let file = files
+                .iter()
+                .find(|m| m.path.as_os_str() == p.str(f.module))?;
+            let (raw, addr, size) =
+                superprof_symbols::symbol_containing(&file.open_path, f.address)?;
+            Some(Placed {
+                name: superprof_symbols::demangle(&raw),
+                lo: addr.wrapping_add(file.bias),
+                hi: addr.wrapping_add(size).wrapping_add(file.bias),
+                file: file.clone(),
+            })
+        })
+}
+
 /// A process's or a thread's start, below the functions a program runs.
 const PLUMBING: &[&str] = &[
     "_start",
@@ -264,23 +303,47 @@ fn roots(profile: &superprof_profile::Profile) -> HashSet<String> {
     out
 }
 
-/// Of a profile's `rows`, the `top` hottest functions (by self and total samples together) of
+/// Each function's own samples: those whose leaf is its code, its inlined callees' included
+/// (the first frame of the stack, from the leaf, that is not inlined into the next).
+fn own_samples(profile: &superprof_profile::Profile) -> HashMap<String, u64> {
+    let mut out: HashMap<String, u64> = HashMap::new();
+    for (i, &w) in profile.weight_per_stack().iter().enumerate() {
+        if w == 0 {
+            continue;
+        }
+        let leaf = Some(superprof_profile::StackId(i as u32));
+        if let Some(f) = profile
+            .stack_frames(leaf)
+            .map(|f| profile.frame(f))
+            .find(|f| !f.inlined)
+        {
+            *out.entry(profile.str(f.function).to_owned()).or_default() += w;
+        }
+    }
+    out
+}
+
+/// Of a profile's `rows`, the `top` hottest functions (by own and total samples together) of
 /// the program's own files that are not in `counted` yet, by name: code superprof can patch
-/// (not the kernel's, the vDSO's, JIT code, unnamed addresses), not the start-up functions
-/// every stack passes through, and not `roots` (`main`, a thread's function: called once).
+/// (not the kernel's, the vDSO's, JIT code, unnamed addresses), whose own code ran (`own`,
+/// see [`own_samples`]: not an ancestor that only waits for its callees, such as an
+/// interpreter's start-up chain, which is called once), not the start-up functions every
+/// stack passes through, and not `roots` (`main`, a thread's function: called once).
 fn hottest(
     rows: &[superprof_profile::top::TopRow],
+    own: &HashMap<String, u64>,
     roots: &HashSet<String>,
     top: usize,
     counted: &[String],
 ) -> Vec<String> {
+    let own_of = |r: &superprof_profile::top::TopRow| own.get(&r.function).copied().unwrap_or(0);
     let mut ranked: Vec<&superprof_profile::top::TopRow> = rows
         .iter()
-        .filter(|r| r.module.starts_with('/') && !r.inlined)
+        .filter(|r| r.module.starts_with('/') && !r.inlined && own_of(r) > 0)
         .filter(|r| !r.function.contains("+0x") && !PLUMBING.contains(&r.function.as_str()))
         .filter(|r| !roots.contains(&r.function))
         .collect();
-    ranked.sort_by_key(|r| std::cmp::Reverse(r.self_weight.saturating_add(r.total_weight)));
+    ranked.sort_by_key(|r| std::cmp::Reverse(own_of(r).saturating_add(r.total_weight)));
     // The top now; those counted already stay counted.
     let mut out: Vec<String> = Vec::new();
     for r in ranked.into_iter().take(top) {
@@ -445,27 +508,47 @@ mod tests {
     fn the_hottest_are_the_programs_own_named_functions() {
         let rows = [
             row("parse", "/usr/bin/prog", 300, 320),
-            row("main", "/usr/bin/prog", 0, 1000),
+            row("main", "/usr/bin/prog", 5, 1000),
+            row("run", "/usr/bin/prog", 0, 990),
             row("_start", "/usr/bin/prog", 0, 1000),
             row("clear_page_erms", "[kernel.kallsyms]", 200, 200),
             row("prog+0x1234", "/usr/bin/prog", 150, 150),
             row("hash", "/usr/lib/libc.so.6", 100, 400),
             row("tiny", "/usr/bin/prog", 10, 10),
+            // Its self time is an inlined callee's: its own all the same.
+            row("big", "/usr/bin/prog", 0, 50),
         ];
+        let own: HashMap<String, u64> = [
+            ("parse", 300),
+            ("main", 5),
+            ("clear_page_erms", 200),
+            ("prog+0x1234", 150),
+            ("hash", 100),
+            ("tiny", 10),
+            ("big", 50),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
         let none = HashSet::new();
-        assert_eq!(hottest(&rows, &none, 3, &[]), ["main", "parse", "hash"]);
-        // Counted already: not again; the top is still three.
+        // run only waits for its callees: never chosen.
         assert_eq!(
-            hottest(&rows, &none, 3, &["parse".into()]),
-            ["main", "hash"]
+            hottest(&rows, &own, &none, 3, &[]),
+            ["main", "parse", "hash"]
         );
+        // Counted already: not again; the top is still three.
+        let parse = ["parse".to_owned()];
+        assert_eq!(hottest(&rows, &own, &none, 3, &parse), ["main", "hash"]);
         assert_eq!(
-            hottest(&rows, &none, 4, &["parse".into()]),
-            ["main", "hash", "tiny"]
+            hottest(&rows, &own, &none, 4, &parse),
+            ["main", "hash", "big"]
         );
         // main at the root of the stacks: called once, not counted.
         let roots: HashSet<String> = ["main".to_owned()].into();
-        assert_eq!(hottest(&rows, &roots, 3, &[]), ["parse", "hash", "tiny"]);
+        assert_eq!(
+            hottest(&rows, &own, &roots, 3, &[]),
+            ["parse", "hash", "big"]
+        );
     }
 
     #[test]

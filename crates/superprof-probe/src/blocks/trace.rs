@@ -17,6 +17,7 @@
 //! lock-prefixed ones). The program never stops for a block; the counts are read at the end.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{bail, err, Result};
@@ -37,7 +38,11 @@ pub(super) struct Session {
     coverage: bool,
     symbols: superprof_symbols::Symbolizer,
     regions: Vec<Option<Placed>>,
-    codes: Vec<Option<ElfCode>>,
+    /// Each region's file's code (shared by the regions of one file: opening it and its
+    /// whole-file branch sweep are done once).
+    codes: Vec<Option<Arc<ElfCode>>>,
+    /// The code of each file read so far, by the path it was opened at.
+    code_cache: HashMap<std::path::PathBuf, Arc<ElfCode>>,
     counts: Counts,
     /// Coverage: one-shot breakpoints, runtime address -> (region, block index).
     cover: HashMap<u64, (usize, usize)>,
@@ -86,6 +91,8 @@ pub(super) struct Session {
     pub(super) refused: HashMap<usize, String>,
     /// No region spec counts the whole executable (`blocks`), not nothing.
     whole_when_none: bool,
+    /// Regions already found (by index), placed without a lookup by name.
+    known: HashMap<usize, Placed>,
 }
 
 /// The blocks of a function (ELF addresses, its first instruction `entry`) whose counts give
@@ -159,6 +166,8 @@ impl Session {
             no_slow_fallback: false,
             refused: HashMap::new(),
             whole_when_none: true,
+            known: HashMap::new(),
+            code_cache: HashMap::new(),
         }
     }
 
@@ -173,13 +182,33 @@ impl Session {
         self
     }
 
-    /// More functions to count (`record --precise`'s hottest), placed at the next placement.
-    pub(super) fn add_functions(&mut self, names: &[String]) {
-        for name in names {
-            self.specs.push(RegionSpec::Function(name.clone()));
-            self.regions.push(None);
-            self.codes.push(None);
-            self.cover_blocks.push(Vec::new());
+    /// The code of the file at `path`, read once (with its branch sweep, done here: a
+    /// caller may read it while the program runs, before its threads are stopped to place).
+    pub(super) fn code_of(&mut self, path: &std::path::Path) -> Option<Arc<ElfCode>> {
+        if let Some(c) = self.code_cache.get(path) {
+            return Some(c.clone());
+        }
+        let code = Arc::new(ElfCode::open(path)?);
+        code.targets_in(0, 0);
+        self.code_cache.insert(path.to_owned(), code.clone());
+        Some(code)
+    }
+
+    /// The symbols and debug info of file `path` (opened at `open_path`) read now (their
+    /// names and lines are the results'), rather than when placing, the program stopped.
+    pub(super) fn preload(&mut self, path: &std::path::Path, open_path: &std::path::Path) {
+        self.symbols.preload(path, open_path);
+    }
+
+    /// One more function to count (`record --precise`'s hottest), placed at the next
+    /// placement: where it is (`at`) when known, else looked for by `name`.
+    pub(super) fn add_function(&mut self, name: &str, at: Option<Placed>) {
+        self.specs.push(RegionSpec::Function(name.to_owned()));
+        self.regions.push(None);
+        self.codes.push(None);
+        self.cover_blocks.push(Vec::new());
+        if let Some(p) = at {
+            self.known.insert(self.regions.len() - 1, p);
         }
     }
 
@@ -257,7 +286,9 @@ impl Session {
             if self.regions[i].is_some() || self.refused.contains_key(&i) {
                 continue;
             }
-            let placed = if self.specs.is_empty() && self.whole_when_none {
+            let placed = if let Some(p) = self.known.remove(&i) {
+                Some(p)
+            } else if self.specs.is_empty() && self.whole_when_none {
                 Some(whole_executable(pid)?)
             } else {
                 let substrings = self.placement.libraries_mapped();
@@ -275,7 +306,7 @@ impl Session {
                 all = false;
                 continue;
             };
-            let code = ElfCode::open(&p.file.open_path);
+            let code = self.code_of(&p.file.open_path);
             if code.as_ref().is_some_and(|c| !c.is_64) {
                 bail!(
                     "{} is a 32-bit program: blocks decodes 64-bit x86_64 and AArch64 code only",
@@ -288,7 +319,7 @@ impl Session {
                 Some(_) => Bounds::Range,
                 None => Bounds::WholeExecutable,
             };
-            if let Err(why) = prove(code.as_ref(), &p, bounds) {
+            if let Err(why) = prove(code.as_deref(), &p, bounds) {
                 if self.no_slow_fallback {
                     self.refused.insert(i, why);
                     continue;
@@ -296,7 +327,7 @@ impl Session {
                 bail!("region '{}': {why}; nothing was probed", p.name);
             }
             self.symbols.preload(&p.file.path, &p.file.open_path);
-            self.arm(tracer, tid, pid, i, &p, code.as_ref())?;
+            self.arm(tracer, tid, pid, i, &p, code.as_deref())?;
             self.codes[i] = code;
             self.regions[i] = Some(p);
         }
@@ -551,7 +582,7 @@ impl Session {
         for j in 0..self.regions.len() {
             if let Some(p) = self.regions[j].clone() {
                 let code = self.codes[j].take();
-                self.arm_breakpoints(tracer, pid, j, &p, code.as_ref());
+                self.arm_breakpoints(tracer, pid, j, &p, code.as_deref());
                 self.codes[j] = code;
             }
         }
@@ -658,7 +689,7 @@ impl Session {
             .get(i)?
             .as_ref()?
             .counted_blocks(p.lo.wrapping_sub(bias), p.hi.wrapping_sub(bias));
-        let regions: Vec<Placed> = self.regions.iter().flatten().cloned().collect();
+        let regions = self.regions.clone();
         // Every region's rows (a ptrace engine's counts are read once), this one's kept.
         let rows: Vec<super::BlockRow> = self
             .results(&regions)
@@ -691,6 +722,7 @@ impl Session {
             // code; start over on the new program.
             self.regions.iter_mut().for_each(|r| *r = None);
             self.codes.iter_mut().for_each(|c| *c = None);
+            self.code_cache.clear();
             self.cover_blocks.iter_mut().for_each(Vec::clear);
             self.counts.reset();
             self.cover.clear();
@@ -774,12 +806,14 @@ impl Session {
     }
 
     /// The blocks of each region, in ELF addresses, with their symbols.
-    fn results(&mut self, regions: &[Placed]) -> Vec<super::BlockRow> {
+    /// (`regions`: the session's, by index, None where not placed.)
+    fn results(&mut self, regions: &[Option<Placed>]) -> Vec<super::BlockRow> {
         let codes = &self.codes;
         let read = |addr: u64, len: usize| {
             regions
                 .iter()
                 .zip(codes)
+                .filter_map(|(r, c)| Some((r.as_ref()?, c)))
                 .find(|(r, _)| (r.lo..r.hi).contains(&addr))
                 .and_then(|(r, c)| {
                     c.as_ref()?
@@ -820,6 +854,9 @@ impl Session {
         // A block of two overlapping regions is reported once, with the first.
         let mut reported: HashSet<u64> = HashSet::new();
         for (i, region) in regions.iter().enumerate() {
+            let Some(region) = region else {
+                continue;
+            };
             let Some(code) = self.codes.get(i).and_then(|c| c.as_ref()) else {
                 continue;
             };
@@ -964,11 +1001,10 @@ pub fn run(args: &BlocksConfig, specs: &[RegionSpec]) -> Result<(Report, Option<
             _ => Err(e),
         };
     }
-    let regions: Vec<Placed> = std::mem::take(&mut s.regions)
-        .into_iter()
-        .flatten()
-        .collect();
-    let blocks = s.results(&regions);
+    // (Every region is placed here: one missing was an error above.)
+    let placed = std::mem::take(&mut s.regions);
+    let blocks = s.results(&placed);
+    let regions: Vec<Placed> = placed.into_iter().flatten().collect();
     // In-process: the counters' pages freed (an attached program keeps only the mappings).
     if let Some(ip) = &s.inproc {
         ip.release();
