@@ -76,6 +76,10 @@ pub struct Site<'a> {
     pub several: bool,
     pub spare: u32,
     pub springboards: &'a [(u64, u32)],
+    /// The site is the entry of a function that calls reach (not a `.cold` part, which
+    /// jumps reach): its flags are dead, and a patch at its first instruction counts with
+    /// [`superprof_analyze::patch::Patcher::entry_trampoline`].
+    pub entry: bool,
 }
 
 impl<'a> Site<'a> {
@@ -96,6 +100,7 @@ impl<'a> Site<'a> {
             several,
             spare: code.filler_at(b.end, next),
             springboards,
+            entry: false,
         }
     }
 }
@@ -262,7 +267,13 @@ impl InProcess {
         let area = &self.areas[a];
         let (slot, counter) = (area.used, area.counters + area.used as u64 * 8);
         let at = area.next;
-        let bytes = Host::trampoline(&p, at, counter).map_err(|e| e.to_string())?;
+        // (At a function's first instruction only: a later one may see live flags.)
+        let bytes = if b.entry && p.at_entry_of(b.start) {
+            Host::entry_trampoline(&p, at, counter)
+        } else {
+            Host::trampoline(&p, at, counter)
+        }
+        .map_err(|e| e.to_string())?;
         self.install(tracer, a, &p, springboard, &bytes, Host::MAX_TRAMPOLINE)?;
         self.areas[a].used += 1;
         self.trampolines

@@ -25,6 +25,19 @@ pub struct BlockCount {
     pub line: u32,
 }
 
+/// A source line of a counted function and how often its code ran (`record --precise-lines`):
+/// the executions of its most-run block (a line whose code is split between blocks, as a
+/// loop's header, counts its most-run part).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineCount {
+    /// The source file, as the DWARF names it.
+    pub file: String,
+    /// The line.
+    pub line: u32,
+    /// Executions.
+    pub count: u64,
+}
+
 /// A function whose calls were counted exactly while it was sampled.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FunctionCalls {
@@ -50,6 +63,9 @@ pub struct FunctionCalls {
     pub note: String,
     /// Its blocks' counts, in address order.
     pub blocks: Vec<BlockCount>,
+    /// Its source lines' executions, in file and line order (`record --precise-lines`, which
+    /// counts every block; empty otherwise).
+    pub lines: Vec<LineCount>,
 }
 
 /// What a counted function's samples and calls give: its time per call.
@@ -234,6 +250,81 @@ pub fn to_json(profile: &Profile) -> serde_json::Value {
     serde_json::json!({ "functions": functions })
 }
 
+/// `report --lines FUNC`: the executions of each source line of counted function `function`
+/// (a line of its source file beside each where the file can be read from `read`), or why
+/// there are none.
+pub fn write_lines(
+    profile: &Profile,
+    function: &str,
+    read: &dyn Fn(&str) -> Option<String>,
+    w: &mut dyn std::io::Write,
+) -> std::io::Result<Result<(), String>> {
+    let Some(c) = profile.meta.calls.iter().find(|c| c.function == function) else {
+        let names: Vec<&str> = profile
+            .meta
+            .calls
+            .iter()
+            .map(|c| c.function.as_str())
+            .collect();
+        return Ok(Err(format!(
+            "'{}' is not a counted function of the profile (counted: {})",
+            crate::escape(function),
+            crate::escape(&names.join(", "))
+        )));
+    };
+    if c.lines.is_empty() {
+        return Ok(Err(format!(
+            "no line of '{}' was counted: record it with --precise-lines",
+            crate::escape(function)
+        )));
+    }
+    writeln!(
+        w,
+        "{}: {} calls{}",
+        crate::escape(&c.function),
+        c.calls,
+        if c.exact { "" } else { " (not exact)" }
+    )?;
+    let mut file = "";
+    let mut source: Vec<String> = Vec::new();
+    for l in &c.lines {
+        if l.file != file {
+            file = &l.file;
+            source = read(file)
+                .map(|s| s.lines().map(str::to_owned).collect())
+                .unwrap_or_default();
+            writeln!(w, "{}", crate::escape(file))?;
+            writeln!(w, "{:>14}  {:>6}  Source", "Executions", "Line")?;
+        }
+        let text = (l.line as usize)
+            .checked_sub(1)
+            .and_then(|i| source.get(i))
+            .map(|s| crate::escape(s).into_owned())
+            .unwrap_or_default();
+        writeln!(w, "{:>14}  {:>6}  {}", l.count, l.line, text.trim_end())?;
+    }
+    Ok(Ok(()))
+}
+
+/// Each source line's executions from a function's `blocks`: `lines_of(start, end)` gives the
+/// (file, line) of each instruction of a block; a line counts its most-run block.
+pub fn line_counts(
+    blocks: &[BlockCount],
+    lines_of: &mut dyn FnMut(u64, u64) -> Vec<(String, u32)>,
+) -> Vec<LineCount> {
+    let mut by_line: std::collections::BTreeMap<(String, u32), u64> = Default::default();
+    for b in blocks {
+        for key in lines_of(b.start, b.end) {
+            let n = by_line.entry(key).or_default();
+            *n = (*n).max(b.count);
+        }
+    }
+    by_line
+        .into_iter()
+        .map(|((file, line), count)| LineCount { file, line, count })
+        .collect()
+}
+
 /// A time per call and its error, in the unit that suits it: `2.41 µs ±0.05`.
 pub fn format_per_call(ns: f64, error: f64) -> String {
     // (A value that rounds to 1000 of a unit reads in the next one.)
@@ -301,6 +392,26 @@ mod tests {
         assert_eq!(format_per_call(3.2e8, 1e7), "320 ms ±10");
         assert_eq!(format_per_call(999_960.0, 22_000.0), "1.00 ms ±0.02");
         assert_eq!(format_per_call(0.0, 1e5), "0.00 µs ±100.00");
+    }
+
+    #[test]
+    fn a_line_counts_its_most_run_block() {
+        let b = |start, end, count| BlockCount {
+            start,
+            end,
+            count,
+            ..Default::default()
+        };
+        // Line 5 is a loop's header: its set-up ran once, its test 10 times.
+        let blocks = [b(0, 4, 1), b(4, 8, 10), b(8, 12, 10), b(12, 16, 1)];
+        let lines = line_counts(&blocks, &mut |s, _| match s {
+            0 => vec![("a.c".into(), 4), ("a.c".into(), 5)],
+            4 => vec![("a.c".into(), 5)],
+            8 => vec![("a.c".into(), 6), ("a.c".into(), 6)],
+            _ => vec![("a.c".into(), 8)],
+        });
+        let got: Vec<(u32, u64)> = lines.iter().map(|l| (l.line, l.count)).collect();
+        assert_eq!(got, [(4, 1), (5, 10), (6, 10), (8, 1)]);
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub trait Beside {
     /// The tracer's options.
     fn options(&self) -> TraceOptions;
 
+    /// The recording begins: the command released to its exec (`launched`), or a running
+    /// process attached, `root` its pid.
+    fn begin(&mut self, tracer: &mut Tracer, root: u32, launched: bool);
+
     /// One event of the tracer, `root` the command's pid: handled, and whatever it stopped
     /// resumed. An error ends the recording (the command is ended, as on Ctrl-C).
     fn event(&mut self, tracer: &mut Tracer, root: u32, ev: TraceEvent) -> Result<(), String>;

@@ -311,12 +311,15 @@ pub fn record(cfg: &RecordConfig) -> Result<Recorded> {
     record_with(cfg, None, None)
 }
 
-/// [`record`] of a launched command under the coordinator (ptrace), with `beside` handling
-/// the tracer's events while perf_event_open samples the command (`record --precise`).
+/// [`record`] of a launched command (or a process, `-p`) under the coordinator (ptrace),
+/// with `beside` handling the tracer's events while perf_event_open samples it (`record
+/// --precise`). An attached process is let go at the end, its code as it was.
 pub fn record_beside(cfg: &RecordConfig, beside: &mut dyn Beside) -> Result<Recorded> {
-    if !matches!(cfg.target, Target::Command(_)) {
+    if !matches!(cfg.target, Target::Command(_) | Target::Pid(_)) {
         return Err(Error::Invalid(
-            "counting beside the samples follows a launched command: give the command".into(),
+            "counting beside the samples follows a launched command or a process (-p), not a \
+             thread or the machine"
+                .into(),
         ));
     }
     if cfg.sampler_kind == SamplerKind::Ptrace {

@@ -196,10 +196,20 @@ pub(super) fn run(
     let pidfd = pid.and_then(superprof_trace::pidfd_open);
     let extra: Vec<i32> = pidfd.iter().map(|f| f.as_raw_fd()).collect();
     let mut failed = None;
+    // A traced process's end (an attached one's status is not superprof's).
+    let mut ended = false;
+    if let (Some(t), Some(root)) = (traced.as_mut(), pid) {
+        t.beside.begin(&mut t.tracer, root, launched);
+    }
     loop {
         match (traced.as_mut(), pid) {
             (Some(t), Some(root)) => match t.run_tick(root, collector) {
-                Ok(Some(status)) => exit = Some(status),
+                Ok(Some(status)) => {
+                    ended = true;
+                    if launched {
+                        exit = Some(status);
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => {
                     failed = Some(e);
@@ -209,7 +219,7 @@ pub(super) fn run(
             _ => sampler.wait(&extra, 50),
         }
         drain(&mut sampler, collector, false);
-        if exit.is_some() || failed.is_some() {
+        if ended || failed.is_some() {
             break;
         }
         match pid {
@@ -262,15 +272,19 @@ pub(super) fn run(
     drop(sampler); // closes every event: an attached process runs on untouched
     let traced_run = traced.is_some();
     if let (Some(mut t), Some(root)) = (traced, pid) {
-        // Ended early: the command ends as perf record ends it, under its tracer.
-        if exit.is_none() {
+        // Ended early: a launched command ends as perf record ends it, under its tracer (an
+        // attached process runs on, let go below).
+        if !ended && launched {
             exit = t.tracer.terminate(Duration::from_secs(5), |_| {})?;
         }
         t.beside.end(&mut t.tracer, root, t.start_ns);
         collector.name_code(t.beside.code_names());
-        // Every patch and breakpoint out of a process still there, and it let go.
+        // Every patch and breakpoint out of a process still there, and it let go (detached,
+        // or a launched one's leftovers ended).
         let killed = t.tracer.finish();
-        exit = exit.or(killed);
+        if launched {
+            exit = exit.or(killed);
+        }
         if let Some(e) = failed {
             return Err(e);
         }

@@ -276,9 +276,9 @@ pub(crate) fn start(
     collector: &mut Collector,
     traced: Option<TraceOptions>,
 ) -> Result<Started> {
-    if traced.is_some() && !matches!(cfg.target, Target::Command(_)) {
+    if traced.is_some() && !matches!(cfg.target, Target::Command(_) | Target::Pid(_)) {
         return Err(Error::Invalid(
-            "counting beside the samples follows a launched command".into(),
+            "counting beside the samples follows a launched command or a process (-p)".into(),
         ));
     }
     match &cfg.target {
@@ -378,7 +378,18 @@ pub(crate) fn start(
         Target::Thread(tid) => start_thread(cfg, *tid, collector),
         Target::Pid(pid) => {
             let pid = *pid;
+            // Seized first, where something counts beside (the sampler follows its threads
+            // either way).
+            let tracer = traced
+                .map(|opts| Tracer::attach(pid, opts).map(Box::new))
+                .transpose()?;
             let source = open_source(cfg, pid, TargetMode::Attached)?;
+            if tracer.is_some() && matches!(source, Source::Ptrace(_)) {
+                return Err(Error::Invalid(
+                    "perf_event_open is refused here, and counting beside the samples needs it"
+                        .into(),
+                ));
+            }
             collector.read_proc(pid, superprof_sample::monotonic_ns());
             let clock = Clock::now();
             if let Source::Perf(s) = &source {
@@ -410,7 +421,7 @@ pub(crate) fn start(
                 java: cfg.runtime_setup
                     && runtime::Runtime::of_program(&exe) == Some(runtime::Runtime::Java),
                 system: false,
-                tracer: None,
+                tracer,
             })
         }
     }

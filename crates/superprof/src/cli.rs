@@ -207,6 +207,11 @@ pub struct RecordArgs {
     /// How many of the hottest functions `--precise` with no names counts
     #[arg(long = "precise-top", value_name = "N", default_value_t = 10)]
     pub precise_top: usize,
+    /// With --precise: count every block of those functions too, for each source line's
+    /// executions (`report --lines FUNC`); a counter in each loop's body costs a few
+    /// nanoseconds per iteration
+    #[arg(long = "precise-lines", requires = "precise")]
+    pub precise_lines: bool,
     /// After the recording, send the profile to a server (the local outputs are written
     /// too): pyroscope:URL (Pyroscope's HTTP ingest), parca:URL (Parca's gRPC WriteRaw),
     /// otlp:URL (OTLP profiles over gRPC) or otlp-http:URL (OTLP over HTTP); URL is
@@ -389,6 +394,10 @@ pub struct ReportArgs {
     /// error), samples and share; --format json for `{"functions": [...]}` on stdout
     #[arg(long)]
     pub calls: bool,
+    /// The executions of each source line of FUNC, a function counted by `record --precise
+    /// --precise-lines`, beside the source where it can be read
+    #[arg(long, value_name = "FUNC", conflicts_with = "calls")]
+    pub lines: Option<String>,
     #[command(flatten)]
     pub view: ViewArgs,
 }

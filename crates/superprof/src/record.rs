@@ -33,9 +33,18 @@ pub struct Record {
     pub push: Option<PushArgs>,
     /// Rows of the top table.
     pub top_rows: usize,
-    /// `--precise`: the functions whose calls are counted beside the samples (none: this many
-    /// of the hottest).
-    pub precise: Option<(Vec<String>, usize)>,
+    /// `--precise`: what is counted beside the samples.
+    pub precise: Option<Precise>,
+}
+
+/// `record --precise`'s request.
+#[derive(Debug, Clone)]
+pub struct Precise {
+    /// The functions whose calls are counted (none: `top` of the hottest).
+    pub names: Vec<String>,
+    pub top: usize,
+    /// Every block of each, for its lines (`--precise-lines`).
+    pub lines: bool,
 }
 
 impl Record {
@@ -78,7 +87,11 @@ impl Record {
             }),
             top_rows: 30,
             precise: match a.precise {
-                Some(names) => Some((precise_names(names, a.precise_top)?, a.precise_top)),
+                Some(names) => Some(Precise {
+                    names: precise_names(names, a.precise_top)?,
+                    top: a.precise_top,
+                    lines: a.precise_lines,
+                }),
                 None => None,
             },
         })
@@ -89,7 +102,7 @@ impl Record {
         let outputs = self.check_outputs()?;
         let push = self.push.as_ref().map(superprof_push::parse).transpose()?;
         let recorded = match &self.precise {
-            Some((names, top)) => record_precise(&self.config, names, *top)?,
+            Some(p) => record_precise(&self.config, p)?,
             None => record(&self.config)?,
         };
         match recorded.exit {
@@ -253,12 +266,12 @@ fn precise_names(names: Vec<String>, top: usize) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// [`record`] with `names`' calls counted beside the samples (`--precise`; none: the `top`
-/// hottest): in the profile's `Meta::calls`.
-pub fn record_precise(config: &RecordConfig, names: &[String], top: usize) -> Result<Recorded> {
+/// [`record`] with calls counted beside the samples as `p` asks (`--precise`): in the
+/// profile's `Meta::calls`.
+pub fn record_precise(config: &RecordConfig, p: &Precise) -> Result<Recorded> {
     sys::install_stop_handler();
     superprof_sample::raise_fd_limit();
-    let mut precise = superprof_probe::blocks::Precise::new(names, top)?;
+    let mut precise = superprof_probe::blocks::Precise::new(&p.names, p.top, p.lines)?;
     let mut recorded = superprof_record::record_beside(config, &mut precise)?;
     recorded.profile.meta.calls = precise.calls().to_vec();
     Ok(recorded)

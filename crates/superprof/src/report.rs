@@ -24,10 +24,21 @@ pub struct ReportConfig {
     pub sort: Option<Vec<SortKey>>,
     /// `--calls`: the counted calls, as a table (false) or JSON (true).
     pub calls: Option<bool>,
+    /// `--lines FUNC`: a counted function's lines.
+    pub lines: Option<String>,
 }
 
 impl ReportConfig {
     pub fn from_args(a: ReportArgs) -> Result<ReportConfig> {
+        if let Some(function) = a.lines {
+            if a.view.diff.is_some() || a.view.sort.is_some() || a.view.format.is_some() {
+                bail!("--lines FUNC shows a function's counted lines: not with --diff, --sort or --format");
+            }
+            return Ok(ReportConfig {
+                lines: Some(function),
+                ..ReportConfig::of_view(a.file, a.view)?
+            });
+        }
         if !a.calls {
             return ReportConfig::of_view(a.file, a.view);
         }
@@ -94,6 +105,7 @@ impl ReportConfig {
             .map_err(|e| anyhow!(e))?;
         Ok(ReportConfig {
             calls: None,
+            lines: None,
             sort,
             file,
             format,
@@ -188,6 +200,29 @@ pub fn run(cfg: &Result<ReportConfig>) -> Result<i32> {
             superprof_profile::output::first_event(&profile, "--diff").unwrap_or(profile)
         }
     };
+    if let Some(function) = &cfg.lines {
+        // (A source file the profile names, read where it is an ordinary file of at most
+        // 16 MiB: a profile is input like any other.)
+        let read = |file: &str| {
+            let meta = std::fs::metadata(file).ok()?;
+            (meta.is_file() && meta.len() <= 16 << 20)
+                .then(|| std::fs::read_to_string(file).ok())
+                .flatten()
+        };
+        let mut out = Vec::new();
+        superprof_profile::calls::write_lines(&profile, function, &read, &mut out)?
+            .map_err(|e| anyhow!("{e}"))?;
+        let write = |w: &mut (dyn Write + Send)| w.write_all(&out);
+        match &cfg.output {
+            Some(path) => {
+                superprof_profile::write_atomic(path, |w| write(w))
+                    .with_context(|| format!("cannot write '{}'", path.display()))?;
+                superprof_unwind::say!("superprof: wrote {}", path.display());
+            }
+            None => superprof_resolve::Console::Stdout.write_with(write)?,
+        }
+        return Ok(0);
+    }
     if let Some(json) = cfg.calls {
         if profile.meta.calls.is_empty() {
             bail!(

@@ -188,3 +188,117 @@ fn the_hottest_functions_are_chosen_while_the_command_runs() {
         );
     }
 }
+
+/// `--precise-lines`: every block of the function counted, and `report --lines` gives each
+/// source line's executions beside the source: the line of tiny's loop body runs once per
+/// iteration at most 24 per call, its first line once per call.
+#[test]
+fn lines_are_counted_beside_the_source() {
+    let _cpu = cpu_share();
+    let dir = TempDir::new("precise-lines");
+    let exe = compile(&dir, "precise", &["precise.c"], &["-O2", "-g", "-pthread"]);
+    let profile = dir.path("p.parquet");
+    let out = run_ok(
+        superprof()
+            .args(["record", "-q", "--precise", "tiny", "--precise-lines", "-o"])
+            .arg(&profile)
+            .arg("--")
+            .arg(&exe)
+            .arg("0.3"),
+    );
+    let calls = fixture_values(&String::from_utf8_lossy(&out.stdout))["calls_tiny"] as u64;
+    let report = run_ok(
+        superprof()
+            .arg("report")
+            .arg(&profile)
+            .args(["--lines", "tiny"]),
+    );
+    let text = String::from_utf8_lossy(&report.stdout).into_owned();
+    // "  EXECUTIONS  LINE  SOURCE"
+    let rows: Vec<(u64, u32, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let n = w.next()?.parse().ok()?;
+            let line = w.next()?.parse().ok()?;
+            Some((n, line, w.collect::<Vec<_>>().join(" ")))
+        })
+        .collect();
+    assert!(text.contains("precise.c"), "{text}");
+    let body = rows
+        .iter()
+        .find(|r| r.2.contains("6364136223846793005UL"))
+        .unwrap_or_else(|| panic!("the loop's body line: {text}"));
+    assert!(
+        body.0 >= calls && body.0 <= 24 * calls,
+        "{body:?} for {calls} calls\n{text}"
+    );
+    let first = rows
+        .iter()
+        .find(|r| r.2.contains("unsigned long tiny("))
+        .unwrap_or_else(|| panic!("tiny's first line: {text}"));
+    assert_eq!(first.0, calls, "{text}");
+    // A function not counted with --precise-lines is said.
+    let err = superprof()
+        .arg("report")
+        .arg(&profile)
+        .args(["--lines", "small"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&err, "small");
+}
+
+/// `-p PID`: a running program attached, its functions counted from then on, and let go as it
+/// was: it runs on to its end, its output whole and its status 0.
+#[test]
+fn an_attached_process_is_counted_and_let_go() {
+    let _cpu = cpu_lock();
+    let dir = TempDir::new("precise-attach");
+    let exe = compile(&dir, "precise", &["precise.c"], &["-O2", "-g", "-pthread"]);
+    let child = std::process::Command::new(&exe)
+        .arg("2.5")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let profile = dir.path("p.parquet");
+    run_ok(
+        superprof()
+            .args([
+                "record",
+                "-q",
+                "--precise",
+                "tiny,small,big",
+                "--duration",
+                "1",
+                "-o",
+            ])
+            .arg(&profile)
+            .args(["-p", &child.id().to_string()]),
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
+    assert!(truth.contains_key("ns_late"), "output cut short: {truth:?}");
+    let report = run_ok(
+        superprof()
+            .arg("report")
+            .arg(&profile)
+            .args(["--calls", "--format", "json"]),
+    );
+    let doc: Value = serde_json::from_slice(&report.stdout).unwrap();
+    for name in ["tiny", "small", "big"] {
+        let f = function(&doc, name);
+        let calls = f["calls"].as_u64().unwrap();
+        let all = truth[&format!("calls_{name}")] as u64;
+        assert!(calls > 0 && calls < all, "{name}: {calls} of {all}");
+        let ns = f["ns_per_call"].as_f64().unwrap();
+        let err = f["ns_per_call_error"].as_f64().unwrap();
+        let own = truth[&format!("ns_{name}")];
+        let tolerance = (0.10 * own).max(4.0 * err);
+        assert!(
+            (ns - own).abs() <= tolerance,
+            "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1}; {f}"
+        );
+    }
+}

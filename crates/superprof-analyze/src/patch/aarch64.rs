@@ -365,6 +365,13 @@ fn displaced(t: &mut Tramp, p: &Patch) -> Result<(), Refusal> {
     t.branch(back)
 }
 
+/// [`trampoline`], at a function's entry too (x16 and x17, the registers it saves, are free
+/// there by the AAPCS64, but a `bti c` first instruction stays before the patch: the same
+/// trampoline).
+pub fn entry_trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
+    trampoline(patch, at, counter)
+}
+
 /// The trampoline of `patch` placed at `at`, counting into the 8-byte counter at `counter`.
 pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
     use enc::*;

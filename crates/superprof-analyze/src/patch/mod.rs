@@ -152,6 +152,11 @@ pub trait Patcher {
     /// The counting trampoline of `patch` placed at `at`, counting into the 8-byte counter at
     /// `counter`.
     fn trampoline(patch: &Self::Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal>;
+    /// [`Patcher::trampoline`] for a patch at the very entry of a function that calls (and
+    /// tail calls) reach: the ABI leaves the flags undefined there, so the counter's increment
+    /// need not keep them (x86_64: the increment and the displaced instructions, nothing
+    /// else; elsewhere the same as `trampoline`).
+    fn entry_trampoline(patch: &Self::Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal>;
     /// The recording trampoline of `patch` placed at `at`: one record into `ring` a hit.
     fn record_trampoline(
         patch: &Self::Patch,
@@ -221,6 +226,9 @@ macro_rules! patcher_of_module {
             }
             fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
                 trampoline(patch, at, counter)
+            }
+            fn entry_trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
+                entry_trampoline(patch, at, counter)
             }
             fn record_trampoline(
                 patch: &Patch,

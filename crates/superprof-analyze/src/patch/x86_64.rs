@@ -197,6 +197,20 @@ pub fn trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refus
     finish(out, patch, at)
 }
 
+/// [`trampoline`] at a function's entry, where the flags are dead (the SysV ABI leaves them
+/// undefined across a call, and no code at a function's start reads them before writing
+/// them): the locked increment, the displaced instructions, the jump back; nothing saved, no
+/// stack touched.
+pub fn entry_trampoline(patch: &Patch, at: u64, counter: u64) -> Result<Vec<u8>, Refusal> {
+    let mut inc = Instruction::with1(
+        Code::Inc_rm64,
+        MemoryOperand::with_base_displ(Register::RIP, counter as i64),
+    )
+    .map_err(|_| Refusal::OutOfReach)?;
+    inc.set_has_lock_prefix(true);
+    finish(vec![inc], patch, at)
+}
+
 /// The stack pointer that the instruction at `to` will run with, from a probe at `from`
 /// (`code`: the bytes from `from` on; straight code between): pushes, pops, `add`/`sub`/`lea`
 /// of rsp with a constant, and `leave` (after which it is rbp's value at the probe, plus 8).
@@ -690,6 +704,19 @@ mod tests {
                 "jmp 0x0000000000401005",
             ]
         );
+    }
+
+    #[test]
+    fn an_entry_trampoline_only_counts_relocates_and_jumps_back() {
+        // movabs $imm,%rax (10): a function's first instruction, flags dead there.
+        let code = [0x48, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 0x48, 0x0f, 0xaf, 0xc7];
+        let p = plan(&code, 0x40_1000, false, 0, true).unwrap();
+        let t = entry_trampoline(&p, 0x40_8000, 0x40_9000).unwrap();
+        let text = decode(&t, 0x40_8000);
+        assert_eq!(text[0], "lock incq 0x409000 (rip-relative)");
+        assert_eq!(text[1], "movabs $0x807060504030201,%rax");
+        assert_eq!(text[2], "jmp 0x000000000040100A");
+        assert_eq!(text.len(), 3, "nothing saved, no stack touched: {text:?}");
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct Precise {
     root: u32,
     /// Each trampoline's runtime start and end, and the function it counts (by index).
     trampolines: Vec<(u64, u64, usize)>,
+    /// Every block of each function counted, and its lines' executions
+    /// (`--precise-lines`).
+    lines: bool,
     /// The counts, once the recording ended.
     result: Vec<FunctionCalls>,
 }
@@ -57,8 +60,9 @@ pub struct Precise {
 impl Precise {
     /// Counts the calls of `functions` (names, as `stat` and `blocks` take them: exact, else a
     /// unique substring), on the in-process engine where it is built (else ptrace's
-    /// breakpoints); with none, of the `top` hottest (see the module's note).
-    pub fn new(functions: &[String], top: usize) -> Result<Precise> {
+    /// breakpoints); with none, of the `top` hottest (see the module's note). `lines`: every
+    /// block of each, for its source lines' executions (a counter in each loop's body too).
+    pub fn new(functions: &[String], top: usize, lines: bool) -> Result<Precise> {
         let specs: Vec<RegionSpec> = functions
             .iter()
             .map(|f| RegionSpec::Function(f.clone()))
@@ -82,8 +86,9 @@ impl Precise {
             fallback_pmu,
         )
         .functions_only();
-        // A counter on the blocks the calls are told from only: one at the entry, for most.
-        session.calls_only = true;
+        // A counter on the blocks the calls are told from only: one at the entry, for most
+        // (every block for its lines).
+        session.calls_only = !lines;
         // Never a breakpoint or a uprobe on a hot function's every call.
         session.no_slow_fallback = in_process;
         Ok(Precise {
@@ -96,6 +101,7 @@ impl Precise {
             place_at_stop: false,
             root: 0,
             trampolines: Vec::new(),
+            lines,
             result: Vec::new(),
         })
     }
@@ -142,6 +148,14 @@ impl Beside for Precise {
             self.note_placements();
         }
         Ok(())
+    }
+
+    fn begin(&mut self, tracer: &mut Tracer, root: u32, launched: bool) {
+        // An attached process: the functions named are placed at the first stop of its
+        // interrupted main thread, the others held.
+        if !launched && !self.names.is_empty() {
+            self.place_at_stop = tracer.interrupt(root);
+        }
     }
 
     fn code_names(&self) -> Vec<superprof_record::CodeName> {
@@ -229,12 +243,20 @@ impl Beside for Precise {
                 });
                 continue;
             };
-            out.push(function_calls(
+            let mut calls = function_calls(
                 &placed,
                 &blocks,
                 rows,
                 self.placed_at[i].map_or(0, |t| t.saturating_sub(start_ns)),
-            ));
+                self.lines,
+            );
+            if self.lines {
+                let session = &mut self.session;
+                calls.lines = superprof_profile::calls::line_counts(&calls.blocks, &mut |s, e| {
+                    session.lines_of(i, s, e)
+                });
+            }
+            out.push(calls);
         }
         self.result = out;
         self.session.release();
@@ -361,6 +383,7 @@ fn function_calls(
     blocks: &[(Block, u64)],
     rows: Vec<super::BlockRow>,
     since_ns: u64,
+    all_blocks: bool,
 ) -> FunctionCalls {
     let entry = placed.lo.wrapping_sub(placed.file.bias);
     // (Every block's flow tells what enters which; the counted ones are those the calls are
@@ -370,7 +393,7 @@ fn function_calls(
     let keep = super::trace::calls_blocks(entry, &all);
     let blocks: Vec<(Block, u64)> = blocks
         .iter()
-        .filter(|(b, _)| keep.contains(&b.start))
+        .filter(|(b, _)| all_blocks || keep.contains(&b.start))
         .cloned()
         .collect();
     let lines: HashMap<u64, &super::BlockRow> = rows.iter().map(|r| (r.start, r)).collect();
@@ -400,6 +423,7 @@ fn function_calls(
                 }
             })
             .collect(),
+        lines: Vec::new(),
     }
 }
 

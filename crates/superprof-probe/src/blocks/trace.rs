@@ -421,7 +421,12 @@ impl Session {
                 .or_insert_with(|| code.without_indirect_jumps(b.start));
             // (The filler after the block, up to the next block, may take the jump too.)
             let next = blocks.get(k + 1).map_or(u64::MAX, |n| n.start);
-            let site = crate::inprocess::Site::of(code, b, next, bias, several, &boards);
+            let mut site = crate::inprocess::Site::of(code, b, next, bias, several, &boards);
+            // A function region's own entry: reached by calls, its flags dead (a `.cold` part
+            // of a function is reached by jumps: not so).
+            site.entry = matches!(self.specs.get(i), Some(RegionSpec::Function(_)))
+                && b.start == p.lo.wrapping_sub(bias)
+                && !p.name.contains(".cold");
             let inproc = self.inproc.as_mut().expect("made above");
             match inproc.count_block(tracer, tid, &site, &inside) {
                 Ok(c) => self.patched.push((i, k, c)),
@@ -654,6 +659,27 @@ impl Session {
                     .iter()
                     .position(|r| r.as_ref().is_some_and(|p| (p.lo..p.hi).contains(&site)))?;
                 Some((lo, hi, i))
+            })
+            .collect()
+    }
+
+    /// The source (file, line) of each instruction of region `i`'s code in [start, end) (ELF
+    /// addresses), where the DWARF says (the innermost, for inlined code).
+    pub(super) fn lines_of(&mut self, i: usize, start: u64, end: u64) -> Vec<(String, u32)> {
+        let (Some(Some(p)), Some(Some(code))) = (self.regions.get(i), self.codes.get(i)) else {
+            return Vec::new();
+        };
+        let (path, open) = (p.file.path.clone(), p.readable_path().to_owned());
+        let bytes = code
+            .bytes(start, end.saturating_sub(start))
+            .unwrap_or_default()
+            .to_vec();
+        superprof_analyze::decode_all(&bytes, start)
+            .iter()
+            .filter_map(|insn| {
+                let frames = self.symbols.symbolize(&path, &open, insn.addr);
+                let f = frames.last()?;
+                Some((f.file.clone()?, f.line?))
             })
             .collect()
     }

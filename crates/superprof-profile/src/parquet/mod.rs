@@ -168,6 +168,9 @@ fn calls_json(calls: &[crate::calls::FunctionCalls]) -> String {
                     "blocks": c.blocks.iter().map(|b| serde_json::json!(
                         [b.start, b.end, b.count, b.file, b.line]
                     )).collect::<Vec<_>>(),
+                    "lines": c.lines.iter().map(|l| serde_json::json!(
+                        [l.file, l.line, l.count]
+                    )).collect::<Vec<_>>(),
                 })
             })
             .collect(),
@@ -324,6 +327,11 @@ mod tests {
                     count: 12,
                     file: "p.c".into(),
                     line: 3,
+                }],
+                lines: vec![crate::calls::LineCount {
+                    file: "p.c".into(),
+                    line: 3,
+                    count: 12,
                 }],
             },
             crate::calls::FunctionCalls {

@@ -669,6 +669,23 @@ fn read_calls(json: &str) -> Vec<crate::calls::FunctionCalls> {
                 exact: flag(e, "exact")?,
                 note: text(e, "note").unwrap_or_default(),
                 blocks,
+                lines: e
+                    .get("lines")
+                    .and_then(|l| l.as_array())
+                    .map(|l| {
+                        l.iter()
+                            .filter_map(|l| {
+                                let l = l.as_array()?;
+                                Some(crate::calls::LineCount {
+                                    file: l.first()?.as_str()?.to_owned(),
+                                    line: u32::try_from(l.get(1)?.as_u64()?).ok()?,
+                                    count: l.get(2)?.as_u64()?,
+                                })
+                            })
+                            .take(BLOCKS_MAX)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             })
         })
         .take(CALLS_MAX)
