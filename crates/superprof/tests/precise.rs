@@ -26,14 +26,7 @@ fn precise_run(
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let truth = fixture_values(&stdout);
-    let report = run_ok(
-        superprof()
-            .arg("report")
-            .arg(&profile)
-            .args(["--calls", "--format", "json"]),
-    );
-    let doc: Value = serde_json::from_slice(&report.stdout).expect("report --calls json");
-    (truth, doc, stderr)
+    (truth, report_calls(&profile), stderr)
 }
 
 fn function<'a>(doc: &'a Value, name: &str) -> &'a Value {
@@ -43,6 +36,30 @@ fn function<'a>(doc: &'a Value, name: &str) -> &'a Value {
         .iter()
         .find(|f| f["name"] == name)
         .unwrap_or_else(|| panic!("{name} not in {doc}"))
+}
+
+/// `report --calls --format json` of `profile`.
+fn report_calls(profile: &std::path::Path) -> Value {
+    let report = run_ok(
+        superprof()
+            .arg("report")
+            .arg(profile)
+            .args(["--calls", "--format", "json"]),
+    );
+    serde_json::from_slice(&report.stdout).expect("report --calls json")
+}
+
+/// Function `f`'s time per call (as `report --calls` gives it) within max(10%, 4σ) of the
+/// program's own, `own` ns.
+fn assert_time_agrees(name: &str, f: &Value, own: f64) {
+    let ns = f["ns_per_call"].as_f64().unwrap();
+    let err = f["ns_per_call_error"].as_f64().unwrap();
+    let tolerance = (0.10 * own).max(4.0 * err);
+    assert!(
+        (ns - own).abs() <= tolerance,
+        "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1} \
+         (tolerance {tolerance:.1}); {f}"
+    );
 }
 
 /// Calls exact, for every function (recursion: its outermost calls; two threads; one called
@@ -61,15 +78,7 @@ fn calls_are_exact_and_time_per_call_agrees_with_the_program() {
             "{name}: {calls} calls counted, the program made {want}"
         );
         assert_eq!(f["exact"], true, "{name}: {f}");
-        let ns = f["ns_per_call"].as_f64().unwrap();
-        let err = f["ns_per_call_error"].as_f64().unwrap();
-        let own = truth[&format!("ns_{name}")];
-        let tolerance = (0.10 * own).max(4.0 * err);
-        assert!(
-            (ns - own).abs() <= tolerance,
-            "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1} \
-             (tolerance {tolerance:.1}); {f}\n{stderr}"
-        );
+        assert_time_agrees(name, f, truth[&format!("ns_{name}")]);
     }
     // Recursion: fib enters itself far more often than it is called.
     let fib = function(&doc, "fib");
@@ -150,13 +159,7 @@ fn the_hottest_functions_are_chosen_while_the_command_runs() {
             .arg("1.5"),
     );
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
-    let report = run_ok(
-        superprof()
-            .arg("report")
-            .arg(&profile)
-            .args(["--calls", "--format", "json"]),
-    );
-    let doc: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let doc = report_calls(&profile);
     let names: Vec<&str> = doc["functions"]
         .as_array()
         .unwrap()
@@ -178,14 +181,7 @@ fn the_hottest_functions_are_chosen_while_the_command_runs() {
         // Counted from when it was chosen: some of the calls, not all.
         assert!(calls > 0 && calls < all, "{name}: {calls} of {all}");
         assert!(f["since_ns"].as_u64().unwrap() >= 200_000_000, "{f}");
-        let ns = f["ns_per_call"].as_f64().unwrap();
-        let err = f["ns_per_call_error"].as_f64().unwrap();
-        let own = truth[&format!("ns_{name}")];
-        let tolerance = (0.10 * own).max(4.0 * err);
-        assert!(
-            (ns - own).abs() <= tolerance,
-            "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1}; {f}"
-        );
+        assert_time_agrees(name, f, truth[&format!("ns_{name}")]);
     }
 }
 
@@ -280,25 +276,12 @@ fn an_attached_process_is_counted_and_let_go() {
     assert!(out.status.success(), "{:?}", out.status);
     let truth = fixture_values(&String::from_utf8_lossy(&out.stdout));
     assert!(truth.contains_key("ns_late"), "output cut short: {truth:?}");
-    let report = run_ok(
-        superprof()
-            .arg("report")
-            .arg(&profile)
-            .args(["--calls", "--format", "json"]),
-    );
-    let doc: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let doc = report_calls(&profile);
     for name in ["tiny", "small", "big"] {
         let f = function(&doc, name);
         let calls = f["calls"].as_u64().unwrap();
         let all = truth[&format!("calls_{name}")] as u64;
         assert!(calls > 0 && calls < all, "{name}: {calls} of {all}");
-        let ns = f["ns_per_call"].as_f64().unwrap();
-        let err = f["ns_per_call_error"].as_f64().unwrap();
-        let own = truth[&format!("ns_{name}")];
-        let tolerance = (0.10 * own).max(4.0 * err);
-        assert!(
-            (ns - own).abs() <= tolerance,
-            "{name}: {ns:.1} ns per call ± {err:.1} against the program's own {own:.1}; {f}"
-        );
+        assert_time_agrees(name, f, truth[&format!("ns_{name}")]);
     }
 }
