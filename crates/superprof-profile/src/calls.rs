@@ -175,7 +175,8 @@ fn per_call(k: u64, n: u64, ns_per_sample: f64, calls: u64) -> (Option<f64>, Opt
 }
 
 /// `report --calls`: each counted function's calls, time per call (± its standard error),
-/// samples and share of the samples of its interval.
+/// samples and share of the samples of its interval, and when its counting began (seconds
+/// into the recording: the calls are those from then on).
 pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Result<()> {
     let times = call_times(profile);
     let name_w = times
@@ -186,10 +187,10 @@ pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Re
         .clamp("Function".len(), 60);
     writeln!(
         w,
-        "{:<name_w$}  {:>14}  {:>20}  {:>9}  {:>7}  Module",
-        "Function", "Calls", "Time/call", "Samples", "Share"
+        "{:<name_w$}  {:>14}  {:>20}  {:>9}  {:>7}  {:>8}  Module",
+        "Function", "Calls", "Time/call", "Samples", "Share", "Since"
     )?;
-    for t in &times {
+    for (t, c) in times.iter().zip(&profile.meta.calls) {
         let name: String = crate::escape(&t.function).chars().take(name_w).collect();
         let per = match (t.ns_per_call, t.ns_per_call_error) {
             (Some(v), Some(e)) => format_per_call(v, e),
@@ -201,9 +202,14 @@ pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Re
             (true, true) => t.calls.to_string(),
             (true, false) => format!("{}~", t.calls),
         };
+        let since = if c.counted {
+            format!("{:.2} s", c.since_ns as f64 / 1e9)
+        } else {
+            "-".to_owned()
+        };
         writeln!(
             w,
-            "{name:<name_w$}  {calls:>14}  {per:>20}  {:>9}  {:>6.2}%  {}",
+            "{name:<name_w$}  {calls:>14}  {per:>20}  {:>9}  {:>6.2}%  {since:>8}  {}",
             t.samples,
             100.0 * t.share,
             crate::escape(module)
@@ -325,22 +331,37 @@ pub fn line_counts(
         .collect()
 }
 
-/// A time per call and its error, in the unit that suits it: `2.41 µs ±0.05`.
-pub fn format_per_call(ns: f64, error: f64) -> String {
-    // (A value that rounds to 1000 of a unit reads in the next one.)
-    let (scale, unit) = match ns.max(error) {
+/// The unit that suits a time of `ns` nanoseconds: its scale and name (a value that rounds to
+/// 1000 of a unit reads in the next one).
+fn unit_of(ns: f64) -> (f64, &'static str) {
+    match ns {
         x if x >= 999.5e6 => (1e9, "s"),
         x if x >= 999.5e3 => (1e6, "ms"),
         x if x >= 999.5 => (1e3, "µs"),
         _ => (1.0, "ns"),
-    };
-    let (v, e) = (ns / scale, error / scale);
-    // Three significant figures of the value; the error to the same decimals.
-    let decimals = match v.abs() {
+    }
+}
+
+/// Decimals that give a figure of this size three significant digits.
+fn decimals_of(x: f64) -> usize {
+    match x.abs() {
         x if x >= 100.0 => 0,
         x if x >= 10.0 => 1,
         _ => 2,
-    };
+    }
+}
+
+/// A time per call and its error, in the unit that suits them: `2.41 µs ±0.05`; an error too
+/// small for the value's decimals in its own unit (`3.33 ms ±2.2 µs`).
+pub fn format_per_call(ns: f64, error: f64) -> String {
+    let (scale, unit) = unit_of(ns.max(error));
+    let (v, e) = (ns / scale, error / scale);
+    let decimals = decimals_of(v.abs().max(e));
+    if error > 0.0 && e < 0.5 * 10f64.powi(-(decimals as i32)) {
+        let (es, eu) = unit_of(error);
+        let ed = decimals_of(error / es).min(1);
+        return format!("{v:.decimals$} {unit} ±{:.ed$} {eu}", error / es);
+    }
     format!("{v:.decimals$} {unit} ±{e:.decimals$}")
 }
 
@@ -391,7 +412,10 @@ mod tests {
         assert_eq!(format_per_call(24_137.0, 510.0), "24.1 µs ±0.5");
         assert_eq!(format_per_call(3.2e8, 1e7), "320 ms ±10");
         assert_eq!(format_per_call(999_960.0, 22_000.0), "1.00 ms ±0.02");
-        assert_eq!(format_per_call(0.0, 1e5), "0.00 µs ±100.00");
+        assert_eq!(format_per_call(0.0, 1e5), "0 µs ±100");
+        assert_eq!(format_per_call(0.0, 636.47), "0 ns ±636");
+        // An error below the value's last decimal: in its own unit.
+        assert_eq!(format_per_call(3.33e6, 2200.0), "3.33 ms ±2.2 µs");
     }
 
     #[test]
