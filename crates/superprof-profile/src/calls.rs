@@ -179,9 +179,11 @@ fn per_call(k: u64, n: u64, ns_per_sample: f64, calls: u64) -> (Option<f64>, Opt
 /// into the recording: the calls are those from then on).
 pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Result<()> {
     let times = call_times(profile);
+    // Names as the top table shows them: template and argument lists shortened.
+    let short = |f: &str| crate::top::shorten(&crate::escape(f));
     let name_w = times
         .iter()
-        .map(|t| crate::escape(&t.function).chars().count())
+        .map(|t| short(&t.function).chars().count())
         .max()
         .unwrap_or(0)
         .clamp("Function".len(), 60);
@@ -191,7 +193,7 @@ pub fn write_table(profile: &Profile, w: &mut dyn std::io::Write) -> std::io::Re
         "Function", "Calls", "Time/call", "Samples", "Share", "Since"
     )?;
     for (t, c) in times.iter().zip(&profile.meta.calls) {
-        let name: String = crate::escape(&t.function).chars().take(name_w).collect();
+        let name: String = short(&t.function).chars().take(name_w).collect();
         let per = match (t.ns_per_call, t.ns_per_call_error) {
             (Some(v), Some(e)) => format_per_call(v, e),
             _ => "-".to_owned(),

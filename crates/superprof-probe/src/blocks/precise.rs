@@ -362,7 +362,9 @@ fn hottest(
     let mut ranked: Vec<&superprof_profile::top::TopRow> = rows
         .iter()
         .filter(|r| r.module.starts_with('/') && !r.inlined && own_of(r) > 0)
-        .filter(|r| !r.function.contains("+0x") && !PLUMBING.contains(&r.function.as_str()))
+        // (Nor a PLT stub, `memcmp@plt`: a jump to the function, which has its own row.)
+        .filter(|r| !r.function.contains("+0x") && !r.function.ends_with("@plt"))
+        .filter(|r| !PLUMBING.contains(&r.function.as_str()))
         .filter(|r| !roots.contains(&r.function))
         .collect();
     ranked.sort_by_key(|r| std::cmp::Reverse(own_of(r).saturating_add(r.total_weight)));
@@ -537,6 +539,7 @@ mod tests {
             row("_start", "/usr/bin/prog", 0, 1000),
             row("clear_page_erms", "[kernel.kallsyms]", 200, 200),
             row("prog+0x1234", "/usr/bin/prog", 150, 150),
+            row("memcmp@plt", "/usr/bin/prog", 140, 140),
             row("hash", "/usr/lib/libc.so.6", 100, 400),
             row("tiny", "/usr/bin/prog", 10, 10),
             // Its self time is an inlined callee's: its own all the same.
@@ -547,6 +550,7 @@ mod tests {
             ("main", 5),
             ("clear_page_erms", 200),
             ("prog+0x1234", 150),
+            ("memcmp@plt", 140),
             ("hash", 100),
             ("tiny", 10),
             ("big", 50),
