@@ -108,30 +108,44 @@ pub fn call_times(profile: &Profile) -> Vec<CallTime> {
     } else {
         profile.meta.period_ns() as f64
     };
-    // Per function: samples with it on the stack, and samples of its interval.
+    // Per function: samples with it on the stack, samples of its interval, and samples with
+    // it on the stack twice. Only its own frames count, not copies of it inlined elsewhere
+    // (they never pass its entry: their time is not its calls'). Each distinct stack is
+    // walked once.
     let mut with = vec![0u64; calls.len()];
     let mut during = vec![0u64; calls.len()];
-    let mut on_stack = vec![false; calls.len()];
+    let mut twice = vec![0u64; calls.len()];
+    let mut depth_of: std::collections::HashMap<Option<crate::StackId>, Vec<u32>> =
+        Default::default();
     for s in profile
         .samples
         .iter()
         .filter(|s| s.kind == crate::SampleKind::OnCpu)
     {
-        on_stack.iter_mut().for_each(|b| *b = false);
-        for fid in profile.stack_frames(s.stack) {
-            let f = profile.frame(fid);
-            let (name, module) = (profile.str(f.function), profile.str(f.module));
-            for (i, c) in calls.iter().enumerate() {
-                if c.function == name && module_matches(&c.module, module) {
-                    on_stack[i] = true;
+        let depth = depth_of.entry(s.stack).or_insert_with(|| {
+            let mut d = vec![0u32; calls.len()];
+            for fid in profile.stack_frames(s.stack) {
+                let f = profile.frame(fid);
+                if f.inlined {
+                    continue;
+                }
+                let (name, module) = (profile.str(f.function), profile.str(f.module));
+                for (i, c) in calls.iter().enumerate() {
+                    if c.function == name && module_matches(&c.module, module) {
+                        d[i] = d[i].saturating_add(1);
+                    }
                 }
             }
-        }
+            d
+        });
         for (i, c) in calls.iter().enumerate() {
             if s.time_ns >= c.since_ns {
                 during[i] = during[i].saturating_add(s.weight);
-                if on_stack[i] {
+                if depth[i] > 0 {
                     with[i] = with[i].saturating_add(s.weight);
+                }
+                if depth[i] > 1 {
+                    twice[i] = twice[i].saturating_add(s.weight);
                 }
             }
         }
@@ -143,6 +157,7 @@ pub fn call_times(profile: &Profile) -> Vec<CallTime> {
             let (k, n) = (with[i], during[i]);
             let share = if n > 0 { k as f64 / n as f64 } else { 0.0 };
             let (per_call, error) = per_call(k, n, ns_per_sample, c.calls);
+            let (exact, note) = recursion_unseen(c, twice[i]);
             CallTime {
                 function: c.function.clone(),
                 module: c.module.clone(),
@@ -151,12 +166,32 @@ pub fn call_times(profile: &Profile) -> Vec<CallTime> {
                 share,
                 ns_per_call: per_call,
                 ns_per_call_error: error,
-                exact: c.exact,
+                exact,
                 counted: c.counted,
-                note: c.note.clone(),
+                note,
             }
         })
         .collect()
+}
+
+/// A counted function's exactness and note, given the samples with it on the stack twice: a
+/// recursion its counters never saw (no entry from inside it: through a PLT entry, a
+/// pointer, another function) makes each level a call, and says so.
+fn recursion_unseen(c: &FunctionCalls, twice: u64) -> (bool, String) {
+    if !c.counted || twice == 0 || c.entries > c.calls {
+        return (c.exact, c.note.clone());
+    }
+    let said = format!(
+        "it is on the stack twice in {twice} samples, a recursion through calls its counters \
+         cannot tell from others (a PLT entry, a pointer, another function): its calls count \
+         each level"
+    );
+    let note = if c.note.is_empty() {
+        said
+    } else {
+        format!("{}; {said}", c.note)
+    };
+    (false, note)
 }
 
 /// Time per call and its standard error: `k` of `n` samples, each standing for
@@ -405,6 +440,59 @@ mod tests {
         let (per, err) = per_call(0, 100, 1e6, 10);
         assert_eq!(per, Some(0.0));
         assert_eq!(err, Some(1e5));
+    }
+
+    #[test]
+    fn only_the_functions_own_frames_are_its_time_and_twice_is_said() {
+        let mut p = Profile::default();
+        let t = p.add_thread(1, 1, "t");
+        let main = p.intern_frame_named("main", "/bin/p", None, 0, 0x10, false);
+        let walk = p.intern_frame_named("walk", "/bin/p", None, 0, 0x20, false);
+        // walk inlined into visit: it never passes walk's entry.
+        let inl = p.intern_frame_named("walk", "/bin/p", None, 0, 0x30, true);
+        let visit = p.intern_frame_named("visit", "/bin/p", None, 0, 0x30, false);
+        let root = p.intern_stack(None, main);
+        let once = p.intern_stack(Some(root), walk);
+        let nested = p.intern_stack(Some(once), walk);
+        let v = p.intern_stack(Some(root), visit);
+        let copy = p.intern_stack(Some(v), inl);
+        for (i, stack) in [once, once, nested, copy, root].into_iter().enumerate() {
+            p.add_sample(i as u64, t, 0, 1, Some(stack));
+        }
+        p.meta.calls = vec![FunctionCalls {
+            function: "walk".into(),
+            module: "/bin/p".into(),
+            counted: true,
+            calls: 4,
+            entries: 4,
+            exact: true,
+            ..Default::default()
+        }];
+        let t = &call_times(&p)[0];
+        // 3 of 5 samples (not the inlined copy's), one with walk twice.
+        assert_eq!((t.samples, t.share), (3, 0.6));
+        assert!(!t.exact && t.note.contains("twice in 1 samples"), "{t:?}");
+    }
+
+    #[test]
+    fn recursion_the_counters_never_saw_is_said() {
+        let c = FunctionCalls {
+            function: "walk".into(),
+            counted: true,
+            calls: 10,
+            entries: 10,
+            exact: true,
+            ..Default::default()
+        };
+        assert_eq!(recursion_unseen(&c, 0), (true, String::new()));
+        let (exact, note) = recursion_unseen(&c, 3);
+        assert!(!exact && note.contains("twice in 3 samples"), "{note}");
+        // Direct recursion counted: its outermost calls are known.
+        let direct = FunctionCalls {
+            entries: 50,
+            ..c.clone()
+        };
+        assert_eq!(recursion_unseen(&direct, 3), (true, String::new()));
     }
 
     #[test]
