@@ -231,11 +231,20 @@ impl Beside for Precise {
                 continue;
             }
             let Some((placed, blocks, rows)) = self.session.counted(i) else {
+                // (Counted in the command's own process only: a shell's pipeline runs the
+                // program in a child, which the counters do not follow.)
+                let comm = std::fs::read_to_string(format!("/proc/{root}/comm"))
+                    .map(|c| format!(" ({})", c.trim()))
+                    .unwrap_or_default();
                 let note = self
                     .session
                     .missing_region(i, root)
                     .map(|e| superprof_unwind::one_line(&e))
                     .unwrap_or_else(|| "it was never placed".into());
+                let note = format!(
+                    "{note}; --precise counts in the command's own process (pid {root}{comm}), \
+                     not in the processes it starts"
+                );
                 out.push(FunctionCalls {
                     function: name.clone(),
                     note,
