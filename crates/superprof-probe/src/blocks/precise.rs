@@ -39,6 +39,8 @@ pub struct Precise {
     names: Vec<String>,
     /// No names: this many of the hottest functions, chosen while the command runs.
     top: Option<usize>,
+    /// How many functions were named (those after them in `names` were chosen).
+    named: usize,
     /// When the hottest are looked for next (ns since the recording's start).
     next_pick_ns: u64,
     hold_new_threads: bool,
@@ -95,6 +97,7 @@ impl Precise {
             session,
             names: functions.to_vec(),
             top: functions.is_empty().then_some(top.max(1)),
+            named: functions.len(),
             next_pick_ns: WARM_UP_NS,
             hold_new_threads: fallback_pmu.is_some(),
             placed_at: vec![None; functions.len()],
@@ -226,6 +229,18 @@ impl Beside for Precise {
                 out.push(FunctionCalls {
                     function: name.clone(),
                     note: format!("not counted: {why}"),
+                    ..FunctionCalls::default()
+                });
+                continue;
+            }
+            // Chosen from the samples, found, but never placed: the stop that places them
+            // (the root interrupted) never came. Not "no function": that was not looked for.
+            if i >= self.named && self.session.counted(i).is_none() {
+                out.push(FunctionCalls {
+                    function: name.clone(),
+                    note: "chosen as one of the hottest, but not counted: the command's main \
+                           thread never stopped for its counters to go in"
+                        .into(),
                     ..FunctionCalls::default()
                 });
                 continue;
